@@ -1,0 +1,143 @@
+"""Jacobian-lens files: locate (hub or local), load safely, validate against a model, save.
+
+The published format (neuronpedia/jacobian-lens, Anthropic's reference `jlens`)
+is a `torch.save` dict:
+
+    J             {source_layer: Tensor [d_model, d_model]}, J[i, j] = d h_final_i / d h_l_j
+    source_layers [int]  (the last layer is the target: it has no J, the readout uses I)
+    n_prompts     int
+    d_model       int
+    provenance    optional dict (model, corpus, T, skip, dtype, convergence, ...)
+
+Readout: `h_l @ J_l.T`, then the model's own final norm and unembedding.
+Files are always read with `weights_only=True`: a lens file is data, never code.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+KNOWN_KEYS = {"J", "source_layers", "n_prompts", "d_model", "provenance"}
+
+
+class LensFileError(ValueError):
+    """A lens file that cannot be used with this model; the message names both sides."""
+
+
+@dataclass
+class JacobianLens:
+    """A loaded lens: only the selected layers, in the dtype it will be kept in."""
+
+    J: dict[int, torch.Tensor]
+    n_prompts: int
+    d_model: int
+    source: str = ""
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.J)
+
+    def describe(self) -> dict:
+        """Small JSON-able summary for the UI and results (no tensors)."""
+        return {
+            "source": self.source,
+            "n_prompts": self.n_prompts,
+            "d_model": self.d_model,
+            "layers": self.layers,
+            "provenance": {k: v for k, v in self.provenance.items() if isinstance(v, (str, int, float, bool, list))},
+        }
+
+
+def resolve(spec: str, cache_dir: str | Path | None = None) -> Path:
+    """A local path, or `HUB_REPO:FILE` (e.g. `neuronpedia/jacobian-lens:qwen3-8b/jlens/.../x.pt`), to a local file."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    repo, sep, filename = spec.partition(":")
+    if not sep or not repo or not filename or repo.count("/") != 1:
+        raise LensFileError(f"lens {spec!r}: no such file, and not of the form HUB_REPO:PATH_IN_REPO")
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo, filename, cache_dir=cache_dir))
+    except Exception as e:  # network, 404, auth: all mean "this lens is not available"
+        raise LensFileError(f"lens {spec!r}: could not download from the hub ({type(e).__name__}: {e})") from e
+
+
+def load(
+    spec: str | Path,
+    *,
+    d_model: int,
+    n_layers: int,
+    layers: list[int] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    cache_dir: str | Path | None = None,
+) -> JacobianLens:
+    """Load, validate against the model (d_model, n_layers) and keep `layers` (default: all in the file).
+
+    Kept in bf16 by default: fp16 can overflow on large-norm residual directions.
+    """
+    path = resolve(str(spec), cache_dir)
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise LensFileError(f"lens {path}: not a readable torch.save file ({type(e).__name__}: {e})") from e
+    if not isinstance(raw, dict) or not isinstance(raw.get("J"), dict):
+        raise LensFileError(f"lens {path}: expected a dict with a 'J' dict of matrices")
+    unknown = set(raw) - KNOWN_KEYS
+    if unknown:
+        log.warning("lens %s: ignoring unknown keys %s", path, sorted(unknown))
+    J_all = {int(k): v for k, v in raw["J"].items()}
+    file_d = int(raw.get("d_model") or next(iter(J_all.values())).shape[-1])
+    if file_d != d_model:
+        raise LensFileError(f"lens {path} has d_model {file_d}, but the model has d_model {d_model}")
+    bad = [layer for layer in J_all if not 0 <= layer < n_layers - 1]
+    if bad:
+        raise LensFileError(f"lens {path} has source layers {bad} outside 0..{n_layers - 2} of this {n_layers}-layer model")
+    wanted = sorted(J_all) if layers is None else sorted(set(layers))
+    missing = [layer for layer in wanted if layer not in J_all]
+    if missing:
+        raise LensFileError(f"lens {path} has no J for layers {missing}; it has {sorted(J_all)}")
+    J = {}
+    for layer in wanted:
+        m = J_all[layer]
+        if not isinstance(m, torch.Tensor) or tuple(m.shape) != (d_model, d_model):
+            shape = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
+            raise LensFileError(f"lens {path}: J[{layer}] is {shape}, expected ({d_model}, {d_model})")
+        if not torch.isfinite(m).all():
+            raise LensFileError(f"lens {path}: J[{layer}] has non-finite values")
+        J[layer] = m.to(device=device, dtype=dtype)
+    provenance = raw.get("provenance") if isinstance(raw.get("provenance"), dict) else {}
+    return JacobianLens(J=J, n_prompts=int(raw.get("n_prompts", 0)), d_model=d_model,
+                        source=str(spec), provenance=provenance)
+
+
+def save(path: str | Path, J: dict[int, torch.Tensor], *, n_prompts: int, provenance: dict | None = None,
+         dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write the published format. `provenance` should say model, corpus, T, skip, dtype, convergence."""
+    if not J:
+        raise ValueError("no matrices to save")
+    d_model = next(iter(J.values())).shape[-1]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({
+        "J": {int(layer): m.detach().to("cpu", dtype).contiguous() for layer, m in sorted(J.items())},
+        "source_layers": sorted(int(layer) for layer in J),
+        "n_prompts": int(n_prompts),
+        "d_model": int(d_model),
+        "provenance": dict(provenance or {}),
+    }, path)
+    return path
+
+
+def identity(d_model: int, layers: list[int], n_prompts: int = 0) -> dict[int, torch.Tensor]:
+    """J = I for each layer: a lens that must read exactly like the logit lens (used in tests)."""
+    return {layer: torch.eye(d_model) for layer in layers}

@@ -1,0 +1,188 @@
+"""Lens math on tensors: transport, top-k, entropy, KL and target scores.
+
+Pure functions of torch tensors. Nothing here knows a model, a backend or a
+tokenizer: the final norm and the unembedding arrive as callables, so the same
+code runs inside a vLLM worker (called from an nnsight trace), on a
+TransformersModel, and in the unit tests on hand-built tensors.
+
+Conventions: `h` is a residual `[..., d_model]`; `logits` are `[rows, vocab]`;
+a readout never returns anything vocab-wide, only `[rows, k]` and `[rows]`
+tensors, so only small tensors cross back from the worker.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Unembed = Callable[[torch.Tensor], torch.Tensor]
+
+# Rows of [rows, vocab] logits processed at once. Bounds the worker's peak
+# memory (4096 x 152k fp32 is 2.5 GB) while keeping each matmul large.
+ROW_CHUNK = 1024
+
+
+def transport(h: torch.Tensor, J: torch.Tensor) -> torch.Tensor:
+    """Jacobian-lens transport: h [..., d_model], J [d_model, d_model] -> h @ J.T.
+
+    J[i, j] = d h_final_i / d h_l_j, so J moves a layer-l residual into the
+    final layer's basis (first-order).
+    """
+    if J.ndim != 2 or J.shape[0] != J.shape[1] or J.shape[1] != h.shape[-1]:
+        raise ValueError(f"J of shape {tuple(J.shape)} does not fit residual of shape {tuple(h.shape)}")
+    return h @ J.to(h.dtype).T
+
+
+def readout(
+    logits: torch.Tensor,
+    k: int,
+    *,
+    final: "FinalDistribution | None" = None,
+    target_ids: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Summarise logits [rows, vocab] without returning anything vocab-wide.
+
+    Returns float32 tensors (top_ids, target_ranks int64):
+      top_ids, top_probs [rows, k]; entropy [rows] (nats);
+      kl_to_final [rows] = KL(final || this) when `final` (same rows) is given;
+      target_probs, target_ranks [rows, n_targets] when `target_ids` [n_targets] is given
+      (rank 1 = the top token; ties rank in the target's favour).
+    Works in log space on row chunks, so peak memory is ROW_CHUNK x vocab.
+    """
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be [rows, vocab], got {tuple(logits.shape)}")
+    _check_k(k, logits.shape[-1])
+    if final is not None and final.probs.shape != logits.shape:
+        raise ValueError(f"final {tuple(final.probs.shape)} does not match logits {tuple(logits.shape)}")
+    parts = []
+    for i in range(0, logits.shape[0], ROW_CHUNK):
+        rows = slice(i, i + ROW_CHUNK)
+        parts.append(_readout_chunk(logits[rows].float(), k, None if final is None else final[rows], target_ids))
+    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+
+
+def layer_readouts(
+    h: torch.Tensor,
+    norm: Unembed,
+    unembed: Unembed,
+    k: int,
+    *,
+    final: "FinalDistribution | None" = None,
+    J: torch.Tensor | None = None,
+    target_ids: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Every layer's lens in a few large matmuls: h [L, P, d_model] -> readout fields [L, P, ...].
+
+    J [L, d_model, d_model] (optional) transports each layer first (the Jacobian lens).
+    `final` covers the P positions and is shared by every layer. Layers are unembedded in
+    groups of about ROW_CHUNK rows: large enough for an efficient matmul, small enough that
+    the [rows, vocab] logits stay a few hundred MB.
+    """
+    if h.ndim != 3:
+        raise ValueError(f"h must be [layers, positions, d_model], got {tuple(h.shape)}")
+    L, P, d = h.shape
+    if J is not None and tuple(J.shape) != (L, d, d):
+        raise ValueError(f"J {tuple(J.shape)} does not match h {tuple(h.shape)}: expected ({L}, {d}, {d})")
+    if final is not None and final.probs.shape[0] != P:
+        raise ValueError(f"final covers {final.probs.shape[0]} positions, h has {P}")
+    group = max(1, ROW_CHUNK // max(P, 1))
+    parts = []
+    for a in range(0, L, group):
+        x = h[a:a + group]
+        if J is not None:
+            x = torch.einsum("lpd,led->lpe", x, J[a:a + group].to(x.dtype))   # h @ J.T per layer
+        n = x.shape[0]
+        logits = unembed(norm(x.reshape(n * P, d))).float().reshape(n, P, -1)
+        _check_k(k, logits.shape[-1])
+        parts.append(_readout_chunk(logits, k, final, target_ids))
+    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+
+
+def continuation_logprob(
+    h: torch.Tensor, norm: Unembed, unembed: Unembed, target_ids: torch.Tensor, J: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log P(whole target | prompt) under each layer's lens: h [L, m, d_model] -> [L].
+
+    h holds each layer's residual at the prompt's last position and the target's first m-1
+    positions (the prompt continued by the target), target_ids [m] the target's tokens.
+    """
+    L, m, d = h.shape
+    if target_ids.shape != (m,):
+        raise ValueError(f"target_ids {tuple(target_ids.shape)} does not match h {tuple(h.shape)}")
+    if J is not None:
+        h = torch.einsum("lpd,led->lpe", h, J.to(h.dtype))
+    log_p = torch.log_softmax(unembed(norm(h.reshape(L * m, d))).float(), dim=-1).reshape(L, m, -1)
+    return log_p.gather(-1, target_ids.view(1, m, 1).expand(L, m, 1)).squeeze(-1).sum(-1)
+
+
+def _check_k(k: int, vocab: int) -> None:
+    if not 1 <= k <= vocab:
+        raise ValueError(f"k={k} must be in 1..{vocab}")
+
+
+class FinalDistribution:
+    """The model's own next-token distribution at each position, kept for KL(final || lens).
+
+    KL(f || l) = sum_v f (log f - log l) = log_z_l - H(f) - f . logits_l, so only the
+    probabilities and their entropy are needed, not a second log-softmax per layer.
+    probs [P, vocab] broadcasts against logits [..., P, vocab].
+    """
+
+    def __init__(self, probs: torch.Tensor, entropy: torch.Tensor):
+        self.probs, self.entropy = probs, entropy
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor) -> "FinalDistribution":
+        log_p = torch.log_softmax(logits.float(), dim=-1)
+        p = log_p.exp()
+        return cls(p, -(p * log_p).sum(-1))
+
+    def __getitem__(self, rows) -> "FinalDistribution":
+        return FinalDistribution(self.probs[rows], self.entropy[rows])
+
+
+def _readout_chunk(logits, k, final, target_ids):
+    """logits [..., vocab] (float32) -> readout fields [..., k] / [...]."""
+    log_z = torch.logsumexp(logits, dim=-1)
+    top = logits.topk(k, dim=-1)
+    p = (logits - log_z[..., None]).exp_()
+    out = {
+        "top_ids": top.indices,
+        "top_probs": (top.values - log_z[..., None]).exp(),
+        "entropy": log_z - (p * logits).sum(-1),
+    }
+    del p
+    if final is not None:
+        cross = (final.probs.float() * logits).sum(-1)
+        out["kl_to_final"] = (log_z - final.entropy.float() - cross).clamp_min(0.0)
+    if target_ids is not None and target_ids.numel():
+        t_logits = logits[..., target_ids]                              # [..., n_targets]
+        out["target_probs"] = (t_logits - log_z[..., None]).exp()
+        out["target_ranks"] = 1 + torch.stack(
+            [(logits > t_logits[..., j:j + 1]).sum(-1) for j in range(t_logits.shape[-1])], dim=-1)
+    return out
+
+
+def lens_logits(h: torch.Tensor, norm: Unembed, unembed: Unembed, J: torch.Tensor | None = None) -> torch.Tensor:
+    """h [rows, d_model] -> logits [rows, vocab]: optional transport, final norm, unembedding."""
+    if J is not None:
+        h = transport(h, J)
+    return unembed(norm(h))
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """[rows, vocab] -> float32 log-probabilities (the reference for KL)."""
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def entropy(log_probs: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Shannon entropy in nats of log-probabilities along `dim`."""
+    return -(log_probs.exp() * log_probs).sum(dim)
+
+
+def kl_divergence(log_p: torch.Tensor, log_q: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """KL(p || q) in nats from log-probabilities of the same shape."""
+    if log_p.shape != log_q.shape:
+        raise ValueError(f"shapes differ: {tuple(log_p.shape)} vs {tuple(log_q.shape)}")
+    return (log_p.exp() * (log_p - log_q)).sum(dim)

@@ -1,0 +1,262 @@
+"""Result objects every surface shares: the CLI prints them, the UI renders them, the API returns them.
+
+`from_readout` classmethods are the only code here that touches tensors; tokens are
+decoded and numbers rounded at this boundary, never inside a trace. Everything is a
+plain numpy array or list afterwards, so results pickle, compare and serialise cheaply.
+
+Shapes: L = requested layers, P = positions, k = top-k, n = targets.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+Decode = Callable[[list[int]], list[str]]
+
+LENS_NAMES = ("logit", "jacobian")
+
+
+@dataclass
+class TargetScore:
+    """One target string's score under one lens.
+
+    probs, ranks  [L, P]: probability and rank (1 = top) of the target's FIRST token.
+    continuation_logprob [L] | None: log-probability of the whole multi-token target as the
+        continuation of the prompt, read at the last position and the target's own following
+        positions (None for a single-token target, where probs[:, -1] is the same thing).
+    """
+
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    probs: np.ndarray
+    ranks: np.ndarray
+    continuation_logprob: np.ndarray | None = None
+
+    @property
+    def scored_as(self) -> str:
+        if len(self.token_ids) == 1:
+            return "single token"
+        return "first token per position; whole continuation at the last position"
+
+    def to_json(self) -> dict:
+        out = {
+            "text": self.text, "token_ids": self.token_ids, "tokens": self.tokens, "scored_as": self.scored_as,
+            "prob": _round(self.probs), "rank": self.ranks.astype(int).tolist(),
+        }
+        if self.continuation_logprob is not None:
+            out["continuation_prob"] = _round(np.exp(self.continuation_logprob))
+        return out
+
+
+@dataclass
+class LensReadout:
+    """One lens over the requested layers and positions.
+
+    top_ids [L, P, k] int, top_probs [L, P, k] float32, top_tokens [L][P][k] str,
+    entropy [L, P] nats, kl_to_final [L, P] nats = KL(model's final distribution || lens).
+    """
+
+    top_ids: np.ndarray
+    top_probs: np.ndarray
+    top_tokens: list[list[list[str]]]
+    entropy: np.ndarray
+    kl_to_final: np.ndarray
+    targets: list[TargetScore] = field(default_factory=list)
+
+    def __post_init__(self):
+        L, P, k = self.top_ids.shape
+        if self.top_probs.shape != (L, P, k) or self.entropy.shape != (L, P) or self.kl_to_final.shape != (L, P):
+            raise ValueError(f"inconsistent readout shapes: ids {self.top_ids.shape}, probs {self.top_probs.shape}, "
+                             f"entropy {self.entropy.shape}, kl {self.kl_to_final.shape}")
+
+    @classmethod
+    def from_readout(cls, raw: dict, decode: Decode, targets: list[tuple[str, list[int]]] = ()) -> "LensReadout":
+        """raw: tensors from `lenses.readout`, stacked over layers ([L, P, ...])."""
+        ids = raw["top_ids"].cpu().numpy().astype(np.int64)
+        scores = []
+        for j, (text, tids) in enumerate(targets):
+            cont = raw.get("continuation_logprob")
+            scores.append(TargetScore(
+                text=text, token_ids=list(tids), tokens=decode(list(tids)),
+                probs=raw["target_probs"][..., j].float().cpu().numpy(),
+                ranks=raw["target_ranks"][..., j].cpu().numpy().astype(np.int64),
+                continuation_logprob=None if cont is None or cont[j] is None else cont[j].float().cpu().numpy(),
+            ))
+        vocab_cache: dict[int, str] = {}
+        flat = [int(i) for i in ids.reshape(-1)]
+        for i in set(flat):
+            vocab_cache[i] = decode([i])[0]
+        tokens = [[[vocab_cache[int(i)] for i in pos] for pos in layer] for layer in ids]
+        return cls(
+            top_ids=ids, top_probs=raw["top_probs"].float().cpu().numpy(), top_tokens=tokens,
+            entropy=raw["entropy"].float().cpu().numpy(), kl_to_final=raw["kl_to_final"].float().cpu().numpy(),
+            targets=scores,
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "top_tokens": self.top_tokens, "top_ids": self.top_ids.tolist(), "top_probs": _round(self.top_probs),
+            "entropy": _round(self.entropy), "kl_to_final": _round(self.kl_to_final),
+            "targets": [t.to_json() for t in self.targets],
+        }
+
+
+@dataclass
+class LensResult:
+    """All requested lenses for one prompt. `layers[i]` is the model layer of row i of every array."""
+
+    prompt: str
+    input_ids: list[int]
+    input_tokens: list[str]
+    layers: list[int]
+    lenses: dict[str, LensReadout]
+    model_next_id: int
+    model_next_token: str
+    model: str = ""
+    jlens: dict | None = None
+    full_probs: np.ndarray | None = None   # [L, P, vocab], only on explicit request for a small run
+
+    def __post_init__(self):
+        for name, r in self.lenses.items():
+            if r.top_ids.shape[:2] != (len(self.layers), len(self.input_ids)):
+                raise ValueError(f"lens {name}: {r.top_ids.shape[:2]} != (layers {len(self.layers)}, "
+                                 f"positions {len(self.input_ids)})")
+
+    # -- derived views -------------------------------------------------------------
+    def top1_grid(self, lens: str = "logit") -> pd.DataFrame:
+        """Top-1 token per layer (rows) x position (columns)."""
+        r = self.lenses[lens]
+        return pd.DataFrame([[pos[0] for pos in layer] for layer in r.top_tokens],
+                            index=self.layers, columns=range(len(self.input_ids)))
+
+    def top_k_table(self, lens: str = "logit", position: int = -1) -> pd.DataFrame:
+        """Top-k at one position, a row per layer: layer, rank-1 token, p, rank-2 token, p, ..."""
+        r = self.lenses[lens]
+        pos = position % len(self.input_ids)
+        rows = []
+        for i, layer in enumerate(self.layers):
+            row: dict[str, Any] = {"layer": layer}
+            for j, (tok, p) in enumerate(zip(r.top_tokens[i][pos], r.top_probs[i, pos])):
+                row[f"#{j + 1}"] = tok
+                row[f"p{j + 1}"] = round(float(p), 4)
+            row["entropy"] = round(float(r.entropy[i, pos]), 3)
+            row["KL to final"] = round(float(r.kl_to_final[i, pos]), 3)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def long_frame(self) -> pd.DataFrame:
+        """One row per lens x layer x position x rank: the CSV export."""
+        rows = []
+        for name, r in self.lenses.items():
+            for i, layer in enumerate(self.layers):
+                for pos in range(len(self.input_ids)):
+                    for j in range(r.top_ids.shape[-1]):
+                        rows.append((name, layer, pos, self.input_tokens[pos], j + 1, int(r.top_ids[i, pos, j]),
+                                     r.top_tokens[i][pos][j], float(r.top_probs[i, pos, j]),
+                                     float(r.entropy[i, pos]), float(r.kl_to_final[i, pos])))
+        return pd.DataFrame(rows, columns=["lens", "layer", "position", "input_token", "rank", "token_id", "token",
+                                           "prob", "entropy", "kl_to_final"])
+
+    def to_csv(self) -> str:
+        return self.long_frame().to_csv(index=False)
+
+    def to_json(self) -> dict:
+        out = {
+            "model": self.model, "prompt": self.prompt, "input_ids": self.input_ids,
+            "input_tokens": self.input_tokens, "layers": self.layers,
+            "lenses": {name: r.to_json() for name, r in self.lenses.items()},
+            "model_next_token": self.model_next_token, "model_next_id": self.model_next_id,
+        }
+        if self.jlens:
+            out["jlens"] = self.jlens
+        return out
+
+
+@dataclass
+class GenerationStep:
+    """One generation step: the readout of the newest position (step 0: every prompt position)."""
+
+    token_id: int
+    token: str
+    readout: LensResult
+
+    def to_json(self) -> dict:
+        return {"token_id": self.token_id, "token": self.token, **self.readout.to_json()}
+
+
+@dataclass
+class GenerationResult:
+    prompt: str
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    steps: list[GenerationStep]
+    model: str = ""
+
+    def step_grid(self, lens: str = "logit") -> pd.DataFrame:
+        """Top-1 per layer (rows) x step (columns, the newest position of each step)."""
+        cols = {}
+        for s, step in enumerate(self.steps):
+            r = step.readout.lenses[lens]
+            cols[s] = [layer[-1][0] for layer in r.top_tokens]
+        layers = self.steps[0].readout.layers if self.steps else []
+        return pd.DataFrame(cols, index=layers)
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "prompt": self.prompt, "text": self.text, "token_ids": self.token_ids,
+                "tokens": self.tokens, "steps": [s.to_json() for s in self.steps]}
+
+
+@dataclass
+class LensBatch:
+    """Several prompts' results as padded arrays, the reference LogitLens step's view.
+
+    max_probs, predicted_tokens [L, n_inputs, seq]; predicted_words [L][n_inputs][seq];
+    input_words [n_inputs][seq]; attention_mask [n_inputs, seq] (1 real, 0 padding, right-padded).
+    """
+
+    max_probs: np.ndarray
+    predicted_tokens: np.ndarray
+    predicted_words: list[list[list[str]]]
+    input_words: list[list[str]]
+    attention_mask: np.ndarray
+    layers: list[int]
+
+    @classmethod
+    def from_results(cls, results: list[LensResult], lens: str = "logit") -> "LensBatch":
+        if not results or any(r.layers != results[0].layers for r in results):
+            raise ValueError("results must be non-empty and share their layers")
+        L, n, seq = len(results[0].layers), len(results), max(len(r.input_ids) for r in results)
+        max_probs = np.zeros((L, n, seq), np.float32)
+        pred = np.zeros((L, n, seq), np.int64)
+        words = [[[""] * seq for _ in range(n)] for _ in range(L)]
+        mask = np.zeros((n, seq), np.int64)
+        for b, r in enumerate(results):
+            P = len(r.input_ids)
+            ro = r.lenses[lens]
+            max_probs[:, b, :P] = ro.top_probs[:, :, 0]
+            pred[:, b, :P] = ro.top_ids[:, :, 0]
+            mask[b, :P] = 1
+            for i in range(L):
+                words[i][b][:P] = [pos[0] for pos in ro.top_tokens[i]]
+        return cls(max_probs, pred, words, [r.input_tokens + [""] * (seq - len(r.input_tokens)) for r in results],
+                   mask, list(results[0].layers))
+
+
+def _round(a: np.ndarray, digits: int = 5) -> list:
+    """Nested lists of floats with `digits` significant digits (tiny probabilities stay visible)."""
+    a = np.asarray(a, dtype=np.float64)
+    return np.vectorize(lambda x: float(f"{x:.{digits}g}"), otypes=[float])(a).tolist() if a.size else a.tolist()
+
+
+def dumps(obj) -> str:
+    """JSON text of a result (or list of results), UTF-8 kept readable."""
+    if isinstance(obj, list):
+        return json.dumps([o.to_json() for o in obj], ensure_ascii=False)
+    return json.dumps(obj.to_json(), ensure_ascii=False)

@@ -1,0 +1,160 @@
+"""lensapp.fitting on a tiny random Llama: J against a brute-force Jacobian, save/load, merge, resume, errors."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lensapp import fitting, jlens
+from lensapp.fitting import FitConfig, FitError
+
+N_LAYERS, D_MODEL, T, SKIP = 4, 32, 24, 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=100, hidden_size=D_MODEL, intermediate_size=64, num_hidden_layers=N_LAYERS,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                         initializer_range=0.2)  # far from identity, so a wrong J cannot pass by accident
+    return LlamaForCausalLM(config).double().eval()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(1)
+    # 30 tokens (truncated to T), 20, 5 (<= skip + 1: skipped), 12, 24
+    return [torch.randint(0, 100, (n,), generator=g).tolist() for n in (30, 20, 5, 12, 24)]
+
+
+def cfg(tmp_path, **kw) -> FitConfig:
+    base = dict(tokens=T, skip=SKIP, dim_batch=5, min_prompts=1, max_prompts=100, threshold=0.0, window=1,
+                checkpoint_every=1, checkpoint_dir=tmp_path / "ckpt", save_dtype="float32")
+    return FitConfig(**(base | kw))
+
+
+def load(path):
+    return jlens.load(path, d_model=D_MODEL, n_layers=N_LAYERS, dtype=torch.float64)
+
+
+def brute_force(model, ids: list[int], layer: int) -> torch.Tensor:
+    """mean over valid source positions, sum over valid target positions, of d h_final / d h_layer."""
+    ids = torch.tensor(ids[:T])[None]
+    blocks = model.model.layers
+
+    def h_final(x):
+        out = {}
+        replace = blocks[layer].register_forward_hook(lambda m, a, o: x)
+        grab = blocks[-1].register_forward_hook(lambda m, a, o: out.setdefault("h", o[0] if isinstance(o, tuple) else o))
+        try:
+            model.model(input_ids=ids, use_cache=False)
+        finally:
+            replace.remove()
+            grab.remove()
+        return out["h"]
+
+    with torch.no_grad():
+        x0 = {}
+        hook = blocks[layer].register_forward_hook(lambda m, a, o: x0.setdefault("h", o))
+        model.model(input_ids=ids, use_cache=False)
+        hook.remove()
+    jac = torch.autograd.functional.jacobian(h_final, x0["h"], vectorize=True)[0, :, :, 0]  # [t, i, s, j]
+    valid = slice(SKIP, ids.shape[1] - 1)
+    return jac[valid, :, valid, :].sum(0).mean(1)  # [i, j]
+
+
+def test_fit_matches_brute_force_jacobian(model, prompts, tmp_path):
+    out = fitting.fit(model, None, prompts, cfg(tmp_path), tmp_path / "lens.pt", progress=False)
+    lens = load(out)
+    assert lens.n_prompts == 4 and lens.layers == [0, 1, 2]
+    usable = [p for p in prompts if min(len(p), T) > SKIP + 1]
+    for layer in lens.layers:
+        want = torch.stack([brute_force(model, p, layer) for p in usable]).mean(0)
+        assert (want - torch.eye(D_MODEL)).norm() > 0.5  # the test would be weak near identity
+        torch.testing.assert_close(lens.J[layer], want, rtol=1e-4, atol=1e-5)
+
+
+def test_saved_file_round_trips_with_provenance_and_csv(model, prompts, tmp_path):
+    out = fitting.fit(model, None, prompts, cfg(tmp_path, save_dtype="bfloat16"), tmp_path / "lens.pt",
+                      progress=False, provenance={"model": "tiny-llama", "corpus": "random tokens"})
+    lens = jlens.load(out, d_model=D_MODEL, n_layers=N_LAYERS)
+    assert lens.J[0].dtype == torch.bfloat16
+    p = lens.provenance
+    assert p["model"] == "tiny-llama" and p["corpus"] == "random tokens"
+    assert (p["T"], p["skip"], p["dim_batch"], p["dtype"], p["n_prompts"]) == (T, SKIP, 5, "float64", 4)
+    assert p["converged"] is False and isinstance(p["final_delta"], float) and "hardware" in p and "date" in p
+    rows = list(csv.DictReader(open(tmp_path / "lens_convergence.csv")))
+    assert [r["prompt"] for r in rows] == ["1", "2", "3", "4"]
+    assert float(rows[0]["delta"]) == pytest.approx(1.0) and float(rows[-1]["identity_distance"]) > 0
+    assert not list(tmp_path.glob("lens*.ckpt*")), "checkpoints belong in checkpoint_dir"
+
+
+def test_merge_of_halves_equals_whole(model, prompts, tmp_path):
+    whole = fitting.fit(model, None, prompts, cfg(tmp_path), tmp_path / "whole.pt", progress=False)
+    a = fitting.fit(model, None, prompts[:2], cfg(tmp_path), tmp_path / "a.pt", progress=False)
+    b = fitting.fit(model, None, prompts[2:], cfg(tmp_path), tmp_path / "b.pt", progress=False)
+    merged = load(fitting.merge([a, b], tmp_path / "merged.pt", dtype=torch.float32))
+    assert merged.n_prompts == 4 and merged.provenance["merged_from"] == ["a.pt:2", "b.pt:2"]
+    for layer, m in load(whole).J.items():
+        torch.testing.assert_close(merged.J[layer], m, rtol=1e-5, atol=1e-6)
+
+
+def test_interrupted_fit_resumes_to_the_same_lens(model, prompts, tmp_path):
+    fitting.fit(model, None, prompts, cfg(tmp_path, max_prompts=2), tmp_path / "r.pt", progress=False)
+    assert load(tmp_path / "r.pt").n_prompts == 2
+    resumed = load(fitting.fit(model, None, prompts, cfg(tmp_path), tmp_path / "r.pt", progress=False))
+    straight = load(fitting.fit(model, None, prompts, cfg(tmp_path / "other"), tmp_path / "s.pt", progress=False))
+    assert resumed.n_prompts == straight.n_prompts == 4
+    for layer in straight.layers:
+        assert torch.equal(resumed.J[layer], straight.J[layer])
+    assert len(list(csv.reader(open(tmp_path / "r_convergence.csv")))) == 1 + 4
+    # An interim lens from the checkpoint is the same running mean.
+    snap = load(fitting.snapshot(tmp_path / "snap" / "r.pt", tmp_path / "ckpt", dtype=torch.float32))
+    assert snap.provenance["converged"] is False and torch.equal(snap.J[1], straight.J[1])
+
+
+def test_stops_when_converged(model, prompts, tmp_path):
+    out = fitting.fit(model, None, prompts, cfg(tmp_path, min_prompts=2, window=1, threshold=10.0),
+                      tmp_path / "c.pt", progress=False)
+    lens = load(out)
+    assert lens.n_prompts == 2 and lens.provenance["converged"] is True
+
+
+def test_checkpoint_of_another_setup_is_refused(model, prompts, tmp_path):
+    fitting.fit(model, None, prompts, cfg(tmp_path, max_prompts=1), tmp_path / "x.pt", progress=False)
+    with pytest.raises(FitError, match="skip=4 but this run has 3"):
+        fitting.fit(model, None, prompts, cfg(tmp_path, skip=3), tmp_path / "x.pt", progress=False)
+
+
+def test_corpus_chunks_and_holdout(tmp_path):
+    chunks = fitting.load_corpus(None)
+    assert len(chunks) > 150 and all(c.strip() for c in chunks)
+    fit_part, held = fitting.split_holdout(chunks)
+    assert len(fit_part) + len(held) == len(chunks) and held[0] == chunks[9] and chunks[9] not in fit_part
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("hello\n\n\nworld\n" * 3)
+    assert fitting.load_corpus(str(tmp_path / "docs"), chunk_chars=20) == ["hello\nworld\nhello\nworld", "hello\nworld"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--corpus", "/no/such/corpus"], "no such file or folder"),
+    (["--tokens", "17", "--skip", "16"], "must exceed skip + 1"),
+    (["--shard", "3/2"], "--shard"),
+    (["--snapshot", "--checkpoint-dir", "/no/such/dir"], "no checkpoint"),
+])
+def test_bad_input_gives_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    assert fitting.main(argv + ["--out", str(tmp_path / "x.pt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_merge_refuses_mismatched_d_model(tmp_path, capsys):
+    jlens.save(tmp_path / "a.pt", {0: torch.eye(4)}, n_prompts=3)
+    jlens.save(tmp_path / "b.pt", {0: torch.eye(8)}, n_prompts=3)
+    argv = ["--merge", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--out", str(tmp_path / "m.pt")]
+    assert fitting.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "d_model 8" in err and "d_model 4" in err and "\n" not in err
