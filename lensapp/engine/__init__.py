@@ -1,7 +1,7 @@
 """The engine: the one owner of the model (see engine.py), its backends and request types."""
 
 from .backends import ModelInfo
-from .engine import Engine, resolve_model
+from .engine import ChatReply, Engine, resolve_model
 from .requests import GenerateRequest, LensRequest, RequestError
 
-__all__ = ["Engine", "GenerateRequest", "LensRequest", "ModelInfo", "RequestError", "resolve_model"]
+__all__ = ["ChatReply", "Engine", "GenerateRequest", "LensRequest", "ModelInfo", "RequestError", "resolve_model"]

@@ -26,6 +26,7 @@ from .requests import LensSpec
 log = logging.getLogger(__name__)
 
 JLENS_ATTR = "lensapp_jlens"   # attribute on the worker's model holding {"layers": [...], "J": [n, d, d]}
+CHAT_EDIT = "lensapp-chat"      # name of the chat readout installed with model.edit()
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,8 @@ class VLLMBackend:
                               vocab_size=cfg.vocab_size, backend="vllm-cpu" if cpu else "vllm",
                               device="cpu" if cpu else "cuda", dtype=dtype)
         self.jlens_layers: list[int] = []
+        self._chat_edit = None            # the installed chat readout (an nnsight Registration)
+        self._chat_key: tuple | None = None
 
     def install_jlens(self, layers: list[int], J: torch.Tensor) -> None:
         """Ship the J stack [n, d, d] to the worker once; later requests index into it there."""
@@ -185,7 +188,8 @@ class VLLMBackend:
                 with tracer.invoke(list(ids)):
                     jl = getattr(model.model._module, JLENS_ATTR, None) if "jacobian" in specs[i].lenses else None
                     conts[j] = continuation_body(model, specs[i], vllm_read, vllm_unembed, jl, target, start)
-        return list(outs), list(conts)
+        # A saved list no invoke wrote to is not sent back: no continuations, no `conts`.
+        return list(outs), (list(conts) if continuations else [])
 
     def run_generate(self, spec: LensSpec, max_tokens: int, temperature: float, seed: int | None) -> tuple[list, list]:
         """Greedy or sampled generation with a readout at every step -> (step readouts, token ids)."""
@@ -202,6 +206,43 @@ class VLLMBackend:
                 steps.append(lens_body(model, spec, vllm_read, vllm_unembed, jl))
             result = nnsight.save(tracer.result)
         return list(steps), list(result.outputs[0].token_ids)
+
+    def run_chat(self, spec: LensSpec, max_tokens: int, temperature: float, seed: int | None) -> tuple[list, list]:
+        """Generate with the chat readout (one layer, one lens, top-k per token) -> (token ids, [(ids, probs)]).
+
+        The readout is installed once with `model.edit()` and rides every later chat request
+        (reinstalled only when the layer, lens or k changes), so a turn pays only its own
+        readout. Requests that do not name the edit (lens traces) also run it, one row per
+        step: negligible next to their own readout.
+        """
+        key = (spec.read_layers[spec.rows[0]], spec.jlens_rows[0] if spec.jlens_rows else None, spec.k,
+               tuple(self.jlens_layers))
+        if key != self._chat_key:
+            self._install_chat_readout(*key[:3])
+            self._chat_key = key
+        kwargs = {"temperature": float(temperature), "max_tokens": int(max_tokens)}
+        if seed is not None:
+            kwargs["seed"] = int(seed)
+        out = self.model.generate([{"prompt_token_ids": list(spec.input_ids)}], edits=[CHAT_EDIT], **kwargs)[0]
+        steps = out.saves.get("readout") or []
+        return list(out.outputs[0].token_ids), [(list(ids), list(p)) for ids, p in steps]
+
+    def _install_chat_readout(self, layer: int, jrow: int | None, k: int) -> None:
+        import nnsight
+
+        if self._chat_edit is not None:
+            self._chat_edit.clear()
+            self._chat_edit = None
+        model = self.model
+        with model.edit(name=CHAT_EDIT) as (tracer, edit):
+            readout = nnsight.save([])
+            for _ in tracer.all():
+                h = vllm_read(model.model.layers[layer])[-1:]                     # [1, d_model], newest position
+                if jrow is not None:
+                    h = lenses.transport(h, getattr(model.model._module, JLENS_ATTR)["J"][jrow])
+                top = lenses.readout(vllm_unembed(model, model.model.norm(h)).float(), k)
+                readout.append((top["top_ids"][0].tolist(), top["top_probs"][0].tolist()))
+        self._chat_edit = edit
 
     def close(self) -> None:
         """Shut vLLM's EngineCore and worker processes down (they outlive a SIGTERM otherwise)."""
@@ -221,7 +262,8 @@ class TransformersBackend:
     def __init__(self, path: str, name: str, *, device: str, dtype: str):
         from nnsight import TransformersModel
 
-        self.model = TransformersModel(path, device_map=device, dtype=getattr(torch, dtype), dispatch=True)
+        self.model = TransformersModel(path, task="text-generation", device_map=device,
+                                       dtype=getattr(torch, dtype), dispatch=True)
         self.model.eval() if hasattr(self.model, "eval") else None
         self.tokenizer = self.model.tokenizer
         cfg = self.model.config
@@ -268,6 +310,12 @@ class TransformersBackend:
             out = nnsight.save(tracer.result)
         ids = out[0].tolist()[len(spec.input_ids):]
         return steps[:len(ids)], ids
+
+    def run_chat(self, spec: LensSpec, max_tokens: int, temperature: float, seed: int | None) -> tuple[list, list]:
+        """The chat readout as a plain traced generation (no edits here): -> (token ids, [(ids, probs)])."""
+        steps, ids = self.run_generate(spec, max_tokens, temperature, seed)
+        name = spec.lenses[0]
+        return ids, [(s[name]["top_ids"][0, -1].tolist(), s[name]["top_probs"][0, -1].tolist()) for s in steps]
 
     def close(self) -> None:
         pass

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .. import jlens as jlens_files
-from ..config import Config, EMBEDDED
+from ..config import EMBEDDED, MAX_PROMPT_CHARS, Config
 from ..results import GenerationResult, GenerationStep, LensReadout, LensResult
 from .backends import ModelInfo, TransformersBackend, VLLMBackend
 from .requests import (LENS_CHOICES, GenerateRequest, LensRequest, LensSpec, RequestError, parse_layers,
@@ -42,6 +42,31 @@ class _Job:
     specs: list[LensSpec] | None = None           # a lens job (batchable)
     continuations: list | None = None
     call: object = None                           # any other job: fn(backend) -> value
+
+
+@dataclass
+class ChatReply:
+    """One assistant turn and what one lens read at one layer while it was written.
+
+    readout[i]: the lens's top-k (token, probability) at the position that produced tokens[i].
+    dropped_turns: oldest messages left out so the conversation fits max_prompt_tokens.
+    """
+
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    lens: str
+    layer: int
+    readout: list[list[tuple[str, float]]]
+    dropped_turns: int = 0
+
+    def to_json(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "tokens": self.tokens, "lens": self.lens,
+                "layer": self.layer, "dropped_turns": self.dropped_turns,
+                "readout": [[{"token": t, "prob": round(p, 5)} for t, p in step] for step in self.readout]}
+
+
+CHAT_ROLES = ("system", "user", "assistant")
 
 
 class Engine:
@@ -184,6 +209,47 @@ class Engine:
         return GenerationResult(prompt=req.prompt, text=text, token_ids=[int(t) for t in gen_ids],
                                 tokens=self.decode(gen_ids), steps=steps, model=self.info.name)
 
+    def chat(self, messages: list[dict], layer: int | None = None, lens: str = "jacobian", max_tokens: int = 32,
+             temperature: float = 0.0, k: int = 3, seed: int | None = None) -> ChatReply:
+        """Answer a conversation (the tokenizer's chat template) with a per-token readout at one layer.
+
+        messages: [{"role": "user" | "assistant" | "system", "content": str}, ...], ending with the user.
+        layer None: the lens's layer nearest two thirds of the depth. The readout is installed in
+        the engine once (vLLM: `model.edit()`), so each turn pays only its own readout.
+        """
+        if lens not in ("logit", "jacobian"):
+            raise RequestError(f"the chat readout is one lens, logit or jacobian; got {lens!r}")
+        msgs = _check_messages(messages)
+        validate_generate(GenerateRequest(prompt=msgs[-1]["content"], max_tokens=max_tokens, lens=lens, k=k,
+                                          temperature=temperature))
+        if sum(len(m["content"]) for m in msgs) > MAX_PROMPT_CHARS:
+            raise RequestError(f"the conversation has more than {MAX_PROMPT_CHARS} characters; clear it")
+        names = LENS_CHOICES[lens]
+        if layer is None:
+            pool = self._layers_for("all", names)
+            layer = min(pool, key=lambda x: abs(x - 2 * (self.info.n_layers - 1) / 3))
+        layers = self._layers_for(str(layer), names)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError("this model's tokenizer has no chat template")
+        dropped = 0
+        while True:
+            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            if len(ids) <= self.cfg.max_prompt_tokens:
+                break
+            first = next((i for i, m in enumerate(msgs) if m["role"] != "system"), len(msgs))
+            if sum(m["role"] != "system" for m in msgs) <= 1:
+                raise RequestError(f"the message has {len(ids)} tokens; the limit is {self.cfg.max_prompt_tokens}")
+            n = 2 if first + 1 < len(msgs) - 1 and msgs[first + 1]["role"] == "assistant" else 1
+            del msgs[first:first + n]
+            dropped += n
+        spec = self._spec(ids, layers, k, names, [], False, False)
+        gen_ids, steps = self.call(lambda b: b.run_chat(spec, max_tokens, temperature, seed))
+        readout = [list(zip(self.decode(top), [float(p) for p in probs])) for top, probs in steps]
+        return ChatReply(text=self.tokenizer.decode(gen_ids, skip_special_tokens=True), token_ids=[int(t) for t in gen_ids],
+                         tokens=self.decode(gen_ids), lens=lens, layer=layers[0], readout=readout[:len(gen_ids)],
+                         dropped_turns=dropped)
+
     def call(self, fn):
         """Run fn(backend) on the owner thread (for code that needs the model itself, e.g. chat edits)."""
         return self._submit(_Job(Future(), call=fn)).result()
@@ -265,6 +331,19 @@ class Engine:
             future.set_result(fn())
         except BaseException as e:  # noqa: BLE001
             future.set_exception(e)
+
+
+def _check_messages(messages) -> list[dict]:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise RequestError("the conversation is empty")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
+            raise RequestError("each message must be {'role': 'system' | 'user' | 'assistant', 'content': str}")
+        out.append({"role": m["role"], "content": m["content"]})
+    if out[-1]["role"] != "user":
+        raise RequestError("the conversation must end with a user message")
+    return out
 
 
 def resolve_model(cfg: Config) -> tuple[str, str]:

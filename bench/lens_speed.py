@@ -1,0 +1,177 @@
+"""How close the all-layer lens runs to the work no lens can skip.
+
+Measured side by side in one run, on the configured model (default: the embedded one, vLLM):
+  plain   a trace that reads only the model's own logits (the forward and nnsight's round trip)
+  lens    engine.lens: every layer, top-k + entropy + KL taken in the worker, results decoded
+  jlens   the same through a Jacobian-lens transport (a random J per layer if none is configured)
+  unembed the floor's other half: [layers x positions, d_model] x [d_model, vocab] with its top-k, alone
+  naive   a peer that ships every layer's full-vocab probabilities to the host and takes top-k there
+for a short (~16 token) and a long (~256 token) prompt. floor = plain + unembed.
+The goal is lens <= 1.3 x floor. The last line is one JSON object for comparing runs over time.
+
+    python bench/lens_speed.py [--repeats 5] [--model ...] [--backend vllm|transformers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lensapp import config  # noqa: E402
+
+SHORT = "The Eiffel Tower is located in the city of Paris, which is the capital of"
+LONG_PARAGRAPH = ("The history of science is the study of the development of science and scientific knowledge, "
+                  "including both the natural and social sciences. Science is a body of empirical, theoretical, "
+                  "and practical knowledge about the natural world, produced by scientists who emphasize the "
+                  "observation, explanation, and prediction of real-world phenomena. ")
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()                                   # warm-up (allocations, caches)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def plain_trace(backend, ids):
+    import nnsight
+
+    model = backend.model
+    if hasattr(model, "vllm_entrypoint"):
+        with model.trace(list(ids), temperature=0.0, max_tokens=1):
+            out = nnsight.save(model.logits.argmax(-1))
+    else:
+        import torch
+
+        with torch.no_grad(), model.trace(torch.tensor([ids])):
+            out = nnsight.save(model.lm_head.output[0, -1].argmax(-1))
+    return out
+
+
+def naive_trace(backend, ids, n_layers, k):
+    """Full-vocab probabilities of every layer shipped to the host; top-k on the host."""
+    import nnsight
+    import torch
+
+    model = backend.model
+    is_vllm = hasattr(model, "vllm_entrypoint")
+    kwargs = {"temperature": 0.0, "max_tokens": 1} if is_vllm else {}
+    inputs = list(ids) if is_vllm else torch.tensor([ids])
+    with torch.no_grad(), model.trace(inputs, **kwargs):
+        probs = nnsight.save([])
+        for layer in model.model.layers[:n_layers]:
+            h = sum(layer.output) if is_vllm else layer.output[0]
+            logits = model.logits_processor(model.lm_head, model.model.norm(h)) if is_vllm else model.lm_head(model.model.norm(h))
+            probs.append(logits.float().softmax(-1))
+    return [p.topk(k, dim=-1) for p in probs]
+
+
+def unembed_floor(engine, backend, n_rows, k):
+    """The [rows, d] x [d, vocab] product with top-k, on the model's own head weights."""
+    import torch
+
+    w = engine_head_weight(backend)
+    h = torch.randn(n_rows, w.shape[1], dtype=w.dtype)
+    chunk = 1024
+
+    def run():
+        for i in range(0, n_rows, chunk):
+            (h[i:i + chunk] @ w.T).topk(k, dim=-1)
+    return run
+
+
+def engine_head_weight(backend):
+    """A CPU copy of the unembedding matrix (from the checkpoint; the engine's copy lives in its worker)."""
+    import torch
+    from safetensors import safe_open
+
+    folder = Path(BENCH_STATE["model_path"])
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        name = "lm_head.weight" if "lm_head.weight" in f.keys() else "model.embed_tokens.weight"
+        w = f.get_tensor(name)
+    return w.to(getattr(torch, BENCH_STATE["dtype"]))
+
+
+BENCH_STATE: dict = {}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--k", type=int, default=5)
+    config.add_arguments(parser)
+    args = parser.parse_args(argv)
+    config.prepare_process_environment()
+
+    import torch
+
+    from lensapp import jlens
+    from lensapp.engine import Engine, LensRequest, resolve_model
+
+    cfg = config.from_args(args)
+    cfg = config.replace(cfg, jlens="none")
+    t0 = time.perf_counter()
+    engine = Engine.from_config(cfg)
+    startup = time.perf_counter() - t0
+    BENCH_STATE["model_path"], _ = resolve_model(cfg)
+    BENCH_STATE["dtype"] = cfg.resolved_dtype
+    info = engine.info
+    n, d = info.n_layers, info.d_model
+    # A random J per layer (scaled like a transport that keeps norms): the cost, not the meaning, is measured.
+    g = torch.Generator().manual_seed(0)
+    J = {layer: torch.randn(d, d, generator=g) / d ** 0.5 for layer in range(n - 1)}
+    engine.install_jlens(jlens.JacobianLens(J={k_: v.bfloat16() for k_, v in J.items()}, n_prompts=0, d_model=d,
+                                            source="random (bench)"))
+
+    tok = engine.tokenizer
+    long_text = LONG_PARAGRAPH * 8
+    long_ids = tok(long_text)["input_ids"][:256]
+    prompts = {"short": SHORT, "long": tok.decode(long_ids, skip_special_tokens=True)}
+    rows, med = [], {}
+    for name, prompt in prompts.items():
+        ids = engine.tokenize(prompt)
+        T = len(ids)
+        reps = args.repeats if name == "short" else max(2, args.repeats // 2)
+        plain = median_time(lambda: engine.call(lambda b: plain_trace(b, ids)), reps)
+        lens = median_time(lambda: engine.lens(LensRequest(prompts=(prompt,), k=args.k)), reps)
+        jl = median_time(lambda: engine.lens(LensRequest(prompts=(prompt,), lens="jacobian", k=args.k)), reps)
+        unemb = median_time(unembed_floor(engine, engine.backend, n * T, args.k), reps)
+        naive = median_time(lambda: engine.call(lambda b: naive_trace(b, ids, n, args.k)), reps) if name == "short" else None
+        floor = plain + unemb
+        med[name] = {"tokens": T, "plain_s": plain, "lens_s": lens, "jlens_s": jl, "unembed_s": unemb,
+                     "floor_s": floor, "naive_s": naive}
+        rows.append((name, T, plain, unemb, floor, lens, jl, naive))
+    engine.close()
+
+    print(f"\n{info.name} on {info.backend} ({info.dtype}), {n} layers, vocab {info.vocab_size}; "
+          f"engine start {startup:.1f} s; medians in seconds")
+    print(f"{'prompt':>6} {'tokens':>6} {'plain':>7} {'unembed':>8} {'floor':>7} {'lens':>7} {'jlens':>7} "
+          f"{'naive':>7} {'lens/floor':>10} {'jlens/floor':>11}")
+    for name, T, plain, unemb, floor, lens, jl, naive in rows:
+        naive_s = f"{naive:7.3f}" if naive is not None else f"{'-':>7}"
+        print(f"{name:>6} {T:>6} {plain:7.3f} {unemb:8.3f} {floor:7.3f} {lens:7.3f} {jl:7.3f} {naive_s} "
+              f"{lens / floor:10.2f} {jl / floor:11.2f}")
+    summary = {
+        "model": info.name, "backend": info.backend, "dtype": info.dtype,
+        "lens_over_floor_short": round(med["short"]["lens_s"] / med["short"]["floor_s"], 3),
+        "lens_over_floor_long": round(med["long"]["lens_s"] / med["long"]["floor_s"], 3),
+        "jlens_over_floor_long": round(med["long"]["jlens_s"] / med["long"]["floor_s"], 3),
+        "naive_over_lens_short": round(med["short"]["naive_s"] / med["short"]["lens_s"], 3),
+        "medians": {name: {k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in m.items()}
+                    for name, m in med.items()},
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""The engine on the TransformersModel backend, with a tiny random model built here (fast)."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lensapp import config, jlens
+from lensapp.engine import Engine, GenerateRequest, LensRequest, RequestError
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir):
+    engine = Engine.from_config(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none"))
+    yield engine
+    engine.close()
+
+
+def test_last_layer_lens_is_the_models_own_prediction_everywhere(tiny_engine, tiny_model_dir):
+    prompt = "The capital of France is"
+    r = tiny_engine.lens(LensRequest(prompts=(prompt,), k=3))[0]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = hf(torch.tensor([r.input_ids])).logits[0]
+    ro = r.lenses["logit"]
+    assert ro.top_ids[-1, :, 0].tolist() == logits.argmax(-1).tolist()
+    torch.testing.assert_close(torch.tensor(ro.top_probs[-1, :, 0]), logits.softmax(-1).max(-1).values)
+    assert abs(ro.kl_to_final[-1]).max() < 1e-4
+    assert r.model_next_id == int(logits[-1].argmax())
+
+
+def test_identity_jacobian_lens_equals_logit_lens(tiny_engine):
+    n = tiny_engine.info.n_layers
+    tiny_engine.install_jlens(jlens.JacobianLens(J=jlens.identity(tiny_engine.info.d_model, list(range(n - 1))),
+                                                 n_prompts=0, d_model=tiny_engine.info.d_model))
+    r = tiny_engine.lens(LensRequest(prompts=("Water boils at",), lens="both", k=4, targets=("hot",)))[0]
+    a, b = r.lenses["logit"], r.lenses["jacobian"]
+    assert (a.top_ids == b.top_ids).all()
+    assert (a.top_probs == b.top_probs).all() and (a.entropy == b.entropy).all()
+    assert (a.targets[0].probs == b.targets[0].probs).all()
+
+
+def test_generation_rows_then_one_per_step(tiny_engine):
+    g = tiny_engine.generate(GenerateRequest(prompt="Hello there", max_tokens=4, layers="0,-1"))
+    assert len(g.steps) == len(g.token_ids) >= 1
+    assert [len(s.readout.input_ids) for s in g.steps] == [len(g.steps[0].readout.input_ids)] + [1] * (len(g.steps) - 1)
+    # greedy: each step's last-layer top-1 at the newest position is the token generated there
+    assert [s.readout.lenses["logit"].top_ids[-1, -1, 0] for s in g.steps] == g.token_ids
+
+
+def test_bad_requests_get_clear_errors(tiny_engine):
+    with pytest.raises(RequestError, match="outside"):
+        tiny_engine.lens(LensRequest(prompts=("x",), layers="9"))
+    with pytest.raises(RequestError, match="limit"):
+        tiny_engine.lens(LensRequest(prompts=("word " * 600,)))
+    # the engine still serves after bad input
+    assert tiny_engine.lens(LensRequest(prompts=("x",), layers="0"))[0].layers == [0]
