@@ -18,7 +18,7 @@ import argparse
 import json
 import statistics
 import sys
-import import time
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
