@@ -44,6 +44,14 @@ def test_vllm_and_transformers_backends_agree_on_top1(vllm_engine, hf_engine):
         np.testing.assert_allclose(a.top_probs, b.top_probs, atol=2e-3)
 
 
+def test_raw_mode_matches_the_head_on_a_model_without_logit_arithmetic(vllm_engine):
+    """SmolLM2 has no soft-capping or logit scale, so h @ W_U.T reads exactly like logits_processor."""
+    a = vllm_engine.lens(LensRequest(prompts=PROMPTS[:1], layers="0,15,29", k=5))[0].lenses["logit"]
+    b = vllm_engine.lens(LensRequest(prompts=PROMPTS[:1], layers="0,15,29", k=5, raw=True))[0].lenses["logit"]
+    assert (a.top_ids == b.top_ids).all()
+    np.testing.assert_allclose(a.top_probs, b.top_probs, atol=1e-5)
+
+
 def test_batched_prompts_equal_single_prompts(vllm_engine):
     together = vllm_engine.lens(LensRequest(prompts=PROMPTS[:2], layers="0,15,29", k=3))
     alone = [vllm_engine.lens(LensRequest(prompts=(p,), layers="0,15,29", k=3))[0] for p in PROMPTS[:2]]

@@ -61,7 +61,7 @@ def lens_body(model, spec: LensSpec, read, unembed, jlens: dict | None) -> dict:
     for name in spec.lenses:
         J = None
         if name == "jacobian":
-            J = jlens["J"].index_select(0, torch.tensor(spec.jlens_rows, device=jlens["J"].device))
+            J = select_rows(jlens["J"], spec.jlens_rows)
         out[name] = lenses.layer_readouts(hs, norm, head, spec.k, final=final, J=J, target_ids=target_ids)
         if spec.full_probs:
             x = hs if J is None else torch.einsum("lpd,led->lpe", hs, J.to(hs.dtype))
@@ -85,9 +85,16 @@ def continuation_body(model, spec: LensSpec, read, unembed, jlens: dict | None, 
     for name in spec.lenses:
         J = None
         if name == "jacobian":
-            J = jlens["J"].index_select(0, torch.tensor(spec.jlens_rows, device=jlens["J"].device))
+            J = select_rows(jlens["J"], spec.jlens_rows)
         out[name] = lenses.continuation_logprob(h, norm, head, ids, J=J)
     return out
+
+
+def select_rows(stack: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """stack[rows], as a view when the rows are a contiguous run (the common case: no 20 MB copy)."""
+    if rows == list(range(rows[0], rows[-1] + 1)):
+        return stack[rows[0]:rows[-1] + 1]
+    return stack.index_select(0, torch.tensor(rows, device=stack.device))
 
 
 def read_dim(model) -> int:
@@ -95,14 +102,18 @@ def read_dim(model) -> int:
 
 
 def raw_unembed(model, x):
-    """norm(h) @ W_U.T with no family arithmetic; whole-vocab even when the head is sharded."""
-    w = model.lm_head.weight
-    logits = x @ w.T.to(x.dtype)
-    tp = getattr(getattr(model, "_lensapp_tp", None), "size", 1)
-    if tp > 1:  # pragma: no cover - needs several GPUs
-        from vllm.distributed import tensor_model_parallel_all_gather
+    """norm(h) @ W_U.T with no family arithmetic (no soft-capping or logit scale); whole vocab.
 
-        logits = tensor_model_parallel_all_gather(logits)
+    On vLLM the head weight is this rank's shard (and padded) under tensor parallelism, where
+    `logits_processor` would have gathered: gather and trim the same way here.
+    """
+    logits = x @ model.lm_head.weight.T.to(x.dtype)
+    if hasattr(model, "logits_processor"):
+        from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
+
+        if get_tensor_model_parallel_world_size() > 1:  # pragma: no cover - needs several GPUs
+            logits = tensor_model_parallel_all_gather(logits)
+        logits = logits[..., :model.logits_processor.org_vocab_size]
     return logits
 
 
