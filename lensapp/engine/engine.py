@@ -99,8 +99,8 @@ class Engine:
         if spec:
             try:
                 engine.load_jlens(spec, cfg.jlens_layer_list)
-            except jlens_files.LensFileError as e:
-                engine.close()
+            except BaseException:
+                engine.close()             # never leave vLLM's processes behind
                 raise
         return engine
 
@@ -246,9 +246,9 @@ class Engine:
         spec = self._spec(ids, layers, k, names, [], False, False)
         gen_ids, steps = self.call(lambda b: b.run_chat(spec, max_tokens, temperature, seed))
         readout = [list(zip(self.decode(top), [float(p) for p in probs])) for top, probs in steps]
-        return ChatReply(text=self.tokenizer.decode(gen_ids, skip_special_tokens=True), token_ids=[int(t) for t in gen_ids],
-                         tokens=self.decode(gen_ids), lens=lens, layer=layers[0], readout=readout[:len(gen_ids)],
-                         dropped_turns=dropped)
+        return ChatReply(text=self.tokenizer.decode(gen_ids, skip_special_tokens=True),
+                         token_ids=[int(t) for t in gen_ids], tokens=self.decode(gen_ids), lens=lens, layer=layers[0],
+                         readout=readout[:len(gen_ids)], dropped_turns=dropped)
 
     def call(self, fn):
         """Run fn(backend) on the owner thread (for code that needs the model itself, e.g. chat edits)."""
