@@ -1,0 +1,119 @@
+"""The Gradio app: logit lens, Jacobian lens and generation tabs over one engine.
+
+`build_app(engine, cfg)` builds the Blocks (nothing is built at import); `app.py` launches it with
+`CSS`. Each tab lives in its own module and hands back `TabParts`; this module wires what spans
+tabs: the share-this-view link (kept in the URL as inputs change), restoring a view from a link on
+page load, and the /lens and /generate API endpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gradio as gr
+
+from . import permalinks
+from .api import register_api
+from .generate_tab import build_generate_tab
+from .jacobian_tab import build_jacobian_tab
+from .logit_tab import build_logit_tab
+from .tab import PRIVATE, Exports, TabParts, lens_source, md_text
+
+CSS = """
+.lens-plot .altair { overflow-x: auto; justify-content: flex-start !important; align-items: flex-start !important; }
+.lens-plot .altair > div { flex: none; }
+#link-notice { border-left: 4px solid #e69f00; padding-left: 0.75em; }
+#permalink textarea, #permalink input { font-family: var(--font-mono); font-size: 0.85em; }
+"""
+
+# history.replaceState keeps the address bar equal to the view; returns the full link for the link box.
+JS_SET_URL = """(q) => {
+  if (!q) { return ""; }
+  const url = location.origin + location.pathname + "?" + q;
+  history.replaceState(history.state, "", url);
+  return url;
+}"""
+JS_COPY_LINK = """() => { if (navigator.clipboard) { navigator.clipboard.writeText(location.href); } }"""
+
+
+def build_app(engine, cfg) -> gr.Blocks:
+    info = engine.info
+    exports = Exports()
+    with gr.Blocks(title="Lens Explorer", delete_cache=(3600, 3600)) as demo:
+        gr.Markdown(f"# Lens Explorer\n{_header(engine)}", elem_id="header")
+        notice = gr.Markdown(visible=False, elem_id="link-notice")
+        with gr.Tabs(selected="logit", elem_id="tabs") as tabs:
+            parts = [build_logit_tab(engine, cfg, exports), build_jacobian_tab(engine, cfg, exports),
+                     build_generate_tab(engine, cfg, exports)]
+        with gr.Row():
+            link = gr.Textbox(label="Link to this view (inputs are kept in the address bar)", interactive=False,
+                              scale=6, elem_id="permalink",
+                              placeholder="Run or edit an input: the link that reproduces it appears here")
+            copy = gr.Button("Copy link", scale=1, min_width=120, size="sm", elem_id="copy-link")
+        query = gr.Textbox(visible=False, elem_id="permalink-query")
+        pending = gr.State("")
+        register_api(engine)
+
+        by_name = {p.name: p for p in parts}
+        for p in parts:
+            if not p.fields:
+                continue
+            comps = list(p.fields.values())
+            make_query = _query_fn(p)
+            triggers = [c.change for c in comps] + [p.run_button.click]
+            gr.on(triggers, make_query, comps, query, queue=False, trigger_mode="always_last", **PRIVATE)
+        for p, tab in zip(parts, tabs.children):
+            if p.fields:
+                tab.select(_query_fn(p), list(p.fields.values()), query, queue=False, **PRIVATE)
+        query.change(None, query, link, js=JS_SET_URL, **PRIVATE)
+        copy.click(None, None, None, js=JS_COPY_LINK, **PRIVATE).then(
+            lambda: gr.Info("Link copied to the clipboard."), None, None, queue=False, **PRIVATE)
+
+        def restore(request: gr.Request):
+            params = dict(request.query_params) if request is not None else {}
+            view, notices = permalinks.decode(params, n_layers=info.n_layers, jlens_layers=engine.jlens_layers)
+            if not params:
+                return {pending: ""}
+            target = by_name[view.tab]
+            if not target.fields:                      # a Jacobian link on an app without a J lens
+                notices.append("This app has no Jacobian lens loaded; showing the logit lens instead.")
+                view = replace(view, tab="logit", layers="all")
+                target = by_name["logit"]
+            out = {tabs: gr.Tabs(selected=view.tab), pending: view.tab}
+            out.update(dict(zip(target.fields.values(), target.values(view))))
+            out[notice] = gr.Markdown("\n".join(f"- {md_text(n)}" for n in notices), visible=bool(notices))
+            return out
+
+        all_fields = [c for p in parts for c in p.fields.values()]
+        load = demo.load(restore, None, [tabs, pending, notice] + all_fields, **PRIVATE)
+        for p in parts:
+            if p.run is not None:
+                load = load.then(_run_if(p), [pending] + p.run_inputs, p.outputs, **PRIVATE)
+    return demo
+
+
+def _query_fn(p: TabParts):
+    def make_query(*values):
+        return permalinks.query_string(p.to_view(*values))
+    return make_query
+
+
+def _run_if(p: TabParts):
+    """The tab's readout, only when the link being restored is for this tab."""
+    def run(pending, *values):
+        if pending != p.name:
+            return tuple(gr.skip() for _ in p.outputs)
+        return p.run(*values)
+    return run
+
+
+def _header(engine) -> str:
+    info = engine.info
+    lens = "no Jacobian lens"
+    if engine.jlens is not None:
+        lens = f"Jacobian lens on {len(engine.jlens.layers)} layers ({md_text(lens_source(engine.jlens.source))})"
+    return (f"Model **{md_text(info.name)}** · {info.n_layers} layers · d_model {info.d_model} · "
+            f"{md_text(info.backend)} ({info.dtype}) · {lens}")
+
+
+__all__ = ["CSS", "build_app"]

@@ -1,0 +1,353 @@
+"""The app in a real browser: `python app.py` on the embedded model, driven by headless Chromium.
+
+One app per module (starting vLLM on CPU takes about a minute), a fresh browser page per test.
+Chromium is Debian's (`scripts/setup-test-deps.sh` installs it); Playwright drives it. Cells are
+read from the chart's SVG: Vega gives every mark an aria-label built from its tooltip fields.
+Screenshots of each tab land in artifacts/screenshots/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+REPO = Path(__file__).resolve().parents[1]
+SHOTS = REPO / "artifacts" / "screenshots"
+HOSTILE = "<img src=x onerror=alert(1)>"
+J_LAYERS = [0, 4, 8, 12, 16, 20, 24, 28]
+START_TIMEOUT = 360
+RUN_TIMEOUT = 90_000          # ms, one readout on a busy 2-core machine
+APP_LOG: list[Path] = []      # the running app's log, quoted when a wait fails
+
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_dims(embedded_dir) -> dict:
+    return json.loads((embedded_dir / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory, model_dims):
+    """`python app.py --jlens <random lens>` on a free port; SIGTERM at the end leaves no vLLM process."""
+    import psutil
+    import torch
+
+    from lensapp import jlens
+
+    tmp = tmp_path_factory.mktemp("app")
+    d = model_dims["hidden_size"]
+    g = torch.Generator().manual_seed(0)
+    lens_path = jlens.save(tmp / "random_jlens.pt",
+                           {layer: torch.eye(d) + 0.05 * torch.randn(d, d, generator=g) for layer in J_LAYERS},
+                           n_prompts=0, provenance={"model": "embedded", "corpus": "none: a random test lens"})
+    port = _free_port()
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+           "GRADIO_ANALYTICS_ENABLED": "False"}
+    log = open(tmp / "app.log", "w")
+    APP_LOG[:] = [tmp / "app.log"]
+    proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path)], cwd=REPO, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        _wait_for(url, proc, tmp / "app.log")
+        children = psutil.Process(proc.pid).children(recursive=True)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("app.py did not exit within 90 s of SIGTERM")
+        finally:
+            log.close()
+    _, alive = psutil.wait_procs(children, timeout=30)
+    for p in alive:
+        p.kill()
+    assert not alive, f"processes outlived the app: {[p.pid for p in alive]}"
+    assert proc.returncode == 0, (tmp / "app.log").read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("needs Debian chromium: run scripts/setup-test-deps.sh")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page that records script errors and dialogs (an injected alert would be one)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.errors, pg.dialogs = [], []
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    yield pg
+    context.close()
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(url: str, proc, log: Path) -> None:
+    deadline = time.time() + START_TIMEOUT
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(2)
+    pytest.fail(f"app.py did not serve {url} within {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
+
+
+def open_app(page, url: str, query: str = "") -> None:
+    page.goto(url + (f"?{query}" if query else ""))
+    page.wait_for_selector("#logit-run", state="attached", timeout=30_000)
+
+
+def cells(page, plot: str, chart: int = 0) -> list[dict]:
+    """The heatmap's cells (rect marks) as dicts parsed from their aria-labels."""
+    marks = f"#{plot} g.role-mark path[aria-roledescription='rect mark']"
+    labels = page.eval_on_selector_all(marks, "els => els.map(e => e.getAttribute('aria-label'))")
+    # concatenated charts: one group of cells per sub-chart, told apart by the mark group's class
+    groups = page.eval_on_selector_all(marks, "els => els.map(e => e.parentElement.getAttribute('class'))")
+    names = sorted({g for g in groups if "layer_0_marks" in g})
+    wanted = names[chart] if names else None
+    out = []
+    for label, group in zip(labels, groups):
+        if group != wanted or not label:
+            continue
+        out.append(dict(part.split(": ", 1) for part in label.split("; ") if ": " in part))
+    return out
+
+
+def hover_cell(page, plot: str, index: int) -> None:
+    """Move the mouse into a cell's corner (its centre is under the text mark, which has the same tooltip)."""
+    cell = page.locator(f"#{plot} path[aria-roledescription='rect mark']").nth(index)
+    cell.hover(position={"x": 3, "y": 3}, force=True)
+
+
+def wait_plot(page, plot: str) -> None:
+    try:
+        page.wait_for_selector(f"#{plot} svg.marks g.role-mark path", timeout=RUN_TIMEOUT)
+    except playwright_errors().TimeoutError:
+        toasts = page.locator(".toast-body").all_inner_texts()
+        log = APP_LOG[0].read_text()[-3000:] if APP_LOG else ""
+        pytest.fail(f"no chart in #{plot} after {RUN_TIMEOUT / 1000:.0f} s at {page.url}\n"
+                    f"toasts: {toasts}\npage errors: {page.errors}\napp log:\n{log}")
+
+
+def playwright_errors():
+    import playwright.sync_api
+
+    return playwright.sync_api
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def field(page, elem_id: str):
+    return page.locator(f"#{elem_id} textarea, #{elem_id} input").first
+
+
+def n_tokens(embedded_dir, text: str) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(embedded_dir)(text)["input_ids"])
+
+
+# -- tests ---------------------------------------------------------------------------------------
+
+def test_page_loads(page, app_url):
+    open_app(page, app_url)
+    assert page.title() == "Lens Explorer"
+    assert "SmolLM2-135M-Instruct" in page.inner_text("#header")
+    for name in ("Logit lens", "Jacobian lens", "Generation"):
+        assert page.get_by_role("tab", name=name).count() == 1
+    assert page.get_by_role("tab", name="Logit lens").get_attribute("aria-selected") == "true"
+    assert not page.errors
+
+
+def test_example_draws_heatmap_with_tooltips(page, app_url, model_dims, embedded_dir):
+    open_app(page, app_url)
+    page.get_by_text("The capital of France is → Paris").first.click()
+    wait_plot(page, "logit-heatmap")
+    got = cells(page, "logit-heatmap")
+    n_layers, n_pos = model_dims["num_hidden_layers"], n_tokens(embedded_dir, "The capital of France is")
+    assert len(got) == n_layers * n_pos
+    assert {int(c["layer"]) for c in got} == set(range(n_layers))             # one row per layer
+    assert {int(c["position"]) for c in got} == set(range(n_pos))              # one column per token
+    assert page.locator("#logit-heatmap .vega-embed.has-actions").count() == 1  # the chart's export menu
+    # the top layer at the last position is the model's own answer, with its top-k
+    top = next(c for c in got if int(c["layer"]) == n_layers - 1 and int(c["position"]) == n_pos - 1)
+    assert top["#1"].startswith("␣Paris") and "#5" in top
+    # hovering a cell shows the same top-k in the tooltip
+    hover_cell(page, "logit-heatmap", -1)
+    tip = page.locator("#vg-tooltip-element")
+    tip.wait_for(state="visible", timeout=10_000)
+    assert "#1" in tip.inner_text() and "%" in tip.inner_text()
+    # token table: one row per layer; target curve drawn; the address bar holds the view
+    # (the table is virtualised: only rows in view are in the DOM; the grid's aria-rowcount counts them all)
+    assert page.get_attribute("#logit-table [role=grid]", "aria-rowcount") == str(n_layers + 1)
+    assert "KL to final" in page.inner_text("#logit-table")
+    assert "tab=logit" in page.url and "prompt=The%20capital" in page.url
+    page.mouse.move(0, 0)
+    shot(page, "logit")
+    # CSV export: one row per lens x layer x position x rank
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download CSV").first.click()
+    with open(download.value.path(), newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))                     # (tokens may hold newlines: quoted fields)
+    assert rows[0] == "lens,layer,position,input_token,rank,token_id,token,prob,entropy,kl_to_final".split(",")
+    assert len(rows) == 1 + n_layers * n_pos * 5
+    # editing an input rewrites the address bar
+    field(page, "logit-k").fill("7")
+    field(page, "logit-k").press("Tab")
+    page.wait_for_function("() => location.search.includes('k=7')", timeout=10_000)
+    assert not page.errors and not page.dialogs
+
+
+def test_permalink_restores_view_and_runs(page, app_url):
+    query = ("v=1&tab=jacobian&prompt=Water%20boils%20at&layers=20-29&k=3&targets=100&metric=kl&chat=0")
+    open_app(page, app_url, query)
+    wait_plot(page, "jacobian-heatmap")
+    assert page.get_by_role("tab", name="Jacobian lens").get_attribute("aria-selected") == "true"
+    assert field(page, "jacobian-prompt").input_value() == "Water boils at"
+    assert field(page, "jacobian-layers").input_value() == "20-29"
+    assert field(page, "jacobian-k").input_value() == "3"
+    for chart in (0, 1):                                       # J-lens and logit lens over the same cells
+        got = cells(page, "jacobian-heatmap", chart)
+        assert {int(c["layer"]) for c in got} == {20, 24, 28, 29}
+        assert "#3" in got[0] and "#4" not in got[0]
+    wait_plot(page, "jacobian-diff")
+    assert "Jacobian lens" in page.inner_text("#jacobian-table")
+    assert not page.locator("#link-notice").is_visible()
+    page.get_by_text("Lens provenance").click()
+    assert "random test lens" in page.inner_text("#jlens-provenance")
+    shot(page, "jacobian")
+    assert not page.errors
+
+
+def test_generation_one_column_per_token(page, app_url):
+    from gradio_client import Client
+
+    open_app(page, app_url, "tab=generate&prompt=The%20capital%20of%20France%20is&max_tokens=6&layers=20-29")
+    wait_plot(page, "generate-heatmap")
+    got = cells(page, "generate-heatmap")
+    expected = Client(app_url, verbose=False).predict("The capital of France is", 6, "logit", "20-29", 5, 0.0,
+                                                      api_name="/generate")
+    assert {int(c["step"]) for c in got} == set(range(len(expected["tokens"])))
+    assert {int(c["layer"]) for c in got} == set(range(20, 30))
+    assert page.locator("#generate-text textarea").input_value() == expected["text"]
+    shot(page, "generate")
+    assert not page.errors
+
+
+def test_chat_reply_carries_a_readout(page, app_url):
+    open_app(page, app_url)
+    page.get_by_role("tab", name="Generation").click()
+    page.get_by_role("tab", name="Chat").click()
+    field(page, "chat-message").fill("What is the capital of Japan?")
+    field(page, "chat-message").press("Enter")
+    page.get_by_text(re.compile(r"J-lens at layer \d+: top-3")).wait_for(timeout=RUN_TIMEOUT)
+    assert "→" in page.inner_text("#chat")                     # token -> its top-3, per generated token
+    shot(page, "chat")
+    assert not page.errors
+
+
+def test_hostile_prompt_is_text(page, app_url):
+    open_app(page, app_url)
+    field(page, "logit-prompt").fill(HOSTILE)
+    field(page, "logit-targets").fill(HOSTILE)
+    page.click("#logit-run")
+    wait_plot(page, "logit-heatmap")
+    hover_cell(page, "logit-heatmap", 0)
+    tip = page.locator("#vg-tooltip-element")
+    tip.wait_for(state="visible", timeout=10_000)
+    page.wait_for_selector("#logit-summary p")
+    labels = page.eval_on_selector_all("#logit-heatmap g.role-axis-label text", "els => els.map(e => e.textContent)")
+    assert HOSTILE in "".join(labels).replace("␣", " ").replace("\u200b", "")   # the tokens, drawn as text
+    assert "<img" in page.inner_text("#logit-summary")                 # the target, as text
+    assert page.locator("img[src='x']").count() == 0                   # ... and never as an element
+    assert page.locator("#vg-tooltip-element img").count() == 0
+    assert page.evaluate("() => document.querySelectorAll('[onerror]').length") == 0
+    assert not page.dialogs and not page.errors
+
+
+def test_hostile_permalink_shows_notice(page, app_url):
+    open_app(page, app_url, "tab=admin&k=-3&prompt=%FF%FE&layers=0-999&metric=%3Cscript%3E")
+    notice = page.locator("#link-notice")
+    notice.wait_for(state="visible", timeout=30_000)
+    text = notice.inner_text()
+    for word in ("tab", "k", "prompt", "layers", "metric"):
+        assert f"link's {word}" in text
+    assert page.get_by_role("tab", name="Logit lens").get_attribute("aria-selected") == "true"
+    assert field(page, "logit-prompt").input_value() == "The capital of France is"
+    wait_plot(page, "logit-heatmap")                                   # and the defaults still run
+    shot(page, "hostile-link")
+    assert not page.errors and not page.dialogs
+
+
+def test_api_endpoints(app_url):
+    from gradio_client import Client
+
+    client = Client(app_url, verbose=False)
+    out = client.predict("The capital of France is", "both", "all", 5, "Paris", api_name="/lens")
+    assert isinstance(out, dict) and out["layers"] == J_LAYERS + [29]
+    assert set(out["lenses"]) == {"logit", "jacobian"} and out["jlens"]["layers"] == J_LAYERS
+    assert out["lenses"]["logit"]["targets"][0]["text"] == "Paris"
+    gen = client.predict("The capital of France is", 4, "logit", "all", 3, 0.0, api_name="/generate")
+    assert isinstance(gen, dict) and len(gen["steps"]) == len(gen["tokens"]) <= 4
+    with pytest.raises(Exception, match="outside this 30-layer model"):
+        client.predict("The capital of France is", "logit", "99", 5, "", api_name="/lens")
+
+
+def test_app_without_a_jlens_says_how_to_load_one():
+    """No model needed: build the Blocks over a stand-in engine that has no Jacobian lens."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from lensapp import ui
+    from lensapp.config import Config
+    from lensapp.engine import ModelInfo
+
+    engine = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
+                             jlens_layers=[], jlens_error=None)
+    demo = ui.build_app(engine, Config(jlens="none"))
+    texts = [b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown) and isinstance(b.value, str)]
+    assert any("No Jacobian lens is loaded" in t and "--jlens" in t for t in texts)
+    radios = [b for b in demo.blocks.values() if isinstance(b, gr.Radio)]
+    assert all(value == "logit" for r in radios for _, value in r.choices)      # every lens choice: logit only
