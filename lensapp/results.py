@@ -214,6 +214,28 @@ class GenerationResult:
 
 
 @dataclass
+class ChatReply:
+    """One assistant turn and what one lens read at one layer while it was written.
+
+    readout[i]: the lens's top-k (token, probability) at the position that produced tokens[i].
+    dropped_turns: oldest messages left out so the conversation fits max_prompt_tokens.
+    """
+
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    lens: str
+    layer: int
+    readout: list[list[tuple[str, float]]]
+    dropped_turns: int = 0
+
+    def to_json(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "tokens": self.tokens, "lens": self.lens,
+                "layer": self.layer, "dropped_turns": self.dropped_turns,
+                "readout": [[{"token": t, "prob": round(p, 5)} for t, p in step] for step in self.readout]}
+
+
+@dataclass
 class LensBatch:
     """Several prompts' results as padded arrays, the reference LogitLens step's view.
 

@@ -17,12 +17,11 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from .. import jlens as jlens_files
 from ..config import EMBEDDED, MAX_PROMPT_CHARS, Config
-from ..results import GenerationResult, GenerationStep, LensReadout, LensResult
+from ..results import ChatReply, GenerationResult, GenerationStep, LensReadout, LensResult
 from .backends import ModelInfo, TransformersBackend, VLLMBackend
 from .requests import (LENS_CHOICES, GenerateRequest, LensRequest, LensSpec, RequestError, parse_layers,
                        plan_batches, validate_common, validate_generate)
@@ -42,28 +41,6 @@ class _Job:
     specs: list[LensSpec] | None = None           # a lens job (batchable)
     continuations: list | None = None
     call: object = None                           # any other job: fn(backend) -> value
-
-
-@dataclass
-class ChatReply:
-    """One assistant turn and what one lens read at one layer while it was written.
-
-    readout[i]: the lens's top-k (token, probability) at the position that produced tokens[i].
-    dropped_turns: oldest messages left out so the conversation fits max_prompt_tokens.
-    """
-
-    text: str
-    token_ids: list[int]
-    tokens: list[str]
-    lens: str
-    layer: int
-    readout: list[list[tuple[str, float]]]
-    dropped_turns: int = 0
-
-    def to_json(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "tokens": self.tokens, "lens": self.lens,
-                "layer": self.layer, "dropped_turns": self.dropped_turns,
-                "readout": [[{"token": t, "prob": round(p, 5)} for t, p in step] for step in self.readout]}
 
 
 CHAT_ROLES = ("system", "user", "assistant")
