@@ -9,13 +9,12 @@ import gradio as gr
 import pandas as pd
 
 from .. import charts
-from ..config import MAX_K
 from ..engine import LensRequest
 from ..engine.requests import parse_layers
 from .examples import lens_examples
 from .permalinks import View
-from .tab import (PRIVATE, Exports, TabParts, call_engine, int_or, lens_source, lens_summary, md_text,
-                  position_choices, split_targets, to_int, warn)
+from .tab import (PRIVATE, Exports, TabParts, call_engine, int_or, lens_inputs, lens_source, lens_summary,
+                  md_text, position_choices, split_targets, to_int, warn)
 
 HOW_TO = """
 The **logit lens** reads layer *l* as if the layers after it did nothing. The **Jacobian lens** first moves
@@ -61,19 +60,8 @@ def build_jacobian_tab(engine, cfg, exports: Exports) -> TabParts:
                     "next to the plain logit lens.")
         with gr.Accordion("How to read this", open=False):
             gr.Markdown(HOW_TO)
-        with gr.Row():
-            prompt = gr.Textbox(label="Prompt", value=d.prompt, lines=2, max_lines=8, scale=3,
-                                elem_id="jacobian-prompt")
-            targets = gr.Textbox(label="Target word(s), comma-separated (optional)", value=d.targets, scale=2,
-                                 elem_id="jacobian-targets")
-        with gr.Row():
-            layers = gr.Textbox(label=f"Layers (all, a range like 20-29 or a list; these have a J: {_span(jl)})",
-                                value=d.layers,
-                                elem_id="jacobian-layers")
-            k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id="jacobian-k")
-            metric = gr.Dropdown(label="Colour cells by", value=d.metric, elem_id="jacobian-metric",
-                                 choices=[(m.title, key) for key, m in charts.METRICS.items()])
-            chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
+        prompt, targets, layers, k, metric, chat = lens_inputs(
+            "jacobian", d, f"Layers (all, a range like 20-29 or a list; these have a J: {_span(jl)})")
         run_button = gr.Button("Run both lenses", variant="primary", elem_id="jacobian-run")
         examples = lens_examples(prompt, targets)
         summary = gr.Markdown(elem_id="jacobian-summary")

@@ -7,12 +7,11 @@ import json
 import gradio as gr
 
 from .. import charts
-from ..config import MAX_K
 from ..engine import LensRequest
 from .examples import lens_examples
 from .permalinks import View
-from .tab import (PRIVATE, Exports, TabParts, call_engine, int_or, lens_summary, position_choices, split_targets,
-                  to_int, warn)
+from .tab import (PRIVATE, Exports, TabParts, call_engine, int_or, lens_inputs, lens_summary, position_choices,
+                  split_targets, to_int, warn)
 
 HOW_TO = """
 Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
@@ -36,17 +35,8 @@ def build_logit_tab(engine, cfg, exports: Exports) -> TabParts:
         gr.Markdown("What each layer would predict next, read through the model's own unembedding.")
         with gr.Accordion("How to read this", open=False):
             gr.Markdown(HOW_TO)
-        with gr.Row():
-            prompt = gr.Textbox(label="Prompt", value=d.prompt, lines=2, max_lines=8, scale=3, elem_id="logit-prompt")
-            targets = gr.Textbox(label="Target word(s), comma-separated (optional)", value=d.targets, scale=2,
-                                 elem_id="logit-targets")
-        with gr.Row():
-            layers = gr.Textbox(label=f"Layers (all, 10-20 or 0,5,-1; this model: 0..{n - 1})", value=d.layers,
-                                elem_id="logit-layers")
-            k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id="logit-k")
-            metric = gr.Dropdown(label="Colour cells by", value=d.metric, elem_id="logit-metric",
-                                 choices=[(m.title, key) for key, m in charts.METRICS.items()])
-            chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
+        prompt, targets, layers, k, metric, chat = lens_inputs(
+            "logit", d, f"Layers (all, 10-20 or 0,5,-1; this model: 0..{n - 1})")
         run_button = gr.Button("Run logit lens", variant="primary", elem_id="logit-run")
         examples = lens_examples(prompt, targets)
         summary = gr.Markdown(elem_id="logit-summary")

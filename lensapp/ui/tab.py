@@ -19,6 +19,8 @@ from typing import Callable
 import gradio as gr
 import numpy as np
 
+from .. import charts
+from ..config import MAX_K
 from ..engine import RequestError
 from .permalinks import View
 
@@ -39,6 +41,21 @@ class TabParts:
     def values(self, view: View) -> list:
         """Input values for `view`, in `fields` order."""
         return [getattr(view, name) for name in self.fields]
+
+
+def lens_inputs(tab: str, d: View, layers_label: str):
+    """The inputs the logit and Jacobian tabs share: prompt, targets, layers, k, metric, chat (elem ids `{tab}-...`)."""
+    with gr.Row():
+        prompt = gr.Textbox(label="Prompt", value=d.prompt, lines=2, max_lines=8, scale=3, elem_id=f"{tab}-prompt")
+        targets = gr.Textbox(label="Target word(s), comma-separated (optional)", value=d.targets, scale=2,
+                             elem_id=f"{tab}-targets")
+    with gr.Row():
+        layers = gr.Textbox(label=layers_label, value=d.layers, elem_id=f"{tab}-layers")
+        k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id=f"{tab}-k")
+        metric = gr.Dropdown(label="Colour cells by", value=d.metric, elem_id=f"{tab}-metric",
+                             choices=[(m.title, key) for key, m in charts.METRICS.items()])
+        chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
+    return prompt, targets, layers, k, metric, chat
 
 
 def call_engine(fn, *args, **kwargs):
