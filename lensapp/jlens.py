@@ -46,8 +46,10 @@ class JacobianLens:
 
     def describe(self) -> dict:
         """Small JSON-able summary for the UI and results (no tensors)."""
+        # A local path is shown by its file name: the server's folders are nobody's business.
+        source = Path(self.source).name if Path(self.source).exists() else self.source
         return {
-            "source": self.source,
+            "source": source,
             "n_prompts": self.n_prompts,
             "d_model": self.d_model,
             "layers": self.layers,
