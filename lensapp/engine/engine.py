@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -79,7 +80,19 @@ class Engine:
             except BaseException:
                 engine.close()             # never leave vLLM's processes behind
                 raise
+        engine.warm_up()
         return engine
+
+    def warm_up(self) -> None:
+        """Run one lens and one two-step generation, so the first visitor does not pay for compiling
+        the fused readout (a prompt's shapes, then the one-token decode steps)."""
+        t = time.perf_counter()
+        try:
+            self.lens(LensRequest(prompts=("Hello, world",), k=1))
+            self.generate(GenerateRequest(prompt="Hello", max_tokens=2, layers="last", k=1))
+        except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request time
+            log.exception("warm-up failed")
+        log.info("warm-up took %.1f s", time.perf_counter() - t)
 
     def load_jlens(self, spec: str, layers: list[int] | None = None) -> jlens_files.JacobianLens:
         """Load, validate and install a lens (replacing any other). LensFileError names the mismatch."""
