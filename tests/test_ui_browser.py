@@ -216,7 +216,7 @@ def test_example_draws_heatmap_with_tooltips(page, app_url, model_dims, embedded
     # hovering a cell shows the same top-k in the tooltip
     hover_cell(page, "logit-heatmap", -1)
     tip = page.locator("#vg-tooltip-element")
-    tip.wait_for(state="visible", timeout=10_000)
+    tip.wait_for(state="visible", timeout=30_000)
     assert "#1" in tip.inner_text() and "%" in tip.inner_text()
     # token table: one row per layer; target curve drawn; the address bar holds the view
     # (the table is virtualised: only rows in view are in the DOM; the grid's aria-rowcount counts them all)
@@ -235,7 +235,7 @@ def test_example_draws_heatmap_with_tooltips(page, app_url, model_dims, embedded
     # editing an input rewrites the address bar
     field(page, "logit-k").fill("7")
     field(page, "logit-k").press("Tab")
-    page.wait_for_function("() => location.search.includes('k=7')", timeout=10_000)
+    page.wait_for_function("() => location.search.includes('k=7')", timeout=30_000)
     assert not page.errors and not page.dialogs
 
 
@@ -295,7 +295,7 @@ def test_hostile_prompt_is_text(page, app_url):
     wait_plot(page, "logit-heatmap")
     hover_cell(page, "logit-heatmap", 0)
     tip = page.locator("#vg-tooltip-element")
-    tip.wait_for(state="visible", timeout=10_000)
+    tip.wait_for(state="visible", timeout=30_000)
     page.wait_for_selector("#logit-summary p")
     labels = page.eval_on_selector_all("#logit-heatmap g.role-axis-label text", "els => els.map(e => e.textContent)")
     assert HOSTILE in "".join(labels).replace("␣", " ").replace("\u200b", "")   # the tokens, drawn as text
@@ -309,7 +309,7 @@ def test_hostile_prompt_is_text(page, app_url):
 def test_hostile_permalink_shows_notice(page, app_url):
     open_app(page, app_url, "tab=admin&k=-3&prompt=%FF%FE&layers=0-999&metric=%3Cscript%3E")
     notice = page.locator("#link-notice")
-    notice.wait_for(state="visible", timeout=30_000)
+    notice.wait_for(state="visible", timeout=60_000)
     text = notice.inner_text()
     for word in ("tab", "k", "prompt", "layers", "metric"):
         assert f"link's {word}" in text
