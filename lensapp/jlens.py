@@ -91,7 +91,8 @@ def load(
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise LensFileError(f"lens {path}: not a readable torch.save file ({type(e).__name__}: {e})") from e
+        # torch's own message suggests weights_only=False, which a lens file never needs: name the type only.
+        raise LensFileError(f"lens {path}: not a torch.save file of tensors ({type(e).__name__})") from e
     if not isinstance(raw, dict) or not isinstance(raw.get("J"), dict):
         raise LensFileError(f"lens {path}: expected a dict with a 'J' dict of matrices")
     unknown = set(raw) - KNOWN_KEYS
