@@ -217,18 +217,6 @@ def _readout_chunk(logits, k, final, target_ids):
     return out
 
 
-def lens_logits(h: torch.Tensor, norm: Unembed, unembed: Unembed, J: torch.Tensor | None = None) -> torch.Tensor:
-    """h [rows, d_model] -> logits [rows, vocab]: optional transport, final norm, unembedding."""
-    if J is not None:
-        h = transport(h, J)
-    return unembed(norm(h))
-
-
-def log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """[rows, vocab] -> float32 log-probabilities (the reference for KL)."""
-    return torch.log_softmax(logits.float(), dim=-1)
-
-
 def entropy(log_probs: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Shannon entropy in nats of log-probabilities along `dim`."""
     return -(log_probs.exp() * log_probs).sum(dim)
