@@ -84,12 +84,14 @@ class Engine:
         return engine
 
     def warm_up(self) -> None:
-        """Run one lens and one two-step generation, so the first visitor does not pay for compiling
-        the fused readout (a prompt's shapes, then the one-token decode steps)."""
+        """Run small lenses and generations, so no visitor pays for compiling the fused readout."""
         t = time.perf_counter()
         try:
-            self.lens(LensRequest(prompts=("Hello, world",), k=1))
-            self.generate(GenerateRequest(prompt="Hello", max_tokens=2, layers="last", k=1))
+            # torch.compile specialises sizes 0 and 1, so warm every case: one layer or many, one position
+            # (a decode step) or many; otherwise the first such request pays a recompile mid-serve.
+            for layers in ("all", "last"):
+                self.lens(LensRequest(prompts=("Hello, world",), layers=layers, k=1))
+                self.generate(GenerateRequest(prompt="Hello", max_tokens=2, layers=layers, k=1))
         except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request time
             log.exception("warm-up failed")
         log.info("warm-up took %.1f s", time.perf_counter() - t)
