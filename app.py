@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.from_config(cfg)
         demo = ui.build_app(engine, cfg)
         demo.queue(default_concurrency_limit=8, max_size=128)   # the engine batches waiting lens requests
-        demo.launch(server_name=cfg.host, server_port=cfg.port, css=ui.CSS, footer_links=["api", "gradio"])
+        demo.launch(server_name=cfg.host, server_port=cfg.port, css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"])
     except (LensFileError, config.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

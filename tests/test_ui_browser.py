@@ -135,6 +135,17 @@ def open_app(page, url: str, query: str = "") -> None:
     page.wait_for_selector("#logit-run", state="attached", timeout=30_000)
 
 
+def blind_event_urls(page) -> None:
+    """Strip the address-bar query Gradio copies onto every event request.
+
+    The tabs' select on mount rewrites the address bar to the defaults, and a load event sent after
+    that carries the rewritten query (it once won that race in CI). Stripping it on every request
+    makes that lost race the rule: a restored link must come from the link the page opened with.
+    """
+    page.route(re.compile(r".*/gradio_api/(queue/join|run/predict)\?.*"),
+               lambda route: route.continue_(url=route.request.url.split("?")[0]))
+
+
 def cells(page, plot: str, chart: int = 0) -> list[dict]:
     """The heatmap's cells (rect marks) as dicts parsed from their aria-labels."""
     marks = f"#{plot} g.role-mark path[aria-roledescription='rect mark']"
@@ -241,6 +252,7 @@ def test_example_draws_heatmap_with_tooltips(page, app_url, model_dims, embedded
 
 def test_permalink_restores_view_and_runs(page, app_url):
     query = ("v=1&tab=jacobian&prompt=Water%20boils%20at&layers=20-29&k=3&targets=100&metric=kl&chat=0")
+    blind_event_urls(page)
     open_app(page, app_url, query)
     wait_plot(page, "jacobian-heatmap")
     assert page.get_by_role("tab", name="Jacobian lens").get_attribute("aria-selected") == "true"
@@ -307,6 +319,7 @@ def test_hostile_prompt_is_text(page, app_url):
 
 
 def test_hostile_permalink_shows_notice(page, app_url):
+    blind_event_urls(page)
     open_app(page, app_url, "tab=admin&k=-3&prompt=%FF%FE&layers=0-999&metric=%3Cscript%3E")
     notice = page.locator("#link-notice")
     notice.wait_for(state="visible", timeout=60_000)

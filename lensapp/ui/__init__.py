@@ -1,7 +1,7 @@
 """The Gradio app: logit lens, Jacobian lens and generation tabs over one engine.
 
 `build_app(engine, cfg)` builds the Blocks (nothing is built at import); `app.py` launches it with
-`CSS`. Each tab lives in its own module and hands back `TabParts`; this module wires what spans
+`CSS` and `HEAD`. Each tab lives in its own module and hands back `TabParts`; this module wires what spans
 tabs: the share-this-view link (kept in the URL as inputs change), restoring a view from a link on
 page load, and the /lens and /generate API endpoints.
 """
@@ -34,6 +34,11 @@ JS_SET_URL = """(q) => {
   return url;
 }"""
 JS_COPY_LINK = """() => { if (navigator.clipboard) { navigator.clipboard.writeText(location.href); } }"""
+# The link the page was opened with, kept before any component mounts: Gradio sends each event with
+# the address bar as it is *then*, and a change event fired on mount may already have rewritten it
+# (JS_SET_URL) by the time the load event asks for the link to restore.
+HEAD = "<script>window.lensOpenedWith = window.location.search;</script>"
+JS_OPENED_WITH = "() => (window.lensOpenedWith ?? window.location.search)"
 
 
 def build_app(engine, cfg) -> gr.Blocks:
@@ -69,11 +74,10 @@ def build_app(engine, cfg) -> gr.Blocks:
         copy.click(None, None, None, js=JS_COPY_LINK, **PRIVATE).then(
             lambda: gr.Info("Link copied to the clipboard."), None, None, queue=False, **PRIVATE)
 
-        def restore(request: gr.Request):
-            params = dict(request.query_params) if request is not None else {}
-            view, notices = permalinks.decode(params, n_layers=info.n_layers, jlens_layers=engine.jlens_layers)
-            if not params:
+        def restore(opened_with: str | None):
+            if not (opened_with or "").lstrip("?"):
                 return {pending: ""}
+            view, notices = permalinks.decode(opened_with, n_layers=info.n_layers, jlens_layers=engine.jlens_layers)
             target = by_name[view.tab]
             if not target.fields:                      # a Jacobian link on an app without a J lens
                 notices.append("This app has no Jacobian lens loaded; showing the logit lens instead.")
@@ -85,7 +89,7 @@ def build_app(engine, cfg) -> gr.Blocks:
             return out
 
         all_fields = [c for p in parts for c in p.fields.values()]
-        load = demo.load(restore, None, [tabs, pending, notice] + all_fields, **PRIVATE)
+        load = demo.load(restore, query, [tabs, pending, notice] + all_fields, js=JS_OPENED_WITH, **PRIVATE)
         for p in parts:
             if p.run is not None:
                 load = load.then(_run_if(p), [pending] + p.run_inputs, p.outputs, **PRIVATE)
@@ -116,4 +120,4 @@ def _header(engine) -> str:
             f"{md_text(info.backend)} ({info.dtype}) · {lens}")
 
 
-__all__ = ["CSS", "build_app"]
+__all__ = ["CSS", "HEAD", "build_app"]
