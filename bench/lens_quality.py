@@ -5,7 +5,7 @@ Examples:
     python bench/lens_quality.py --lens my_lens.pt --model HuggingFaceTB/SmolLM2-360M --chunks 50
     python bench/lens_quality.py --corpus notes/ --tokens 128
 
-The chunks are `fitting.split_holdout`'s held-out part of the corpus, which no fit ever sees. At every
+The chunks are `corpus.split_holdout`'s held-out part of the corpus, which no fit ever sees. At every
 position p >= skip of each chunk (first T tokens), layer l's lens reads its block output (J-lens:
 transported by J_l; the last layer uses I) through the model's final norm and lm_head. Reported per
 layer: top-1 = how often the lens's argmax is the model's own next-token argmax; KL = mean
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lensapp import config, fitting, jlens  # noqa: E402
+from lensapp import config, corpus, fitting, jlens  # noqa: E402
 from lensapp.lenses import FinalDistribution, layer_readouts  # noqa: E402
 
 
@@ -91,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         model, tokenizer, info = fitting.load_model(args.model)
         n_layers = len(fitting.decoder_layers(model))
         lens = jlens.load(args.lens, d_model=model.config.hidden_size, n_layers=n_layers, dtype=torch.float32)
-        _, held_out = fitting.split_holdout(fitting.load_corpus(args.corpus))
+        _, held_out = corpus.split_holdout(corpus.load_corpus(args.corpus))
         t0 = time.perf_counter()
         s = score(model.eval(), lens, held_out[:args.chunks], tokenizer, args.tokens, args.skip)
-    except (fitting.FitError, jlens.LensFileError) as e:
+    except (fitting.FitError, corpus.CorpusError, jlens.LensFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{info['model']}, lens {Path(args.lens).name} ({lens.n_prompts} prompts), "

@@ -20,7 +20,7 @@ target position, so one `autograd.grad` yields that row for all source layers at
 the running mean over prompts (fp32), stopped once the mean relative change ||dM||_F / ||M||_F over
 the last `window` prompts is below `threshold` (after `min_prompts`), or at `max_prompts`.
 
-Every HOLDOUT_EVERY-th corpus chunk is held out (`split_holdout`) and never fitted on;
+Every HOLDOUT_EVERY-th corpus chunk is held out (`corpus.split_holdout`) and never fitted on;
 bench/lens_quality.py scores lenses on it. A run checkpoints its running sum to `checkpoint_dir`,
 so the same command with the same `--out` continues where it stopped.
 
@@ -47,10 +47,8 @@ from typing import Sequence
 import torch
 
 from lensapp import config, jlens
+from lensapp.corpus import CHUNK_CHARS, HOLDOUT_EVERY, CorpusError, load_corpus, split_holdout
 
-HOLDOUT_EVERY = 10     # chunk i is held out when i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
-CHUNK_CHARS = 2000     # a corpus chunk: non-blank lines joined until at least this many characters
-TEXT_SUFFIXES = {".txt", ".md", ".rst", ".text"}
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -88,78 +86,7 @@ class FitConfig:
             raise FitError(f"save dtype {self.save_dtype!r} is not one of {sorted(SAVE_DTYPES)}")
 
 
-# ---------------------------------------------------------------- corpus
-
-def chunk_text(text: str, chunk_chars: int = CHUNK_CHARS) -> list[str]:
-    """Non-blank lines joined into chunks of at least `chunk_chars` characters (the last may be shorter)."""
-    chunks, lines, size = [], [], 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        lines.append(line)
-        size += len(line) + 1
-        if size >= chunk_chars:
-            chunks.append("\n".join(lines))
-            lines, size = [], 0
-    if lines:
-        chunks.append("\n".join(lines))
-    return chunks
-
-
-def load_corpus(spec: str | None = None, chunk_chars: int = CHUNK_CHARS) -> list[str]:
-    """Chunks of a text file, of a folder's text files, of `hf:<dataset>`, or (None) of Python's own docs.
-
-    The default, `pydoc_data.topics` from the standard library, is ~465k characters of English
-    prose about Python that every install has, so a fit needs no download.
-    """
-    if not spec:
-        from pydoc_data.topics import topics
-
-        return chunk_text("\n".join(topics[key] for key in sorted(topics)), chunk_chars)
-    if spec.startswith("hf:"):
-        return _hf_corpus(spec[3:], chunk_chars)
-    path = Path(spec).expanduser()
-    if path.is_file():
-        files = [path]
-    elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-        if not files:
-            raise FitError(f"corpus folder {path} has no {'/'.join(sorted(TEXT_SUFFIXES))} files")
-    else:
-        raise FitError(f"corpus {spec!r}: no such file or folder (nor hf:<dataset>)")
-    chunks = [c for f in files for c in chunk_text(f.read_text(encoding="utf-8", errors="replace"), chunk_chars)]
-    if not chunks:
-        raise FitError(f"corpus {spec!r} has no non-blank text")
-    return chunks
-
-
-def _hf_corpus(name: str, chunk_chars: int, max_chars: int = 4_000_000) -> list[str]:
-    try:
-        import datasets
-    except ImportError:
-        raise FitError("hf: corpora need the optional `datasets` package (pip install datasets)") from None
-    try:
-        rows = datasets.load_dataset(name, split="train", streaming=True)
-        texts, size = [], 0
-        for row in rows:
-            text = row.get("text") or ""
-            texts.append(text)
-            size += len(text)
-            if size >= max_chars:
-                break
-    except Exception as e:  # offline, unknown dataset, no "train" split: all mean "not available"
-        raise FitError(f"hf:{name}: could not stream the dataset ({type(e).__name__}: {e})") from e
-    chunks = chunk_text("\n".join(texts), chunk_chars)
-    if not chunks:
-        raise FitError(f"hf:{name}: no 'text' column with content in its train split")
-    return chunks
-
-
-def split_holdout(chunks: Sequence) -> tuple[list, list]:
-    """(fit, held_out): every HOLDOUT_EVERY-th chunk is held out, deterministically."""
-    fit_part = [c for i, c in enumerate(chunks) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
-    return fit_part, list(chunks[HOLDOUT_EVERY - 1::HOLDOUT_EVERY])
-
+# ---------------------------------------------------------------- prompts
 
 def prompt_ids(prompt, tokenizer, tokens: int) -> torch.Tensor:
     """A corpus item (text, or token ids already) -> int64 ids [<= tokens]."""
@@ -547,7 +474,7 @@ def run_fit(args: argparse.Namespace) -> int:
                                                 f"{HOLDOUT_EVERY}th held out"))
         print(path)
         return 0
-    except (FitError, jlens.LensFileError, config.ConfigError) as e:
+    except (FitError, CorpusError, jlens.LensFileError, config.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lensapp import fitting, jlens
+from lensapp import corpus, fitting, jlens
 from lensapp.fitting import FitConfig, FitError
 
 N_LAYERS, D_MODEL, T, SKIP = 4, 32, 24, 4
@@ -140,13 +140,13 @@ def test_checkpoint_of_another_setup_is_refused(model, prompts, tmp_path):
 
 
 def test_corpus_chunks_and_holdout(tmp_path):
-    chunks = fitting.load_corpus(None)
+    chunks = corpus.load_corpus(None)
     assert len(chunks) > 150 and all(c.strip() for c in chunks)
-    fit_part, held = fitting.split_holdout(chunks)
+    fit_part, held = corpus.split_holdout(chunks)
     assert len(fit_part) + len(held) == len(chunks) and held[0] == chunks[9] and chunks[9] not in fit_part
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("hello\n\n\nworld\n" * 3)
-    assert fitting.load_corpus(str(tmp_path / "docs"), chunk_chars=20) == ["hello\nworld\nhello\nworld", "hello\nworld"]
+    assert corpus.load_corpus(str(tmp_path / "docs"), chunk_chars=20) == ["hello\nworld\nhello\nworld", "hello\nworld"]
 
 
 @pytest.mark.parametrize("argv, message", [

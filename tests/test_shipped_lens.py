@@ -26,7 +26,7 @@ def test_shipped_lens_reads_closer_to_the_final_prediction_than_the_logit_lens(v
     """What the lens is for: from the middle layers on, J-lens readouts are nearer (in KL) to what the
     model finally says. Checked through the real engine on held-out corpus text the fit never saw, at
     the positions a lens is fitted for (after the 16 attention-sink positions)."""
-    from lensapp.fitting import load_corpus, split_holdout
+    from lensapp.corpus import load_corpus, split_holdout
 
     _, held_out = split_holdout(load_corpus())
     tok = vllm_engine.tokenizer

@@ -1,0 +1,94 @@
+"""Text for fitting and scoring lenses: a file, a folder, a hub dataset, or Python's own docs.
+
+    chunks = load_corpus(None)             # pydoc_data.topics: ~465k characters every install has
+    fit_part, held_out = split_holdout(chunks)
+
+Text is cut into chunks of about CHUNK_CHARS characters (non-blank lines); a fit uses one prompt
+(its first T tokens) per chunk. Every HOLDOUT_EVERY-th chunk is held out: no fit ever sees it, and
+bench/lens_quality.py scores lenses on it. A fit's checkpoint records a fingerprint of its chunks,
+so changing how text is chunked makes old checkpoints refuse to resume rather than mix corpora.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+HOLDOUT_EVERY = 10     # chunk i is held out when i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
+CHUNK_CHARS = 2000     # a corpus chunk: non-blank lines joined until at least this many characters
+TEXT_SUFFIXES = {".txt", ".md", ".rst", ".text"}
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be read; the message is one line meant for the user."""
+
+
+def chunk_text(text: str, chunk_chars: int = CHUNK_CHARS) -> list[str]:
+    """Non-blank lines joined into chunks of at least `chunk_chars` characters (the last may be shorter)."""
+    chunks, lines, size = [], [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        lines.append(line)
+        size += len(line) + 1
+        if size >= chunk_chars:
+            chunks.append("\n".join(lines))
+            lines, size = [], 0
+    if lines:
+        chunks.append("\n".join(lines))
+    return chunks
+
+
+def load_corpus(spec: str | None = None, chunk_chars: int = CHUNK_CHARS) -> list[str]:
+    """Chunks of a text file, of a folder's text files, of `hf:<dataset>`, or (None) of Python's own docs.
+
+    The default, `pydoc_data.topics` from the standard library, is ~465k characters of English
+    prose about Python that every install has, so a fit needs no download.
+    """
+    if not spec:
+        from pydoc_data.topics import topics
+
+        return chunk_text("\n".join(topics[key] for key in sorted(topics)), chunk_chars)
+    if spec.startswith("hf:"):
+        return _hf_corpus(spec[3:], chunk_chars)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise CorpusError(f"corpus folder {path} has no {'/'.join(sorted(TEXT_SUFFIXES))} files")
+    else:
+        raise CorpusError(f"corpus {spec!r}: no such file or folder (nor hf:<dataset>)")
+    chunks = [c for f in files for c in chunk_text(f.read_text(encoding="utf-8", errors="replace"), chunk_chars)]
+    if not chunks:
+        raise CorpusError(f"corpus {spec!r} has no non-blank text")
+    return chunks
+
+
+def _hf_corpus(name: str, chunk_chars: int, max_chars: int = 4_000_000) -> list[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise CorpusError("hf: corpora need the optional `datasets` package (pip install datasets)") from None
+    try:
+        rows = datasets.load_dataset(name, split="train", streaming=True)
+        texts, size = [], 0
+        for row in rows:
+            text = row.get("text") or ""
+            texts.append(text)
+            size += len(text)
+            if size >= max_chars:
+                break
+    except Exception as e:  # offline, unknown dataset, no "train" split: all mean "not available"
+        raise CorpusError(f"hf:{name}: could not stream the dataset ({type(e).__name__}: {e})") from e
+    chunks = chunk_text("\n".join(texts), chunk_chars)
+    if not chunks:
+        raise CorpusError(f"hf:{name}: no 'text' column with content in its train split")
+    return chunks
+
+
+def split_holdout(chunks: Sequence) -> tuple[list, list]:
+    """(fit, held_out): every HOLDOUT_EVERY-th chunk is held out, deterministically."""
+    fit_part = [c for i, c in enumerate(chunks) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
+    return fit_part, list(chunks[HOLDOUT_EVERY - 1::HOLDOUT_EVERY])
