@@ -29,28 +29,22 @@ from lensapp.lenses import FinalDistribution, layer_readouts  # noqa: E402
 
 
 def block_outputs(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [n] -> (h [n_layers, n, d_model] block outputs, final logits [n, vocab])."""
-    layers = fitting.decoder_layers(model)
-    h = [None] * len(layers)
+    """ids [n] -> (h [n_layers, n, d_model] block outputs, final logits [n, vocab]), read as the engine reads them."""
+    import nnsight
 
-    def capture(i):
-        def hook(module, args, output):
-            h[i] = (output[0] if isinstance(output, tuple) else output)[0]
-        return hook
+    from lensapp.engine.backends import hf_read
 
-    handles = [block.register_forward_hook(capture(i)) for i, block in enumerate(layers)]
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=ids[None], use_cache=False).logits[0]
-    finally:
-        for handle in handles:
-            handle.remove()
-    return torch.stack(h), logits
+    n_layers = len(fitting.decoder_layers(model._module))
+    with torch.no_grad(), model.trace(ids[None], use_cache=False):
+        h = nnsight.save(torch.stack([hf_read(model.model.layers[i]) for i in range(n_layers)]))
+        logits = nnsight.save(model.lm_head.output[0])
+    return h, logits
 
 
 def score(model, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens: int, skip: int) -> dict:
     """Per-layer sums over held-out positions -> {"logit": {...}, "jlens": {...}} of per-layer lists."""
-    n_layers, d_model = len(fitting.decoder_layers(model)), model.config.hidden_size
+    hf = model._module                      # the torch model under nnsight's TransformersModel
+    n_layers, d_model = len(fitting.decoder_layers(hf)), hf.config.hidden_size
     # The last block's output is the target itself: its J is I (and both lenses equal the model).
     J = torch.stack([lens.J[i].float() if i in lens.J else torch.eye(d_model) for i in range(n_layers)])
     sums = {name: {"top1": torch.zeros(n_layers), "kl": torch.zeros(n_layers)} for name in ("logit", "jlens")}
@@ -65,7 +59,7 @@ def score(model, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens:
         want = logits.argmax(-1)
         with torch.no_grad():
             for name, lens_J in (("logit", None), ("jlens", J)):
-                r = layer_readouts(h, model.model.norm, model.lm_head, 1, final=final, J=lens_J)
+                r = layer_readouts(h, hf.model.norm, hf.lm_head, 1, final=final, J=lens_J)
                 sums[name]["top1"] += (r["top_ids"][..., 0] == want).float().sum(-1)
                 sums[name]["kl"] += r["kl_to_final"].sum(-1)
         positions += h.shape[1]
@@ -76,6 +70,7 @@ def score(model, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens:
 
 
 def main(argv: list[str] | None = None) -> int:
+    config.prepare_process_environment()       # before nnsight is imported
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lens", default=str(config.SHIPPED_JLENS), help="lens file or HUB_REPO:FILE")
@@ -89,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     try:
         model, tokenizer, info = fitting.load_model(args.model)
-        n_layers = len(fitting.decoder_layers(model))
-        lens = jlens.load(args.lens, d_model=model.config.hidden_size, n_layers=n_layers, dtype=torch.float32)
+        n_layers = len(fitting.decoder_layers(model._module))
+        lens = jlens.load(args.lens, d_model=model._module.config.hidden_size, n_layers=n_layers, dtype=torch.float32)
         _, held_out = corpus.split_holdout(corpus.load_corpus(args.corpus))
         t0 = time.perf_counter()
-        s = score(model.eval(), lens, held_out[:args.chunks], tokenizer, args.tokens, args.skip)
+        s = score(model, lens, held_out[:args.chunks], tokenizer, args.tokens, args.skip)
     except (fitting.FitError, corpus.CorpusError, jlens.LensFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -24,8 +24,9 @@ Every HOLDOUT_EVERY-th corpus chunk is held out (`corpus.split_holdout`) and nev
 bench/lens_quality.py scores lenses on it. A run checkpoints its running sum to `checkpoint_dir`,
 so the same command with the same `--out` continues where it stopped.
 
-This module works on a plain transformers model (`model.model.layers`); it knows nothing of vLLM,
-nnsight or the app's engine, and writes lenses only through `jlens.save`.
+The model is nnsight's TransformersModel (vLLM has no backward pass), loaded as the engine's
+fallback backend loads it, over any transformers causal LM with `model.model.layers`. Lenses are
+written only through `jlens.save`.
 """
 
 from __future__ import annotations
@@ -113,33 +114,28 @@ def decoder_layers(model) -> torch.nn.ModuleList:
 def prompt_jacobian(model, ids: torch.Tensor, skip: int, dim_batch: int) -> torch.Tensor:
     """ids [n] -> J [n_layers-1, d_model, d_model] (fp32, CPU) for one prompt; see the module docstring.
 
-    Needs n > skip + 1. Model parameters must not require grad (`fit` sees to that).
+    `model` is nnsight's TransformersModel: one trace reads every block's output (the graph starts
+    at block 0's, made a leaf there, since nothing below the earliest source layer needs grad), and
+    the backward passes run on those saved tensors. Needs n > skip + 1; parameters must not require
+    grad (`fit` sees to that).
     """
-    layers = decoder_layers(model)
+    import nnsight
+
+    n_layers = len(decoder_layers(model._module))
     n = ids.shape[0]
     if n <= skip + 1:
         raise ValueError(f"a prompt of {n} tokens has no valid position with skip={skip}")
-    acts: list[torch.Tensor | None] = [None] * len(layers)
-
-    def capture(layer: int):
-        def hook(module, args, output):
-            h = output[0] if isinstance(output, tuple) else output
-            if layer == 0:
-                # The graph starts here: nothing below the earliest source layer needs grad.
-                h = h.detach().requires_grad_(True)
-                acts[layer] = h
-                return (h, *output[1:]) if isinstance(output, tuple) else h
-            acts[layer] = h
-        return hook
-
-    device = next(model.parameters()).device
-    handles = [block.register_forward_hook(capture(i)) for i, block in enumerate(layers)]
-    try:
-        with torch.enable_grad():
-            model.model(input_ids=ids.to(device).expand(dim_batch, -1), use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    device = next(model._module.parameters()).device
+    with torch.enable_grad(), model.trace(ids.to(device).expand(dim_batch, -1), use_cache=False):
+        blocks = model.model.layers
+        first = blocks[0].output
+        h0 = (first[0] if isinstance(first, tuple) else first).detach().requires_grad_(True)
+        blocks[0].output = (h0, *first[1:]) if isinstance(first, tuple) else h0
+        acts = [h0]
+        for i in range(1, n_layers):
+            out = blocks[i].output
+            acts.append(out[0] if isinstance(out, tuple) else out)
+        acts = nnsight.save(acts)
     target, sources = acts[-1], acts[:-1]
     d_model = target.shape[-1]
     valid = slice(skip, n - 1)
@@ -224,7 +220,7 @@ def _hardware(device: str) -> str:
 
 def fit(model, tokenizer, corpus_chunks: Sequence, cfg: FitConfig, out_path: str | Path,
         progress: bool = True, provenance: dict | None = None) -> Path:
-    """Fit a lens on `corpus_chunks` (texts, or token-id lists) and `jlens.save` it to `out_path`.
+    """Fit a lens for `model` (a TransformersModel) on `corpus_chunks` (texts, or token-id lists); save it to `out_path`.
 
     Resumes from `cfg.checkpoint_dir/<out stem>.ckpt.pt` when it exists and was made for the same
     model, T, skip and corpus (raising FitError when it was not). `provenance` adds keys such as
@@ -233,25 +229,25 @@ def fit(model, tokenizer, corpus_chunks: Sequence, cfg: FitConfig, out_path: str
     from tqdm.auto import tqdm
 
     out_path = Path(out_path)
-    layers = decoder_layers(model)
-    n_layers, d_model = len(layers), int(model.config.hidden_size)
+    module = model._module                      # the torch model under nnsight's TransformersModel
+    n_layers, d_model = len(decoder_layers(module)), int(module.config.hidden_size)
     if not corpus_chunks:
         raise FitError("the corpus is empty")
-    base = {"model": getattr(model.config, "name_or_path", "") or type(model).__name__, "corpus": "custom"}
+    base = {"model": getattr(module.config, "name_or_path", "") or type(module).__name__, "corpus": "custom"}
     base.update(provenance or {})
     base.update({"T": cfg.tokens, "skip": cfg.skip, "dim_batch": cfg.dim_batch,
-                 "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": cfg.device,
+                 "dtype": str(next(module.parameters()).dtype).removeprefix("torch."), "device": cfg.device,
                  "hardware": _hardware(cfg.device), "threshold": cfg.threshold, "window": cfg.window})
     key = {"model": str(base["model"]), "n_layers": n_layers, "d_model": d_model, "T": cfg.tokens,
            "skip": cfg.skip, "corpus": _fingerprint(corpus_chunks)}
     ckpt = checkpoint_path(out_path, cfg.checkpoint_dir)
     state = _load_checkpoint(ckpt, key) or _State(total=torch.zeros(n_layers - 1, d_model, d_model))
 
-    model.to(cfg.device)
+    module.to(cfg.device)
     # The corpus may run out first (the default one holds ~206 fit chunks): that bound gives a true ETA.
     bar = tqdm(total=min(cfg.max_prompts, len(corpus_chunks)), initial=state.n, disable=not progress, unit="prompt", desc="fit J")
     since_checkpoint = 0
-    with _frozen(model), bar:
+    with _frozen(module), bar:
         while state.n < cfg.max_prompts and not state.converged(cfg) and state.cursor < len(corpus_chunks):
             ids = prompt_ids(corpus_chunks[state.cursor], tokenizer, cfg.tokens)
             state.cursor += 1
@@ -417,8 +413,8 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 
 def load_model(spec: str | None, device: str = "cpu"):
-    """(model fp32, tokenizer, provenance) for `--model` (None or "embedded": the embedded default)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(nnsight TransformersModel in fp32, tokenizer, provenance) for `--model` (None or "embedded")."""
+    from lensapp.engine.backends import load_transformers_model
 
     if spec in (None, config.EMBEDDED):
         from lensapp.engine.embedded import EMBEDDED_NAME, FORMAT_VERSION, embedded_model_dir
@@ -430,11 +426,10 @@ def load_model(spec: str | None, device: str = "cpu"):
     else:
         path, info = spec, {"model": spec}
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = load_transformers_model(str(path), device=device, dtype=torch.float32)
     except (OSError, ValueError) as e:
         raise FitError(f"model {spec or path!s}: cannot load ({type(e).__name__}: {str(e).splitlines()[0]})") from e
-    return model, tokenizer, info
+    return model, model.tokenizer, info
 
 
 def _shard(chunks: list, spec: str) -> list:
@@ -480,6 +475,7 @@ def run_fit(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    config.prepare_process_environment()       # before nnsight is imported
     parser = argparse.ArgumentParser(prog="python -m lensapp.fitting", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     return run_fit(add_fit_arguments(parser).parse_args(argv))

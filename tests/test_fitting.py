@@ -25,11 +25,19 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def model():
+    """nnsight's TransformersModel over a tiny random Llama (fp64), as the fitter gets it."""
+    from nnsight import TransformersModel
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=100, hidden_size=D_MODEL, intermediate_size=64, num_hidden_layers=N_LAYERS,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
                          initializer_range=0.2)  # far from identity, so a wrong J cannot pass by accident
-    return LlamaForCausalLM(config).double().eval()
+    # The prompts are token ids; the tokenizer only satisfies TransformersModel's pipeline.
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({str(i): i for i in range(100)},
+                                                                                    unk_token="0")))
+    return TransformersModel(LlamaForCausalLM(config).double().eval(), tokenizer=tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +90,7 @@ def test_fit_matches_brute_force_jacobian(model, prompts, tmp_path):
     assert lens.n_prompts == 4 and lens.layers == [0, 1, 2]
     usable = [p for p in prompts if min(len(p), T) > SKIP + 1]
     for layer in lens.layers:
-        want = torch.stack([brute_force(model, p, layer) for p in usable]).mean(0)
+        want = torch.stack([brute_force(model._module, p, layer) for p in usable]).mean(0)
         assert (want - torch.eye(D_MODEL)).norm() > 0.5  # the test would be weak near identity
         torch.testing.assert_close(lens.J[layer], want, rtol=1e-4, atol=1e-5)
 

@@ -267,15 +267,20 @@ class VLLMBackend:
         self.model.vllm_entrypoint = None
 
 
+def load_transformers_model(path: str, *, device: str, dtype: torch.dtype):
+    """nnsight's TransformersModel, loaded now, in eval mode (the engine's fallback and the lens fitter)."""
+    from nnsight import TransformersModel
+
+    model = TransformersModel(path, task="text-generation", device_map=device, dtype=dtype, dispatch=True)
+    model._module.eval()
+    return model
+
+
 class TransformersBackend:
     """nnsight's TransformersModel over HF transformers: no vLLM needed, and it has a backward pass."""
 
     def __init__(self, path: str, name: str, *, device: str, dtype: str):
-        from nnsight import TransformersModel
-
-        self.model = TransformersModel(path, task="text-generation", device_map=device,
-                                       dtype=getattr(torch, dtype), dispatch=True)
-        self.model.eval() if hasattr(self.model, "eval") else None
+        self.model = load_transformers_model(path, device=device, dtype=getattr(torch, dtype))
         self.tokenizer = self.model.tokenizer
         cfg = self.model.config
         self.info = ModelInfo(name=name, n_layers=cfg.num_hidden_layers, d_model=cfg.hidden_size,
