@@ -39,6 +39,7 @@ class JacobianLens:
     d_model: int
     source: str = ""
     provenance: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)   # shown to the user, e.g. a lens fitted on another model
 
     @property
     def layers(self) -> list[int]:
@@ -82,10 +83,13 @@ def load(
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
     cache_dir: str | Path | None = None,
+    model_name: str | None = None,
 ) -> JacobianLens:
     """Load, validate against the model (d_model, n_layers) and keep `layers` (default: all in the file).
 
-    Kept in bf16 by default: fp16 can overflow on large-norm residual directions.
+    Kept in bf16 by default: fp16 can overflow on large-norm residual directions. A lens whose
+    provenance names another model than `model_name` loads with a warning, not an error: a local
+    copy of a hub model has another name, and shapes already had to match.
     """
     path = resolve(str(spec), cache_dir)
     try:
@@ -119,8 +123,20 @@ def load(
             raise LensFileError(f"lens {path}: J[{layer}] has non-finite values")
         J[layer] = m.to(device=device, dtype=dtype)
     provenance = raw.get("provenance") if isinstance(raw.get("provenance"), dict) else {}
+    warnings = []
+    fitted_on = provenance.get("model")
+    if model_name and isinstance(fitted_on, str) and fitted_on and not same_model(fitted_on, model_name):
+        warnings.append(f"this lens was fitted on {fitted_on!r}, but the model is {model_name!r}: "
+                        "its readouts may not mean what they seem")
     return JacobianLens(J=J, n_prompts=int(raw.get("n_prompts", 0)), d_model=d_model,
-                        source=str(spec), provenance=provenance)
+                        source=str(spec), provenance=provenance, warnings=warnings)
+
+
+def same_model(a: str, b: str) -> bool:
+    """Hub ids and folders name the same model when their last path parts match (case aside)."""
+    def last(name: str) -> str:
+        return name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()
+    return last(a) == last(b)
 
 
 def save(path: str | Path, J: dict[int, torch.Tensor], *, n_prompts: int, provenance: dict | None = None,

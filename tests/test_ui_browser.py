@@ -55,7 +55,7 @@ def app_url(tmp_path_factory, model_dims):
     g = torch.Generator().manual_seed(0)
     lens_path = jlens.save(tmp / "random_jlens.pt",
                            {layer: torch.eye(d) + 0.05 * torch.randn(d, d, generator=g) for layer in J_LAYERS},
-                           n_prompts=0, provenance={"model": "embedded", "corpus": "none: a random test lens"})
+                           n_prompts=0, provenance={"model": "a random test model", "corpus": "none: a random test lens"})
     port = _free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
            "GRADIO_ANALYTICS_ENABLED": "False"}
@@ -268,6 +268,8 @@ def test_permalink_restores_view_and_runs(page, app_url):
     assert not page.locator("#link-notice").is_visible()
     page.get_by_text("Lens provenance").click()
     assert "random test lens" in page.inner_text("#jlens-provenance")
+    # the test lens names another model in its provenance: the tab says so
+    assert "fitted on 'a random test model'" in page.inner_text(".lens-warning")
     shot(page, "jacobian")
     assert not page.errors
 

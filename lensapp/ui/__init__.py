@@ -22,7 +22,7 @@ from .tab import PRIVATE, Exports, TabParts, lens_source, md_text
 CSS = """
 .lens-plot .altair { overflow-x: auto; justify-content: flex-start !important; align-items: flex-start !important; }
 .lens-plot .altair > div { flex: none; }
-#link-notice { border-left: 4px solid #e69f00; padding-left: 0.75em; }
+#link-notice, .lens-warning { border-left: 4px solid #e69f00; padding-left: 0.75em; }
 #permalink textarea, #permalink input { font-family: var(--font-mono); font-size: 0.85em; }
 """
 

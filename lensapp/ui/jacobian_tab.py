@@ -58,6 +58,8 @@ def build_jacobian_tab(engine, cfg, exports: Exports) -> TabParts:
         jl = engine.jlens_layers
         gr.Markdown("What each layer is disposed to say, transported to the last layer by a fitted Jacobian, "
                     "next to the plain logit lens.")
+        for warning in engine.jlens.warnings:
+            gr.Markdown(f"**Note:** {md_text(warning)}.", elem_classes=["lens-warning"])
         with gr.Accordion("How to read this", open=False):
             gr.Markdown(HOW_TO)
         prompt, targets, layers, k, metric, chat = lens_inputs(

@@ -1,0 +1,103 @@
+"""lensapp.jlens on files the tests make: the published format, validation messages, hub resolution offline."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import pytest
+import torch
+
+from lensapp import jlens
+from lensapp.jlens import LensFileError
+
+D, N_LAYERS = 8, 4
+
+
+def lens_file(path, J=None, **extra):
+    J = J if J is not None else {layer: torch.randn(D, D) for layer in range(N_LAYERS - 1)}
+    raw = {"J": J, "source_layers": sorted(J), "n_prompts": 7, "d_model": D, **extra}
+    torch.save(raw, path)
+    return path
+
+
+def test_save_load_round_trip_keeps_selected_layers_in_bf16(tmp_path):
+    J = {layer: torch.randn(D, D) for layer in range(N_LAYERS - 1)}
+    path = jlens.save(tmp_path / "l.pt", J, n_prompts=12, provenance={"model": "tiny", "T": 64})
+    lens = jlens.load(path, d_model=D, n_layers=N_LAYERS, layers=[2, 0])
+    assert lens.layers == [0, 2] and lens.n_prompts == 12 and lens.J[0].dtype == torch.bfloat16
+    torch.testing.assert_close(lens.J[2].float(), J[2].to(torch.bfloat16).float())
+    assert lens.describe() == {"source": "l.pt", "n_prompts": 12, "d_model": D, "layers": [0, 2],
+                               "provenance": lens.provenance}
+    assert lens.provenance["model"] == "tiny" and lens.warnings == []
+
+
+@pytest.mark.parametrize("make, load_kw, message", [
+    (lambda p: lens_file(p, J={0: torch.eye(D + 1)}, d_model=D + 1), {}, f"has d_model {D + 1}, but the model has d_model {D}"),
+    (lambda p: lens_file(p, J={5: torch.eye(D)}), {}, f"source layers [5] outside 0..{N_LAYERS - 2}"),
+    (lambda p: lens_file(p), {"layers": [0, 9]}, "has no J for layers [9]"),
+    (lambda p: lens_file(p, J={0: torch.eye(D)[:4]}, d_model=D), {}, f"J[0] is (4, {D}), expected ({D}, {D})"),
+    (lambda p: lens_file(p, J={0: torch.full((D, D), float("nan"))}), {}, "non-finite"),
+    (lambda p: torch.save({"weights": torch.eye(D)}, p) or p, {}, "expected a dict with a 'J' dict"),
+    (lambda p: (p.write_text("not a lens"), p)[1], {}, "not a torch.save file of tensors"),
+])
+def test_files_that_do_not_fit_get_one_clear_message(tmp_path, make, load_kw, message):
+    path = make(tmp_path / "bad.pt")
+    with pytest.raises(LensFileError) as e:
+        jlens.load(path, d_model=D, n_layers=N_LAYERS, **load_kw)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+class Payload:
+    """Unpickling this would run code; weights_only refuses the class outright."""
+
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_a_file_carrying_code_is_refused_not_run(tmp_path, capsys):
+    path = tmp_path / "evil.pt"
+    with open(path, "wb") as f:
+        torch.save({"J": {0: torch.eye(D)}, "extra": Payload()}, f, pickle_module=pickle)
+    with pytest.raises(LensFileError, match="not a torch.save file of tensors"):
+        jlens.load(path, d_model=D, n_layers=N_LAYERS)
+    assert "must never run" not in capsys.readouterr().out
+
+
+def test_unknown_keys_are_dropped_with_a_warning(tmp_path, caplog):
+    path = lens_file(tmp_path / "l.pt", optimizer_state=torch.zeros(3))
+    with caplog.at_level(logging.WARNING, logger="lensapp.jlens"):
+        lens = jlens.load(path, d_model=D, n_layers=N_LAYERS)
+    assert lens.layers == [0, 1, 2] and "optimizer_state" in caplog.text
+
+
+def test_lens_of_another_model_loads_with_a_warning(tmp_path):
+    path = jlens.save(tmp_path / "l.pt", {0: torch.eye(D)}, n_prompts=1, provenance={"model": "Qwen/Qwen3-8B"})
+    assert jlens.load(path, d_model=D, n_layers=N_LAYERS, model_name="/models/qwen3-8b/").warnings == []
+    lens = jlens.load(path, d_model=D, n_layers=N_LAYERS, model_name="SmolLM2-135M-Instruct")
+    assert len(lens.warnings) == 1 and "'Qwen/Qwen3-8B'" in lens.warnings[0] and "SmolLM2" in lens.warnings[0]
+
+
+def test_identity_lens_has_every_source_layer():
+    J = jlens.identity(D, [0, 2])
+    assert sorted(J) == [0, 2] and torch.equal(J[2], torch.eye(D))
+
+
+def test_hub_spec_resolves_from_the_hub_cache_offline(tmp_path, monkeypatch):
+    """`REPO:PATH` goes through huggingface_hub; a cached snapshot is found without the network."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = tmp_path / "models--org--lenses" / "snapshots" / ("a" * 40)
+    (snapshot / "tiny").mkdir(parents=True)
+    lens_file(snapshot / "tiny" / "lens.pt")
+    (tmp_path / "models--org--lenses" / "refs").mkdir()
+    (tmp_path / "models--org--lenses" / "refs" / "main").write_text("a" * 40)
+    lens = jlens.load("org/lenses:tiny/lens.pt", d_model=D, n_layers=N_LAYERS, cache_dir=tmp_path)
+    assert lens.layers == [0, 1, 2] and lens.describe()["source"] == "org/lenses:tiny/lens.pt"
+    with pytest.raises(LensFileError, match="could not download from the hub"):
+        jlens.load("org/lenses:tiny/missing.pt", d_model=D, n_layers=N_LAYERS, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("spec", ["no-such-file.pt", "org:x.pt", "a/b/c:x.pt", "org/repo:"])
+def test_a_spec_that_is_neither_a_file_nor_a_hub_path_is_refused(spec):
+    with pytest.raises(LensFileError, match="no such file, and not of the form HUB_REPO:PATH_IN_REPO"):
+        jlens.resolve(spec)
