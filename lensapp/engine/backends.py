@@ -15,6 +15,7 @@ This module deals in token ids; it knows nothing of text, results or the UI.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -155,7 +156,11 @@ class VLLMBackend:
                          gpu_memory_utilization=gpu_memory_utilization or (0.3 if cpu else 0.85),
                          tensor_parallel_size=tensor_parallel_size, enable_prefix_caching=False)
         self.tokenizer = self.model.tokenizer
-        cfg = self.model.vllm_entrypoint.llm_engine.model_config.hf_config
+        llm = self.model.vllm_entrypoint
+        # nnsight calls llm.generate for every trace, and vLLM then draws two progress bars: a server
+        # answering many small requests would log little else.
+        llm.generate = functools.partial(llm.generate, use_tqdm=False)
+        cfg = llm.llm_engine.model_config.hf_config
         self.info = ModelInfo(name=name, n_layers=cfg.num_hidden_layers, d_model=cfg.hidden_size,
                               vocab_size=cfg.vocab_size, backend="vllm-cpu" if cpu else "vllm",
                               device="cpu" if cpu else "cuda", dtype=dtype)
