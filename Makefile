@@ -34,7 +34,8 @@ test: $(DEVSTAMP)
 	$(BIN)/python -m pytest -q -rs tests
 
 test-fast: $(DEVSTAMP)
-	$(BIN)/python -m pytest -q tests/test_lenses.py tests/test_requests.py tests/test_results.py
+	$(BIN)/python -m pytest -q tests/test_lenses.py tests/test_requests.py tests/test_results.py \
+		tests/test_jlens.py tests/test_permalinks.py tests/test_charts.py tests/test_fitting.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/lens_speed.py
