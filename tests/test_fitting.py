@@ -159,6 +159,7 @@ def test_corpus_chunks_and_holdout(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--corpus", "/no/such/corpus"], "no such file or folder"),
+    (["--model", "/no/such/model", "--max-prompts", "1"], "cannot load"),
     (["--tokens", "17", "--skip", "16"], "must exceed skip + 1"),
     (["--shard", "3/2"], "--shard"),
     (["--snapshot", "--checkpoint-dir", "/no/such/dir"], "no checkpoint"),
