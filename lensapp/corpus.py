@@ -3,9 +3,10 @@
     chunks = load_corpus(None)             # pydoc_data.topics: ~465k characters every install has
     fit_part, held_out = split_holdout(chunks)
 
-Text is cut into chunks of about CHUNK_CHARS characters (non-blank lines); a fit uses one prompt
-(its first T tokens) per chunk. Every HOLDOUT_EVERY-th chunk is held out: no fit ever sees it, and
-bench/lens_quality.py scores lenses on it. A fit's checkpoint records a fingerprint of its chunks,
+Text is cut into chunks of about CHUNK_CHARS characters (non-blank lines), and every
+HOLDOUT_EVERY-th chunk is held out: no fit ever sees it, and bench/lens_quality.py scores lenses on
+it. A fit cuts its chunks into consecutive T-token windows (`token_windows`), one prompt each, so
+all of the text is used: Python's docs give ~1600 prompts of 64 tokens, not 206 chunk openings. A fit's checkpoint records a fingerprint of its chunks,
 so changing how text is chunked makes old checkpoints refuse to resume rather than mix corpora.
 """
 
@@ -92,3 +93,14 @@ def split_holdout(chunks: Sequence) -> tuple[list, list]:
     """(fit, held_out): every HOLDOUT_EVERY-th chunk is held out, deterministically."""
     fit_part = [c for i, c in enumerate(chunks) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
     return fit_part, list(chunks[HOLDOUT_EVERY - 1::HOLDOUT_EVERY])
+
+
+def token_windows(chunks: Sequence[str], tokenizer, tokens: int, min_tokens: int = 1) -> list[list[int]]:
+    """Each chunk's token ids cut into consecutive windows of `tokens` (a shorter tail is kept if it
+    has at least `min_tokens`). Only a chunk's first window starts where the text does: a fit skips
+    every window's first positions anyway (attention sinks)."""
+    out = []
+    for chunk in chunks:
+        ids = tokenizer(chunk, add_special_tokens=True)["input_ids"]
+        out += [ids[i:i + tokens] for i in range(0, len(ids), tokens) if len(ids[i:i + tokens]) >= min_tokens]
+    return out

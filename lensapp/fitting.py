@@ -3,7 +3,7 @@
 Examples:
     python -m lensapp.fitting --out assets/smollm2-135m-instruct_jlens.pt --tokens 64 --threads 1
     python -m lensapp.fitting --model HuggingFaceTB/SmolLM2-360M --corpus notes/ --out smollm2-360m_jlens.pt
-    python -m lensapp.fitting --out half0.pt --shard 0/2         # half the fit chunks; merge the halves later
+    python -m lensapp.fitting --out half0.pt --shard 0/2         # half the corpus chunks; merge the halves later
     python -m lensapp.fitting --merge half0.pt half1.pt --out merged.pt
     python -m lensapp.fitting --out x.pt --snapshot             # write the running mean of x.pt's checkpoint now
 
@@ -21,7 +21,8 @@ the running mean over prompts (fp32), stopped once the mean relative change ||dM
 the last `window` prompts is below `threshold` (after `min_prompts`), or at `max_prompts`.
 
 Every HOLDOUT_EVERY-th corpus chunk is held out (`corpus.split_holdout`) and never fitted on;
-bench/lens_quality.py scores lenses on it. A run checkpoints its running sum to `checkpoint_dir`,
+bench/lens_quality.py scores lenses on it. The other chunks are cut into consecutive T-token
+windows, one prompt each (`corpus.token_windows`). A run checkpoints its running sum to `checkpoint_dir`,
 so the same command with the same `--out` continues where it stopped.
 
 The model is nnsight's TransformersModel (vLLM has no backward pass), loaded as the engine's
@@ -48,7 +49,7 @@ from typing import Sequence
 import torch
 
 from lensapp import config, jlens
-from lensapp.corpus import CHUNK_CHARS, HOLDOUT_EVERY, CorpusError, load_corpus, split_holdout
+from lensapp.corpus import CHUNK_CHARS, HOLDOUT_EVERY, CorpusError, load_corpus, split_holdout, token_windows
 
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -94,7 +95,6 @@ def prompt_ids(prompt, tokenizer, tokens: int) -> torch.Tensor:
     if isinstance(prompt, str):
         if tokenizer is None:
             raise FitError("text prompts need a tokenizer")
-        # Only the first T tokens are used: tokenising a 2000-char chunk whole is cheap enough.
         ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
     else:
         ids = prompt
@@ -198,9 +198,9 @@ def convergence_path(out_path: str | Path) -> Path:
     return out_path.with_name(f"{out_path.stem}_convergence.csv")
 
 
-def _fingerprint(chunks: Sequence) -> str:
+def _fingerprint(prompts: Sequence) -> str:
     h = hashlib.sha1()
-    for c in chunks:
+    for c in prompts:
         h.update((c if isinstance(c, str) else " ".join(map(str, c))).encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
@@ -218,10 +218,11 @@ def _hardware(device: str) -> str:
     return f"{cpu}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"
 
 
-def fit(model, tokenizer, corpus_chunks: Sequence, cfg: FitConfig, out_path: str | Path,
+def fit(model, tokenizer, prompts: Sequence, cfg: FitConfig, out_path: str | Path,
         progress: bool = True, provenance: dict | None = None) -> Path:
-    """Fit a lens for `model` (a TransformersModel) on `corpus_chunks` (texts, or token-id lists); save it to `out_path`.
+    """Fit a lens for `model` (a TransformersModel) on `prompts` and `jlens.save` it to `out_path`.
 
+    `prompts` are token-id lists (or texts, of which the first T tokens are used).
     Resumes from `cfg.checkpoint_dir/<out stem>.ckpt.pt` when it exists and was made for the same
     model, T, skip and corpus (raising FitError when it was not). `provenance` adds keys such as
     `model` and `corpus` to what the fit records itself. Writes `<out stem>_convergence.csv` beside.
@@ -231,7 +232,7 @@ def fit(model, tokenizer, corpus_chunks: Sequence, cfg: FitConfig, out_path: str
     out_path = Path(out_path)
     module = model._module                      # the torch model under nnsight's TransformersModel
     n_layers, d_model = len(decoder_layers(module)), int(module.config.hidden_size)
-    if not corpus_chunks:
+    if not prompts:
         raise FitError("the corpus is empty")
     base = {"model": getattr(module.config, "name_or_path", "") or type(module).__name__, "corpus": "custom"}
     base.update(provenance or {})
@@ -239,17 +240,17 @@ def fit(model, tokenizer, corpus_chunks: Sequence, cfg: FitConfig, out_path: str
                  "dtype": str(next(module.parameters()).dtype).removeprefix("torch."), "device": cfg.device,
                  "hardware": _hardware(cfg.device), "threshold": cfg.threshold, "window": cfg.window})
     key = {"model": str(base["model"]), "n_layers": n_layers, "d_model": d_model, "T": cfg.tokens,
-           "skip": cfg.skip, "corpus": _fingerprint(corpus_chunks)}
+           "skip": cfg.skip, "corpus": _fingerprint(prompts)}
     ckpt = checkpoint_path(out_path, cfg.checkpoint_dir)
     state = _load_checkpoint(ckpt, key) or _State(total=torch.zeros(n_layers - 1, d_model, d_model))
 
     module.to(cfg.device)
-    # The corpus may run out first (the default one holds ~206 fit chunks): that bound gives a true ETA.
-    bar = tqdm(total=min(cfg.max_prompts, len(corpus_chunks)), initial=state.n, disable=not progress, unit="prompt", desc="fit J")
+    # The prompts may run out first: that bound gives a true ETA.
+    bar = tqdm(total=min(cfg.max_prompts, len(prompts)), initial=state.n, disable=not progress, unit="prompt", desc="fit J")
     since_checkpoint = 0
     with _frozen(module), bar:
-        while state.n < cfg.max_prompts and not state.converged(cfg) and state.cursor < len(corpus_chunks):
-            ids = prompt_ids(corpus_chunks[state.cursor], tokenizer, cfg.tokens)
+        while state.n < cfg.max_prompts and not state.converged(cfg) and state.cursor < len(prompts):
+            ids = prompt_ids(prompts[state.cursor], tokenizer, cfg.tokens)
             state.cursor += 1
             if ids.shape[0] <= cfg.skip + 1:
                 continue
@@ -463,9 +464,10 @@ def run_fit(args: argparse.Namespace) -> int:
             chunks = _shard(chunks, args.shard)
             corpus += f" shard {args.shard}"
         model, tokenizer, info = load_model(args.model, cfg.device)
-        path = fit(model, tokenizer, chunks, cfg, args.out, progress=not args.no_progress,
-                   provenance=dict(info, corpus=f"{corpus}, {CHUNK_CHARS}-char chunks, every "
-                                                f"{HOLDOUT_EVERY}th held out"))
+        prompts = token_windows(chunks, tokenizer, cfg.tokens, min_tokens=cfg.skip + 2)
+        path = fit(model, tokenizer, prompts, cfg, args.out, progress=not args.no_progress,
+                   provenance=dict(info, corpus=f"{corpus}, {CHUNK_CHARS}-char chunks (every {HOLDOUT_EVERY}th "
+                                                f"held out) cut into {cfg.tokens}-token windows"))
         print(path)
         return 0
     except (FitError, CorpusError, jlens.LensFileError, config.ConfigError) as e:

@@ -157,6 +157,19 @@ def test_corpus_chunks_and_holdout(tmp_path):
     assert corpus.load_corpus(str(tmp_path / "docs"), chunk_chars=20) == ["hello\nworld\nhello\nworld", "hello\nworld"]
 
 
+def test_chunks_are_cut_into_token_windows():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {w: i for i, w in enumerate("abcdefghij")}
+    tok = Tokenizer(models.WordLevel(words, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok)
+    chunks = [" ".join("abcdefghij"), "j i h g", "a"]
+    windows = corpus.token_windows(chunks, tokenizer, 4, min_tokens=2)
+    assert windows == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [9, 8, 7, 6]]   # "a" alone is too short
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--corpus", "/no/such/corpus"], "no such file or folder"),
     (["--model", "/no/such/model", "--max-prompts", "1"], "cannot load"),
