@@ -296,7 +296,8 @@ def test_chat_reply_carries_a_readout(page, app_url):
     field(page, "chat-message").fill("What is the capital of Japan?")
     field(page, "chat-message").press("Enter")
     page.get_by_text(re.compile(r"J-lens at layer \d+: top-3")).wait_for(timeout=RUN_TIMEOUT)
-    assert "→" in page.inner_text("#chat")                     # token -> its top-3, per generated token
+    page.locator("#chat pre").first.wait_for(state="visible", timeout=30_000)   # the readout, open
+    assert "→" in page.inner_text("#chat pre")                 # token -> its top-3, per generated token
     shot(page, "chat")
     assert not page.errors
 

@@ -152,7 +152,7 @@ def _build_chat(engine, has_j: bool) -> None:
         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature")
     chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chat", sanitize_html=True,
                          placeholder=f"Ask something. {'J-lens' if has_j else 'Logit-lens'} readouts appear under "
-                                     "each reply (click to open).")
+                                     "each reply.")
     with gr.Row():
         message = gr.Textbox(placeholder="Message", show_label=False, scale=5, elem_id="chat-message",
                              submit_btn=True)
