@@ -327,7 +327,8 @@ def _write_csv(path: Path, rows: list) -> None:
 
 def snapshot(out_path: str | Path, checkpoint_dir: str | Path = FitConfig.checkpoint_dir,
              dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the running mean of a (possibly still running) fit's checkpoint as an interim lens."""
+    """Write the running mean of a (possibly still running) fit's checkpoint as an interim lens,
+    with its convergence CSV beside it."""
     ckpt = checkpoint_path(out_path, checkpoint_dir)
     if not ckpt.exists():
         raise FitError(f"no checkpoint {ckpt} for {out_path}")
@@ -335,7 +336,9 @@ def snapshot(out_path: str | Path, checkpoint_dir: str | Path = FitConfig.checkp
     state = _State(total=raw["total"].float(), n=raw["n"], deltas=list(raw["deltas"]), seconds=raw["seconds"])
     if state.n == 0:
         raise FitError(f"checkpoint {ckpt} has no prompts yet")
-    return _save_lens(Path(out_path), state, raw["provenance"], converged=False, dtype=dtype)
+    path = _save_lens(Path(out_path), state, raw["provenance"], converged=False, dtype=dtype)
+    _write_csv(convergence_path(out_path), raw["rows"])
+    return path
 
 
 def merge(paths: Sequence[str | Path], out_path: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:

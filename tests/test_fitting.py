@@ -132,6 +132,7 @@ def test_interrupted_fit_resumes_to_the_same_lens(model, prompts, tmp_path):
     # An interim lens from the checkpoint is the same running mean.
     snap = load(fitting.snapshot(tmp_path / "snap" / "r.pt", tmp_path / "ckpt", dtype=torch.float32))
     assert snap.provenance["converged"] is False and torch.equal(snap.J[1], straight.J[1])
+    assert (tmp_path / "snap" / "r_convergence.csv").read_text() == (tmp_path / "r_convergence.csv").read_text()
 
 
 def test_stops_when_converged(model, prompts, tmp_path):
