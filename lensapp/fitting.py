@@ -236,6 +236,7 @@ def fit(model, tokenizer, prompts: Sequence, cfg: FitConfig, out_path: str | Pat
         raise FitError("the corpus is empty")
     base = {"model": getattr(module.config, "name_or_path", "") or type(module).__name__, "corpus": "custom"}
     base.update(provenance or {})
+    base["unembedding"] = jlens.unembedding_fingerprint(module.get_output_embeddings().weight)
     base.update({"T": cfg.tokens, "skip": cfg.skip, "dim_batch": cfg.dim_batch,
                  "dtype": str(next(module.parameters()).dtype).removeprefix("torch."), "device": cfg.device,
                  "hardware": _hardware(cfg.device), "threshold": cfg.threshold, "window": cfg.window})

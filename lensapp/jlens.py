@@ -7,7 +7,12 @@ is a `torch.save` dict:
     source_layers [int]  (the last layer is the target: it has no J, the readout uses I)
     n_prompts     int
     d_model       int
-    provenance    optional dict (model, corpus, T, skip, dtype, convergence, ...)
+    provenance    optional dict (model, corpus, T, skip, dtype, convergence, unembedding, ...)
+
+`provenance["unembedding"]` (lenses fitted here) is a short hash of the model's unembedding
+(`unembedding_fingerprint`); `load` warns when the running model's differs, as it does when the
+provenance names another model. Neither is an error: a renamed or re-saved copy of the same model
+is common, and the shapes have been checked already.
 
 Readout: `h_l @ J_l.T`, then the model's own final norm and unembedding.
 Files are always read with `weights_only=True`: a lens file is data, never code.
@@ -15,6 +20,7 @@ Files are always read with `weights_only=True`: a lens file is data, never code.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +30,7 @@ import torch
 log = logging.getLogger(__name__)
 
 KNOWN_KEYS = {"J", "source_layers", "n_prompts", "d_model", "provenance"}
+FINGERPRINT_ROWS = 1024    # rows of the unembedding hashed: enough to tell models apart, cheap to read
 
 
 class LensFileError(ValueError):
@@ -84,12 +91,13 @@ def load(
     device: str | torch.device = "cpu",
     cache_dir: str | Path | None = None,
     model_name: str | None = None,
+    unembedding: str | None = None,
 ) -> JacobianLens:
     """Load, validate against the model (d_model, n_layers) and keep `layers` (default: all in the file).
 
     Kept in bf16 by default: fp16 can overflow on large-norm residual directions. A lens whose
-    provenance names another model than `model_name` loads with a warning, not an error: a local
-    copy of a hub model has another name, and shapes already had to match.
+    provenance names another model than `model_name`, or another `unembedding` fingerprint, loads
+    with a warning (see the module docstring).
     """
     path = resolve(str(spec), cache_dir)
     try:
@@ -128,6 +136,10 @@ def load(
     if model_name and isinstance(fitted_on, str) and fitted_on and not same_model(fitted_on, model_name):
         warnings.append(f"this lens was fitted on {fitted_on!r}, but the model is {model_name!r}: "
                         "its readouts may not mean what they seem")
+    fitted_against = provenance.get("unembedding")
+    if unembedding and isinstance(fitted_against, str) and fitted_against != unembedding:
+        warnings.append(f"this lens was fitted against another unembedding (fingerprint {fitted_against}, "
+                        f"this model's is {unembedding}): its readouts may not mean what they seem")
     return JacobianLens(J=J, n_prompts=int(raw.get("n_prompts", 0)), d_model=d_model,
                         source=str(spec), provenance=provenance, warnings=warnings)
 
@@ -160,3 +172,40 @@ def save(path: str | Path, J: dict[int, torch.Tensor], *, n_prompts: int, proven
 def identity(d_model: int, layers: list[int], n_prompts: int = 0) -> dict[int, torch.Tensor]:
     """J = I for each layer: a lens that must read exactly like the logit lens (used in tests)."""
     return {layer: torch.eye(d_model) for layer in layers}
+
+
+def unembedding_fingerprint(weight: torch.Tensor) -> str:
+    """A short hash of an unembedding [vocab, d_model]: its shape and first FINGERPRINT_ROWS rows in
+    bf16, so an fp32 load of bf16 weights hashes like the file it came from."""
+    return _fingerprint(weight.detach()[:FINGERPRINT_ROWS], tuple(weight.shape))
+
+
+def _fingerprint(rows: torch.Tensor, shape: tuple) -> str:
+    h = hashlib.sha256(str(tuple(shape)).encode())
+    h.update(rows.to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def model_unembedding_fingerprint(model: str | Path) -> str | None:
+    """`unembedding_fingerprint` read from a model's safetensors files (a folder, or a hub id already
+    in the local cache), without loading the model; None where they cannot be read."""
+    try:
+        from safetensors import safe_open
+
+        folder = Path(model)
+        if not folder.is_dir():
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(str(model), allow_patterns=["*.safetensors"], local_files_only=True))
+        files = sorted(folder.glob("*.safetensors"))
+        # lm_head first; a model with tied embeddings stores only the input embedding.
+        for suffix in ("lm_head.weight", "embed_tokens.weight"):
+            for file in files:
+                with safe_open(file, "pt") as st:
+                    key = next((k for k in st.keys() if k.endswith(suffix)), None)
+                    if key is not None:
+                        part = st.get_slice(key)
+                        return _fingerprint(part[:FINGERPRINT_ROWS], tuple(part.get_shape()))
+    except Exception as e:  # noqa: BLE001 - no fingerprint only means no check
+        log.info("no unembedding fingerprint for %s (%s)", model, type(e).__name__)
+    return None

@@ -104,6 +104,7 @@ def test_saved_file_round_trips_with_provenance_and_csv(model, prompts, tmp_path
     assert p["model"] == "tiny-llama" and p["corpus"] == "random tokens"
     assert (p["T"], p["skip"], p["dim_batch"], p["dtype"], p["n_prompts"]) == (T, SKIP, 5, "float64", 4)
     assert p["converged"] is False and isinstance(p["final_delta"], float) and "hardware" in p and "date" in p
+    assert p["unembedding"] == jlens.unembedding_fingerprint(model._module.get_output_embeddings().weight)
     rows = list(csv.DictReader(open(tmp_path / "lens_convergence.csv")))
     assert [r["prompt"] for r in rows] == ["1", "2", "3", "4"]
     assert float(rows[0]["delta"]) == pytest.approx(1.0) and float(rows[-1]["identity_distance"]) > 0

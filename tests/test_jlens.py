@@ -101,3 +101,27 @@ def test_hub_spec_resolves_from_the_hub_cache_offline(tmp_path, monkeypatch):
 def test_a_spec_that_is_neither_a_file_nor_a_hub_path_is_refused(spec):
     with pytest.raises(LensFileError, match="no such file, and not of the form HUB_REPO:PATH_IN_REPO"):
         jlens.resolve(spec)
+
+
+def test_lens_fitted_against_another_unembedding_loads_with_a_warning(tmp_path):
+    path = jlens.save(tmp_path / "l.pt", {0: torch.eye(D)}, n_prompts=1, provenance={"unembedding": "0123abcd"})
+    assert jlens.load(path, d_model=D, n_layers=N_LAYERS, unembedding="0123abcd").warnings == []
+    lens = jlens.load(path, d_model=D, n_layers=N_LAYERS, unembedding="ffff0000")
+    assert len(lens.warnings) == 1 and "0123abcd" in lens.warnings[0] and "ffff0000" in lens.warnings[0]
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_unembedding_fingerprint_from_files_matches_the_loaded_model(tmp_path, tied):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=2000, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=tied)
+    model = LlamaForCausalLM(cfg)
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "m")
+    on_disk = jlens.model_unembedding_fingerprint(tmp_path / "m")
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float32)   # fp32 of bf16 weights
+    assert on_disk == jlens.unembedding_fingerprint(loaded.get_output_embeddings().weight)
+    other = LlamaForCausalLM(cfg)                                                    # other random weights
+    assert on_disk != jlens.unembedding_fingerprint(other.get_output_embeddings().weight)
+    assert jlens.model_unembedding_fingerprint(tmp_path / "nothing") is None

@@ -11,12 +11,16 @@ from lensapp.engine import LensRequest
 def test_shipped_lens_is_the_default_and_fits_the_embedded_model(embedded_dir):
     assert config.Config().resolved_jlens == str(config.SHIPPED_JLENS)
     hf = AutoConfig.from_pretrained(embedded_dir)
-    lens = jlens.load(config.SHIPPED_JLENS, d_model=hf.hidden_size, n_layers=hf.num_hidden_layers)
+    from lensapp.engine.embedded import EMBEDDED_NAME
+
+    lens = jlens.load(config.SHIPPED_JLENS, d_model=hf.hidden_size, n_layers=hf.num_hidden_layers,
+                      model_name=EMBEDDED_NAME, unembedding=jlens.model_unembedding_fingerprint(embedded_dir))
+    assert lens.warnings == []               # fitted on this model, against this unembedding
     assert lens.layers == list(range(hf.num_hidden_layers - 1))
     assert lens.n_prompts >= 10
     assert all(m.dtype == torch.bfloat16 for m in lens.J.values())
     prov = lens.provenance
-    for key in ("model", "corpus", "T", "skip", "converged", "n_prompts"):
+    for key in ("model", "corpus", "T", "skip", "converged", "n_prompts", "unembedding"):
         assert key in prov, key
     # A fitted transport is no identity: it moves residuals (else the J-lens would just be the logit lens).
     assert float((lens.J[15].float() - torch.eye(hf.hidden_size)).norm()) > 1.0

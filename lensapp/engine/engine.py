@@ -98,9 +98,10 @@ class Engine:
 
     def load_jlens(self, spec: str, layers: list[int] | None = None) -> jlens_files.JacobianLens:
         """Load, validate and install a lens (replacing any other). LensFileError names the mismatch."""
+        unembedding = jlens_files.model_unembedding_fingerprint(resolve_model(self.cfg)[0])
         lens = jlens_files.load(spec, d_model=self.info.d_model, n_layers=self.info.n_layers, layers=layers,
                                 dtype=torch.bfloat16, cache_dir=self.cfg.resolved_cache_dir / "hub",
-                                model_name=self.info.name)
+                                model_name=self.info.name, unembedding=unembedding)
         for warning in lens.warnings:
             log.warning("lens %s: %s", spec, warning)
         return self.install_jlens(lens)
