@@ -8,8 +8,9 @@ Examples:
 The chunks are `corpus.split_holdout`'s held-out part of the corpus, which no fit ever sees. At every
 position p >= skip of each chunk (first T tokens), layer l's lens reads its block output (J-lens:
 transported by J_l; the last layer uses I) through the model's final norm and lm_head. Reported per
-layer: top-1 = how often the lens's argmax is the model's own next-token argmax; KL = mean
-KL(final || lens) in nats. Prints a markdown table, then one JSON line.
+layer: top-1 = how often the lens's argmax is the model's own next-token argmax; top-5 = how often
+that argmax is among the lens's top 5; KL = mean KL(final || lens) in nats. Prints a markdown
+table, then one JSON line.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def score(model, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens:
     n_layers, d_model = len(fitting.decoder_layers(hf)), hf.config.hidden_size
     # The last block's output is the target itself: its J is I (and both lenses equal the model).
     J = torch.stack([lens.J[i].float() if i in lens.J else torch.eye(d_model) for i in range(n_layers)])
-    sums = {name: {"top1": torch.zeros(n_layers), "kl": torch.zeros(n_layers)} for name in ("logit", "jlens")}
+    sums = {name: {metric: torch.zeros(n_layers) for metric in ("top1", "top5", "kl")} for name in ("logit", "jlens")}
     positions = 0
     for chunk in chunks:
         ids = fitting.prompt_ids(chunk, tokenizer, tokens)
@@ -59,8 +60,10 @@ def score(model, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens:
         want = logits.argmax(-1)
         with torch.no_grad():
             for name, lens_J in (("logit", None), ("jlens", J)):
-                r = layer_readouts(h, hf.model.norm, hf.lm_head, 1, final=final, J=lens_J)
-                sums[name]["top1"] += (r["top_ids"][..., 0] == want).float().sum(-1)
+                r = layer_readouts(h, hf.model.norm, hf.lm_head, 5, final=final, J=lens_J)
+                hits = r["top_ids"] == want[:, None]                      # [layer, position, 5]
+                sums[name]["top1"] += hits[..., 0].float().sum(-1)
+                sums[name]["top5"] += hits.any(-1).float().sum(-1)
                 sums[name]["kl"] += r["kl_to_final"].sum(-1)
         positions += h.shape[1]
     if positions == 0:
@@ -94,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{info['model']}, lens {Path(args.lens).name} ({lens.n_prompts} prompts), "
           f"{min(args.chunks, len(held_out))} held-out chunks, T={args.tokens}, {s['positions']} positions\n")
-    print("| layer | logit top-1 | J-lens top-1 | logit KL | J-lens KL |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| layer | logit top-1 | J-lens top-1 | logit top-5 | J-lens top-5 | logit KL | J-lens KL |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for i in range(n_layers):
         print(f"| {i} | {s['logit']['top1'][i]:.3f} | {s['jlens']['top1'][i]:.3f} "
+              f"| {s['logit']['top5'][i]:.3f} | {s['jlens']['top5'][i]:.3f} "
               f"| {s['logit']['kl'][i]:.2f} | {s['jlens']['kl'][i]:.2f} |")
     mean = {f"mean_{k}_{name}": round(sum(v[:-1]) / (n_layers - 1), 4)
             for name in ("logit", "jlens") for k, v in s[name].items()}
