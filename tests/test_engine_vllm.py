@@ -75,6 +75,32 @@ def test_identity_jacobian_lens_reproduces_logit_lens_on_vllm(vllm_engine):
         vllm_engine.jlens = None
 
 
+def test_jacobian_lens_reads_norm_of_h_times_J_transposed(vllm_engine, hf_model):
+    """A random, non-symmetric J (identity cannot tell J from J.T), against the readout computed
+    directly from HF's hidden states: lm_head(norm(h_l @ J_l.T)). Same tolerance as the backend test."""
+    d, layers = vllm_engine.info.d_model, [5, 20]
+    g = torch.Generator().manual_seed(0)
+    J = {layer: (0.5 * torch.eye(d) + torch.randn(d, d, generator=g) / d ** 0.5).to(torch.bfloat16) for layer in layers}
+    vllm_engine.install_jlens(jlens.JacobianLens(J=J, n_prompts=0, d_model=d))
+    try:
+        r = vllm_engine.lens(LensRequest(prompts=PROMPTS[1:2], lens="jacobian", layers="5,20", k=2))[0]
+    finally:
+        vllm_engine.jlens = None
+    got = r.lenses["jacobian"]
+    with torch.no_grad():
+        hs = hf_model(torch.tensor([r.input_ids]), output_hidden_states=True).hidden_states
+        for row, layer in enumerate(layers):
+            h, Jf = hs[layer + 1][0], J[layer].float()                 # hidden_states[l + 1]: block l's output
+            probs = hf_model.lm_head(hf_model.model.norm(h @ Jf.T)).softmax(-1)
+            top = probs.topk(2, dim=-1)
+            differ = got.top_ids[row, :, 0] != top.indices[:, 0].numpy()
+            gap = (top.values[:, 0] - top.values[:, 1]).numpy()
+            assert (gap[differ] < 1e-3).all(), f"layer {layer}: {differ.sum()} positions disagree beyond a near-tie"
+            np.testing.assert_allclose(got.top_probs[row, :, 0], top.values[:, 0].numpy(), atol=2e-3)
+            wrong = hf_model.lm_head(hf_model.model.norm(h @ Jf)).argmax(-1).numpy()   # J instead of J.T
+            assert (wrong != got.top_ids[row, :, 0]).any()             # the check above can tell the two apart
+
+
 def test_targets_first_token_and_whole_continuation(vllm_engine, hf_model):
     r = vllm_engine.lens(LensRequest(prompts=PROMPTS[:1], targets=("Paris", "the city of Paris"), k=3))[0]
     paris, long = r.lenses["logit"].targets
