@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = Engine.from_config(cfg)
         demo = ui.build_app(engine, cfg)
-        demo.queue(default_concurrency_limit=8, max_size=128)   # the engine batches waiting lens requests
+        # As many handlers at once as the engine runs in one forward: it batches the lens requests waiting.
+        demo.queue(default_concurrency_limit=cfg.max_batch, max_size=128)
         demo.launch(server_name=cfg.host, server_port=cfg.port, css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"])
     except (LensFileError, config.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
