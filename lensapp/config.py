@@ -10,6 +10,8 @@ Limits that protect the machine (a public Space, a workshop of thirty people):
   max_prompt_tokens   = 512   tokens per prompt (configurable)
   MAX_GENERATE_TOKENS = 64    tokens per generation readout
   MAX_TARGETS         = 8     target strings per request
+  MAX_TARGET_CHARS    = 200   characters per target
+  MAX_CONTINUATION_TOKENS = 16 a longer target is scored by its first token only
   max_batch           = 16    prompts the engine runs in one forward
 """
 
@@ -24,6 +26,8 @@ MAX_K = 100
 MAX_PROMPT_CHARS = 20_000
 MAX_GENERATE_TOKENS = 64
 MAX_TARGETS = 8
+MAX_TARGET_CHARS = 200
+MAX_CONTINUATION_TOKENS = 16
 
 EMBEDDED = "embedded"
 PACKAGE_DIR = Path(__file__).resolve().parent

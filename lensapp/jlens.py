@@ -110,8 +110,13 @@ def load(
     unknown = set(raw) - KNOWN_KEYS
     if unknown:
         log.warning("lens %s: ignoring unknown keys %s", path, sorted(unknown))
-    J_all = {int(k): v for k, v in raw["J"].items()}
-    file_d = int(raw.get("d_model") or next(iter(J_all.values())).shape[-1])
+    try:
+        J_all = {int(k): v for k, v in raw["J"].items()}
+        file_d = int(raw.get("d_model") or next(iter(J_all.values())).shape[-1])
+    except (TypeError, ValueError, AttributeError, StopIteration):
+        raise LensFileError(f"lens {path}: 'J' must map layer numbers to matrices, and hold at least one") from None
+    if not J_all:
+        raise LensFileError(f"lens {path}: 'J' holds no matrices")
     if file_d != d_model:
         raise LensFileError(f"lens {path} has d_model {file_d}, but the model has d_model {d_model}")
     bad = [layer for layer in J_all if not 0 <= layer < n_layers - 1]

@@ -28,7 +28,8 @@ class TargetScore:
     probs, ranks  [L, P]: probability and rank (1 = top) of the target's FIRST token.
     continuation_logprob [L] | None: log-probability of the whole multi-token target as the
         continuation of the prompt, read at the last position and the target's own following
-        positions (None for a single-token target, where probs[:, -1] is the same thing).
+        positions (None for a single-token target, where probs[:, -1] is the same thing, and
+        for one of more than MAX_CONTINUATION_TOKENS tokens).
     """
 
     text: str
@@ -42,6 +43,8 @@ class TargetScore:
     def scored_as(self) -> str:
         if len(self.token_ids) == 1:
             return "single token"
+        if self.continuation_logprob is None:
+            return "first token only (too many tokens to score the whole continuation)"
         return "first token per position; whole continuation at the last position"
 
     def to_json(self) -> dict:

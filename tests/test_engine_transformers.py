@@ -54,3 +54,51 @@ def test_bad_requests_get_clear_errors(tiny_engine):
         tiny_engine.lens(LensRequest(prompts=("word " * 600,)))
     # the engine still serves after bad input
     assert tiny_engine.lens(LensRequest(prompts=("x",), layers="0"))[0].layers == [0]
+
+
+def test_a_generation_is_not_overtaken_by_lens_requests_behind_it(tiny_engine):
+    """The owner thread drains waiting lens jobs into one batch; a generation met while draining
+    runs next, before lens jobs that arrived after it (a busy workshop must not starve /generate)."""
+    import threading
+    import time
+
+    gate, finished = threading.Event(), []
+    blocker = threading.Thread(target=lambda: tiny_engine.call(lambda backend: gate.wait(30)))
+    blocker.start()                                            # the owner thread is busy until the gate opens
+
+    def enqueue(name, fn):
+        before = tiny_engine._queue.qsize()
+        t = threading.Thread(target=lambda: (fn(), finished.append(name)))
+        t.start()
+        while tiny_engine._queue.qsize() == before:            # queued in this order
+            time.sleep(0.01)
+        return t
+
+    lens = lambda: tiny_engine.lens(LensRequest(prompts=("Water boils at",), layers="0"))     # noqa: E731
+    threads = [enqueue("lens B", lens),
+               enqueue("generate C", lambda: tiny_engine.generate(GenerateRequest(prompt="Hi", max_tokens=2))),
+               enqueue("lens D", lens)]
+    gate.set()
+    for t in [blocker, *threads]:
+        t.join(60)
+    assert finished == ["lens B", "generate C", "lens D"]
+
+
+def test_a_long_target_is_scored_by_its_first_token_and_says_so(tiny_engine):
+    long = "the city of Paris, capital of France, on the river Seine, in Europe"
+    r = tiny_engine.lens(LensRequest(prompts=("Water boils at",), targets=("Paris", long), k=2))[0]
+    short, whole = r.lenses["logit"].targets
+    assert len(whole.token_ids) > config.MAX_CONTINUATION_TOKENS and whole.continuation_logprob is None
+    assert whole.scored_as.startswith("first token only") and whole.probs.shape == short.probs.shape
+
+
+def test_a_default_lens_that_fails_to_load_leaves_the_logit_lens_serving(tiny_model_dir, monkeypatch):
+    monkeypatch.setitem(config.KNOWN_JLENSES, str(tiny_model_dir), "/no/such/lens.pt")
+    engine = Engine.from_config(config.Config(model=str(tiny_model_dir), backend="transformers"))
+    try:
+        assert engine.jlens is None and "no such file" in engine.jlens_error
+        assert engine.lens(LensRequest(prompts=("x",), layers="0"))[0].layers == [0]
+    finally:
+        engine.close()
+    with pytest.raises(jlens.LensFileError, match="no such file"):     # asked for by name: an error
+        Engine.from_config(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="/no/such/lens.pt"))

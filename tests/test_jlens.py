@@ -40,6 +40,9 @@ def test_save_load_round_trip_keeps_selected_layers_in_bf16(tmp_path):
     (lambda p: lens_file(p, J={0: torch.full((D, D), float("nan"))}), {}, "non-finite"),
     (lambda p: torch.save({"weights": torch.eye(D)}, p) or p, {}, "expected a dict with a 'J' dict"),
     (lambda p: (p.write_text("not a lens"), p)[1], {}, "not a torch.save file of tensors"),
+    (lambda p: torch.save({"J": {}}, p) or p, {}, "must map layer numbers to matrices"),
+    (lambda p: torch.save({"J": {}, "d_model": D}, p) or p, {}, "'J' holds no matrices"),
+    (lambda p: torch.save({"J": {"layer0": torch.eye(D)}}, p) or p, {}, "must map layer numbers to matrices"),
 ])
 def test_files_that_do_not_fit_get_one_clear_message(tmp_path, make, load_kw, message):
     path = make(tmp_path / "bad.pt")

@@ -97,6 +97,8 @@ def test_unknown_versions():
     assert view.tab == "generate" and "newer version" in notices[0]
     view, notices = pl.decode({"v": "x", "k": "2"})
     assert view.k == 2 and "v=x" in notices[0]
+    view, notices = pl.decode("v=%C2%B2&k=3")                   # "²".isdigit() is True, int("²") fails
+    assert view.k == 3 and "v=²" in notices[0]
 
 
 def test_many_params_and_odd_objects():

@@ -28,6 +28,7 @@ def test_parse_layers_outside_the_lens():
     ([""], "logit", 5, (), "empty"), (["  "], "logit", 5, (), "empty"), ([], "logit", 5, (), "no prompt"),
     (["x"], "tuned", 5, (), "lens must be"), (["x"], "logit", 0, (), "k must"), (["x"], "logit", 101, (), "k must"),
     (["x" * 20001], "logit", 5, (), "characters"), (["x"], "logit", 5, ("",), "target is empty"),
+    (["x"], "logit", 5, ("Paris" + " x" * 100,), "the limit is 200"), (["x"], "logit", 5, ("a",) * 9, "at most 8"),
 ])
 def test_validate_common(prompts, lens, k, targets, msg):
     with pytest.raises(RequestError, match=msg):

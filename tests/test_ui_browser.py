@@ -367,3 +367,8 @@ def test_app_without_a_jlens_says_how_to_load_one():
     assert any("No Jacobian lens is loaded" in t and "--jlens" in t for t in texts)
     radios = [b for b in demo.blocks.values() if isinstance(b, gr.Radio)]
     assert all(value == "logit" for r in radios for _, value in r.choices)      # every lens choice: logit only
+    # A generation link that reads the J-lens opens on the logit lens, with a notice, not a broken Radio.
+    restore = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "restore")
+    out = {getattr(c, "elem_id", None): v for c, v in restore("?tab=generate&lens=jacobian&prompt=Hi").items()}
+    assert out["generate-lens"] == "logit" and out["generate-prompt"] == "Hi"
+    assert "no Jacobian lens" in out["link-notice"].value and out["link-notice"].visible

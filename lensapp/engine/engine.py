@@ -16,12 +16,13 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 
 from .. import jlens as jlens_files
-from ..config import EMBEDDED, MAX_PROMPT_CHARS, Config
+from ..config import EMBEDDED, MAX_CONTINUATION_TOKENS, MAX_PROMPT_CHARS, Config
 from ..results import ChatReply, GenerationResult, GenerationStep, LensReadout, LensResult
 from .backends import ModelInfo, TransformersBackend, VLLMBackend
 from .requests import (LENS_CHOICES, GenerateRequest, LensRequest, LensSpec, RequestError, parse_layers,
@@ -73,14 +74,21 @@ class Engine:
         else:
             backend = TransformersBackend(path, name, device=device, dtype=dtype)
         engine = cls(backend, cfg)
-        spec = cfg.resolved_jlens
-        if spec:
-            try:
-                engine.load_jlens(spec, cfg.jlens_layer_list)
-            except BaseException:
-                engine.close()             # never leave vLLM's processes behind
-                raise
-        engine.warm_up()
+        try:
+            spec = cfg.resolved_jlens
+            if spec:
+                try:
+                    engine.load_jlens(spec, cfg.jlens_layer_list)
+                except jlens_files.LensFileError as e:
+                    if cfg.jlens != "default":   # asked for by name: a lens that does not load is an error
+                        raise
+                    # The model's default lens (e.g. a hub download while offline): serve the logit lens, say why.
+                    engine.jlens_error = str(e)
+                    log.warning("serving without a Jacobian lens: %s", e)
+            engine.warm_up()
+        except BaseException:
+            engine.close()                       # never leave vLLM's processes behind (a bad lens, Ctrl-C)
+            raise
         return engine
 
     def warm_up(self) -> None:
@@ -159,7 +167,8 @@ class Engine:
             specs.append(self._spec(ids, layers, req.k, names, [t[1][0] for t in targets], req.raw, req.full_probs))
             prompt_ids.append(ids)
             for j, (_, tids) in enumerate(targets):
-                if len(tids) > 1:
+                # A whole continuation costs a [layers x its tokens, vocab] readout: long ones get first-token scores.
+                if 1 < len(tids) <= MAX_CONTINUATION_TOKENS:
                     conts.append((i, ids + tids[:-1], len(ids) - 1, tids, j))
         job = _Job(Future(), specs=specs, continuations=conts)
         outs, cont_outs = self._submit(job).result()
@@ -218,8 +227,6 @@ class Engine:
         msgs = _check_messages(messages)
         validate_generate(GenerateRequest(prompt=msgs[-1]["content"], max_tokens=max_tokens, lens=lens, k=k,
                                           temperature=temperature))
-        if sum(len(m["content"]) for m in msgs) > MAX_PROMPT_CHARS:
-            raise RequestError(f"the conversation has more than {MAX_PROMPT_CHARS} characters; clear it")
         names = LENS_CHOICES[lens]
         if layer is None:
             pool = self._layers_for("all", names)
@@ -227,17 +234,18 @@ class Engine:
         layers = self._layers_for(str(layer), names)
         if not getattr(self.tokenizer, "chat_template", None):
             raise RequestError("this model's tokenizer has no chat template")
+        # The oldest turns go first: by characters (cheap), then by the templated prompt's tokens.
         dropped = 0
+        while sum(len(m["content"]) for m in msgs) > MAX_PROMPT_CHARS and (n := _drop_oldest_turn(msgs)):
+            dropped += n
         while True:
             ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
             ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
             if len(ids) <= self.cfg.max_prompt_tokens:
                 break
-            first = next((i for i, m in enumerate(msgs) if m["role"] != "system"), len(msgs))
-            if sum(m["role"] != "system" for m in msgs) <= 1:
+            n = _drop_oldest_turn(msgs)
+            if not n:
                 raise RequestError(f"the message has {len(ids)} tokens; the limit is {self.cfg.max_prompt_tokens}")
-            n = 2 if first + 1 < len(msgs) - 1 and msgs[first + 1]["role"] == "assistant" else 1
-            del msgs[first:first + n]
             dropped += n
         spec = self._spec(ids, layers, k, names, [], False, False)
         gen_ids, steps = self.call(lambda b: b.run_chat(spec, max_tokens, temperature, seed))
@@ -280,21 +288,22 @@ class Engine:
         return job.future
 
     def _serve(self) -> None:
+        held: deque[_Job | None] = deque()     # a job met while draining lens jobs: it runs next, in order
         while True:
-            job = self._queue.get()
+            job = held.popleft() if held else self._queue.get()
             if job is None:
                 return
             if job.call is not None:
                 self._run(job.future, lambda: job.call(self.backend))
                 continue
-            jobs = [job]                                      # drain every lens job already waiting
+            jobs = [job]                                      # drain the lens jobs waiting right behind it
             while True:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None or nxt.call is not None:
-                    self._queue.put(nxt)                      # keep order: handled next round
+                    held.append(nxt)                          # a generation or chat is not overtaken
                     break
                 jobs.append(nxt)
             self._run_lens_jobs(jobs)
@@ -311,9 +320,13 @@ class Engine:
             try:
                 outs, cont_outs = self.backend.run_lens(specs, conts)
             except BaseException as e:  # noqa: BLE001 - every waiting caller must hear of it
-                log.exception("lens batch failed")
-                for j in group:
-                    j.future.set_exception(e)
+                if len(group) > 1:   # one request's failure must not cost the others theirs
+                    log.warning("a batch of %d lens requests failed (%s); running them one by one", len(group), e)
+                    for j in group:
+                        self._run_lens_jobs([j])
+                    continue
+                log.exception("lens request failed")
+                group[0].future.set_exception(e)
                 continue
             s_off = c_off = 0
             for j in group:
@@ -340,6 +353,16 @@ def _check_messages(messages) -> list[dict]:
     if out[-1]["role"] != "user":
         raise RequestError("the conversation must end with a user message")
     return out
+
+
+def _drop_oldest_turn(msgs: list[dict]) -> int:
+    """Drop the oldest user message (and the reply to it) in place; 0 when only the last one is left."""
+    if sum(m["role"] != "system" for m in msgs) <= 1:
+        return 0
+    first = next(i for i, m in enumerate(msgs) if m["role"] != "system")
+    n = 2 if first + 1 < len(msgs) - 1 and msgs[first + 1]["role"] == "assistant" else 1
+    del msgs[first:first + n]
+    return n
 
 
 def resolve_model(cfg: Config) -> tuple[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_PROMPT_CHARS, MAX_TARGETS
+from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_PROMPT_CHARS, MAX_TARGET_CHARS, MAX_TARGETS
 
 _RANGE = re.compile(r"(-?\d+)-(-?\d+)")
 LENS_CHOICES = {"logit": ("logit",), "jacobian": ("jacobian",), "both": ("logit", "jacobian")}
@@ -127,8 +127,10 @@ def validate_common(prompts, lens: str, k: int, targets=()) -> None:
     if len(targets) > MAX_TARGETS:
         raise RequestError(f"at most {MAX_TARGETS} targets; got {len(targets)}")
     for t in targets:
-        if not t.strip():
+        if not isinstance(t, str) or not t.strip():
             raise RequestError("a target is empty")
+        if len(t) > MAX_TARGET_CHARS:
+            raise RequestError(f"a target has {len(t)} characters; the limit is {MAX_TARGET_CHARS}")
 
 
 def validate_generate(req: GenerateRequest) -> None:

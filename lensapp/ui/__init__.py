@@ -83,6 +83,9 @@ def build_app(engine, cfg) -> gr.Blocks:
                 notices.append("This app has no Jacobian lens loaded; showing the logit lens instead.")
                 view = replace(view, tab="logit", layers="all")
                 target = by_name["logit"]
+            if engine.jlens is None and view.lens != "logit":   # a generation link reading the J-lens
+                notices.append("This app has no Jacobian lens loaded; reading the logit lens instead.")
+                view = replace(view, lens="logit")
             out = {tabs: gr.Tabs(selected=view.tab), pending: view.tab}
             out.update(dict(zip(target.fields.values(), target.values(view))))
             out[notice] = gr.Markdown("\n".join(f"- {md_text(n)}" for n in notices), visible=bool(notices))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ..engine import GenerateRequest, LensRequest
-from .tab import call_engine, split_targets, to_int
+from .tab import call_engine, split_targets, to_float, to_int
 
 
 def register_api(engine) -> None:
@@ -51,7 +51,7 @@ def register_api(engine) -> None:
             The CLI's `generate --json` object: text, tokens, and one readout per step.
         """
         req = GenerateRequest(prompt=prompt, max_tokens=to_int(max_tokens, "max_tokens"), lens=lens,
-                              layers=layers or "all", k=to_int(k, "k"), temperature=float(temperature))
+                              layers=layers or "all", k=to_int(k, "k"), temperature=to_float(temperature, "temperature"))
         return call_engine(engine.generate, req).to_json()
 
     gr.api(lens, api_name="lens")

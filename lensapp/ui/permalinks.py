@@ -17,7 +17,7 @@ from typing import Mapping
 from urllib.parse import parse_qsl, quote, urlencode
 
 from ..charts import METRICS
-from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_PROMPT_CHARS, MAX_TARGETS
+from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_PROMPT_CHARS, MAX_TARGET_CHARS, MAX_TARGETS
 from ..engine.requests import RequestError, parse_layers
 
 FORMAT_VERSION = 1
@@ -25,7 +25,6 @@ TABS = ("logit", "jacobian", "generate")
 LENSES = ("logit", "jacobian", "both")
 DEFAULT_PROMPT = "The capital of France is"
 MAX_LAYERS_CHARS = 200
-MAX_TARGET_CHARS = 200
 # Which fields a tab's link carries (the rest are that tab's defaults).
 TAB_FIELDS = {
     "logit": ("prompt", "layers", "k", "targets", "metric", "chat"),
@@ -85,7 +84,7 @@ def decode(query: Mapping[str, str] | str | None, *, n_layers: int | None = None
         notices.append(f"The link's {name} {why}; using the default ({_show(getattr(d, name))}).")
 
     version = params.get("v", str(FORMAT_VERSION))
-    if not version.isdigit() or int(version) < 1:
+    if not (version.isascii() and version.isdigit()) or int(version) < 1:
         notices.append(f"The link's format version v={_short(version)} is not one this app knows; reading it as v=1.")
     elif int(version) > FORMAT_VERSION:
         notices.append(f"The link was made by a newer version of the app (v={int(version)}); "

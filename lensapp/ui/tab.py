@@ -8,6 +8,7 @@ these alone, so no tab knows another.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import re
 import tempfile
@@ -86,6 +87,16 @@ def to_int(value, what: str) -> int:
     return int(f)
 
 
+def to_float(value, what: str) -> float:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise gr.Error(html.escape(f"{what} must be a number; got {value!r}")) from None
+    if f != f:                                   # NaN passes float() and every later comparison
+        raise gr.Error(html.escape(f"{what} must be a number; got {value!r}"))
+    return f
+
+
 def int_or(value, default: int) -> int:
     """For building a View from inputs mid-edit (an emptied number box): never raises."""
     try:
@@ -118,8 +129,9 @@ class Exports:
     def write(self, stem: str, suffix: str, text: str) -> str:
         now = time.time()
         for old in self.dir.iterdir():
-            if now - old.stat().st_mtime > self.KEEP_SECONDS:
-                old.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):     # another handler may prune it first
+                if now - old.stat().st_mtime > self.KEEP_SECONDS:
+                    old.unlink(missing_ok=True)
         fd, path = tempfile.mkstemp(prefix=f"{stem}-", suffix=suffix, dir=self.dir)
         with open(fd, "w", encoding="utf-8") as f:
             f.write(text)
