@@ -102,3 +102,39 @@ def test_a_default_lens_that_fails_to_load_leaves_the_logit_lens_serving(tiny_mo
         engine.close()
     with pytest.raises(jlens.LensFileError, match="no such file"):     # asked for by name: an error
         Engine.from_config(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="/no/such/lens.pt"))
+
+
+def test_a_failing_request_in_a_batch_fails_alone(tiny_engine, monkeypatch):
+    import threading
+
+    real = tiny_engine.backend.run_lens
+    batches = []
+
+    def run_lens(specs, continuations=()):       # a backend that chokes on one prompt, whatever it is batched with
+        batches.append(len(specs))
+        if any(len(s.input_ids) > 20 for s in specs):
+            raise ValueError("this prompt breaks the backend")
+        return real(specs, continuations)
+
+    monkeypatch.setattr(tiny_engine.backend, "run_lens", run_lens)
+    gate, results = threading.Event(), {}
+    blocker = threading.Thread(target=lambda: tiny_engine.call(lambda backend: gate.wait(30)))
+    blocker.start()
+
+    def ask(name, prompt):
+        try:
+            results[name] = tiny_engine.lens(LensRequest(prompts=(prompt,), layers="0"))[0].layers
+        except ValueError as e:
+            results[name] = str(e)
+
+    threads = [threading.Thread(target=ask, args=("short", "Water boils at")),
+               threading.Thread(target=ask, args=("long", "word " * 40))]
+    for t in threads:
+        t.start()
+    while tiny_engine._queue.qsize() < 2:
+        threading.Event().wait(0.01)
+    gate.set()
+    for t in [blocker, *threads]:
+        t.join(60)
+    assert batches[0] == 2                         # they were batched together ...
+    assert results == {"short": [0], "long": "this prompt breaks the backend"}   # ... and only one failed
