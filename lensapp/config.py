@@ -169,6 +169,7 @@ def prepare_process_environment() -> None:
     os.environ.setdefault("NNSIGHT_CONFIG", str(NNSIGHT_CONFIG))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")   # stdout is for results (`--json > x.json`)
 
 
 __all__ = ["Config", "ConfigError", "add_arguments", "from_args", "prepare_process_environment", "replace"]

@@ -8,6 +8,9 @@ tiny model, so they take seconds; the vLLM engine itself is tested in test_engin
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,3 +77,13 @@ def test_lens_table_and_generate_json(capsys, tiny_model_dir):
     assert code == 0, err
     g = json.loads(out)
     assert isinstance(g["text"], str) and 1 <= len(g["steps"]) <= 3
+
+
+def test_json_on_stdout_is_only_json_with_the_real_engine(embedded_dir):
+    """`python -m lensapp lens ... --json > x.json` on vLLM: every log line goes to stderr."""
+    out = subprocess.run([sys.executable, "-m", "lensapp", "lens", "The capital of France is", "--layers", "28,29",
+                          "--k", "2", "--jlens", "none", "--json"], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    assert r["model_next_token"] == " Paris" and r["layers"] == [28, 29]
