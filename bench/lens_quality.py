@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -26,14 +27,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lensapp import config, corpus, fitting, jlens  # noqa: E402
+from lensapp.engine.backends import hf_read, hf_unembed  # noqa: E402
 from lensapp.lenses import FinalDistribution, layer_readouts  # noqa: E402
 
 
 def block_outputs(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [n] -> (h [n_layers, n, d_model] block outputs, final logits [n, vocab]), read as the engine reads them."""
     import nnsight
-
-    from lensapp.engine.backends import hf_read
 
     n_layers = len(fitting.decoder_layers(model._module))
     with torch.no_grad(), model.trace(ids[None], use_cache=False):
@@ -47,6 +47,7 @@ def score(model, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens:
     hf = model._module                      # the torch model under nnsight's TransformersModel
     n_layers, d_model = len(fitting.decoder_layers(hf)), hf.config.hidden_size
     # The last block's output is the target itself: its J is I (and both lenses equal the model).
+    unembed = partial(hf_unembed, hf)       # the engine's HF head, family steps (e.g. soft-capping) included
     J = torch.stack([lens.J[i].float() if i in lens.J else torch.eye(d_model) for i in range(n_layers)])
     sums = {name: {metric: torch.zeros(n_layers) for metric in ("top1", "top5", "kl")} for name in ("logit", "jlens")}
     positions = 0
@@ -60,7 +61,7 @@ def score(model, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens:
         want = logits.argmax(-1)
         with torch.no_grad():
             for name, lens_J in (("logit", None), ("jlens", J)):
-                r = layer_readouts(h, hf.model.norm, hf.lm_head, 5, final=final, J=lens_J)
+                r = layer_readouts(h, hf.model.norm, unembed, 5, final=final, J=lens_J)
                 hits = r["top_ids"] == want[:, None]                      # [layer, position, 5]
                 sums[name]["top1"] += hits[..., 0].float().sum(-1)
                 sums[name]["top5"] += hits.any(-1).float().sum(-1)

@@ -15,8 +15,8 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
