@@ -6,8 +6,9 @@
 Text is cut into chunks of about CHUNK_CHARS characters (non-blank lines), and every
 HOLDOUT_EVERY-th chunk is held out: no fit ever sees it, and bench/lens_quality.py scores lenses on
 it. A fit cuts its chunks into consecutive T-token windows (`token_windows`), one prompt each, so
-all of the text is used: Python's docs give ~1600 prompts of 64 tokens, not 206 chunk openings. A fit's checkpoint records a fingerprint of its chunks,
-so changing how text is chunked makes old checkpoints refuse to resume rather than mix corpora.
+all of the text is used: Python's docs give ~1600 prompts of 64 tokens, not 206 chunk openings.
+A fit's checkpoint records a fingerprint of its prompts, so changing how text is chunked makes old
+checkpoints refuse to resume rather than mix corpora.
 """
 
 from __future__ import annotations
@@ -102,5 +103,6 @@ def token_windows(chunks: Sequence[str], tokenizer, tokens: int, min_tokens: int
     out = []
     for chunk in chunks:
         ids = tokenizer(chunk, add_special_tokens=True)["input_ids"]
-        out += [ids[i:i + tokens] for i in range(0, len(ids), tokens) if len(ids[i:i + tokens]) >= min_tokens]
+        windows = (ids[i:i + tokens] for i in range(0, len(ids), tokens))
+        out += [w for w in windows if len(w) >= min_tokens]
     return out
