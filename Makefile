@@ -31,11 +31,11 @@ run: $(STAMP)
 	$(BIN)/python app.py
 
 test: $(DEVSTAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -rs tests
 
 test-fast: $(DEVSTAMP)
-	$(BIN)/python -m pytest -q tests/test_lenses.py tests/test_requests.py tests/test_results.py \
-		tests/test_jlens.py tests/test_permalinks.py tests/test_charts.py tests/test_fitting.py
+	$(BIN)/python -m pytest -q -m "not engine and not browser" tests
 
 bench: $(STAMP)
 	$(BIN)/python bench/lens_speed.py

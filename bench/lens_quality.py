@@ -19,35 +19,44 @@ import argparse
 import json
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+DEFAULT_CORPORA = ("general", "fortunes")
 
 from lensapp import config, corpus, fitting, jlens  # noqa: E402
-from lensapp.engine.backends import hf_read, hf_unembed  # noqa: E402
+from lensapp.engine.families import Layout, find, hf_logits  # noqa: E402
+from lensapp.engine.loading import ModelError, load_hf_model  # noqa: E402
+from lensapp.engine.trace import read_residuals  # noqa: E402
 from lensapp.lenses import FinalDistribution, layer_readouts  # noqa: E402
 
 
-def block_outputs(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def block_outputs(model, layout: Layout, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [n] -> (h [n_layers, n, d_model] block outputs, final logits [n, vocab]), read as the engine reads them."""
     import nnsight
 
-    n_layers = len(fitting.decoder_layers(model._module))
+    hf = model._module
+    n_layers, d_model = len(fitting.decoder_layers(hf, layout)), hf.config.hidden_size
     with torch.no_grad(), model.trace(ids[None], use_cache=False):
-        h = nnsight.save(torch.stack([hf_read(model.model.layers[i]) for i in range(n_layers)]))
-        logits = nnsight.save(model.lm_head.output[0])
-    return h, logits
+        h = nnsight.save(read_residuals(model, layout, range(n_layers), d_model))
+        logits = nnsight.save(find(model, layout.head).output[0])
+    return h, hf_logits(hf.config, logits)
 
 
-def score(model, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens: int, skip: int) -> dict:
+def score(model, layout: Layout, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens: int,
+          skip: int) -> dict:
     """Per-layer sums over held-out positions -> {"logit": {...}, "jlens": {...}} of per-layer lists."""
     hf = model._module                      # the torch model under nnsight's TransformersModel
-    n_layers, d_model = len(fitting.decoder_layers(hf)), hf.config.hidden_size
+    n_layers, d_model = len(fitting.decoder_layers(hf, layout)), hf.config.hidden_size
+    head = find(hf, layout.head)
+
+    def unembed(x):                         # the engine's HF head, with the family's logit arithmetic
+        return hf_logits(hf.config, head(x))
+
+    norm = find(hf, layout.norm)
     # The last block's output is the target itself: its J is I (and both lenses equal the model).
-    unembed = partial(hf_unembed, hf)       # the engine's HF head, family steps (e.g. soft-capping) included
     J = torch.stack([lens.J[i].float() if i in lens.J else torch.eye(d_model) for i in range(n_layers)])
     sums = {name: {metric: torch.zeros(n_layers) for metric in ("top1", "top5", "kl")} for name in ("logit", "jlens")}
     positions = 0
@@ -55,13 +64,13 @@ def score(model, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens:
         ids = fitting.prompt_ids(chunk, tokenizer, tokens)
         if ids.shape[0] <= skip:
             continue
-        h, logits = block_outputs(model, ids)
+        h, logits = block_outputs(model, layout, ids)
         h, logits = h[:, skip:], logits[skip:]
         final = FinalDistribution.from_logits(logits)
         want = logits.argmax(-1)
         with torch.no_grad():
             for name, lens_J in (("logit", None), ("jlens", J)):
-                r = layer_readouts(h, hf.model.norm, unembed, 5, final=final, J=lens_J)
+                r = layer_readouts(h, norm, unembed, 5, final=final, J=lens_J)
                 hits = r["top_ids"] == want[:, None]                      # [layer, position, 5]
                 sums[name]["top1"] += hits[..., 0].float().sum(-1)
                 sums[name]["top5"] += hits.any(-1).float().sum(-1)
@@ -79,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lens", default=str(config.SHIPPED_JLENS), help="lens file or HUB_REPO:FILE")
     parser.add_argument("--model", default=None, help="'embedded' (default), a hub id or a local folder")
-    parser.add_argument("--corpus", default=None, help="as for fitting (default: pydoc_data.topics)")
+    parser.add_argument("--corpus", action="append", default=None,
+                        help="as for fitting; repeatable: each is scored on its own held-out part "
+                             "(default: general and fortunes)")
     parser.add_argument("--chunks", type=int, default=20, help="held-out chunks to score")
     parser.add_argument("--tokens", type=int, default=64, help="T: tokens per chunk")
     parser.add_argument("--skip", type=int, default=16, help="leading positions not scored")
@@ -87,17 +98,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
-        model, tokenizer, info = fitting.load_model(args.model)
-        n_layers = len(fitting.decoder_layers(model._module))
-        lens = jlens.load(args.lens, d_model=model._module.config.hidden_size, n_layers=n_layers, dtype=torch.float32)
-        _, held_out = corpus.split_holdout(corpus.load_corpus(args.corpus))
-        t0 = time.perf_counter()
-        s = score(model, lens, held_out[:args.chunks], tokenizer, args.tokens, args.skip)
-    except (fitting.FitError, corpus.CorpusError, jlens.LensFileError) as e:
+        model, resolved = load_hf_model(config.replace(config.from_args(None), model=args.model or config.EMBEDDED),
+                                        device="cpu")
+        layout, tokenizer = resolved.family.layout("transformers"), model.tokenizer
+        n_layers = resolved.info.n_layers
+        lens = jlens.load(args.lens, d_model=resolved.info.d_model, n_layers=n_layers, dtype=torch.float32)
+        held = {name: corpus.split_holdout(corpus.load_corpus(name))[1] for name in (args.corpus or DEFAULT_CORPORA)}
+    except (fitting.FitError, corpus.CorpusError, jlens.LensFileError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{info['model']}, lens {Path(args.lens).name} ({lens.n_prompts} prompts), "
-          f"{min(args.chunks, len(held_out))} held-out chunks, T={args.tokens}, {s['positions']} positions\n")
+    for name, held_out in held.items():
+        report(model, layout, lens, resolved.name, name, held_out[:args.chunks], tokenizer, args, n_layers)
+    return 0
+
+
+def report(model, layout, lens, model_name, corpus_name, chunks, tokenizer, args, n_layers) -> None:
+    t0 = time.perf_counter()
+    s = score(model, layout, lens, chunks, tokenizer, args.tokens, args.skip)
+    print(f"\n{model_name}, lens {Path(args.lens).name} ({lens.n_prompts} prompts), corpus {corpus_name}: "
+          f"{len(chunks)} held-out chunks, T={args.tokens}, {s['positions']} positions\n")
     print("| layer | logit top-1 | J-lens top-1 | logit top-5 | J-lens top-5 | logit KL | J-lens KL |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for i in range(n_layers):
@@ -106,13 +125,15 @@ def main(argv: list[str] | None = None) -> int:
               f"| {s['logit']['kl'][i]:.2f} | {s['jlens']['kl'][i]:.2f} |")
     mean = {f"mean_{k}_{name}": round(sum(v[:-1]) / (n_layers - 1), 4)
             for name in ("logit", "jlens") for k, v in s[name].items()}
-    print(json.dumps({"bench": "lens_quality", "model": info["model"], "lens": str(args.lens),
-                      "n_prompts": lens.n_prompts, "chunks": min(args.chunks, len(held_out)), "T": args.tokens,
+    upper = range(2 * n_layers // 3, n_layers - 1)
+    mean.update({f"upper_top1_{name}": round(sum(s[name]["top1"][i] for i in upper) / len(upper), 4)
+                 for name in ("logit", "jlens")})
+    print(json.dumps({"bench": "lens_quality", "model": model_name, "lens": str(args.lens), "corpus": corpus_name,
+                      "n_prompts": lens.n_prompts, "chunks": len(chunks), "T": args.tokens,
                       "skip": args.skip, "positions": s["positions"], **mean,
                       "seconds": round(time.perf_counter() - t0, 1),
                       "per_layer": {name: {k: [round(x, 4) for x in v] for k, v in s[name].items()}
                                     for name in ("logit", "jlens")}}))
-    return 0
 
 
 if __name__ == "__main__":

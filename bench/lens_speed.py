@@ -1,22 +1,25 @@
 """How close the all-layer lens runs to the work no lens can skip.
 
-Measured side by side in one run, on the configured model (default: the embedded one, vLLM):
-  plain   a trace that reads only the model's own logits (the forward and nnsight's round trip),
-          next to a bare transformers forward and the same request through vLLM without nnsight
-  lens    engine.lens: every layer, top-k + entropy + KL taken in the worker, results decoded
-  jlens   the same through a Jacobian-lens transport (a random J per layer if none is configured)
+Measured side by side in one run, on one backend of the configured model (default: the embedded
+one on vLLM), started here through the engine's own factory and driven on this script's event loop:
+  plain   a trace that reads only the model's own logits (the forward and nnsight's round trip)
+  lens    `Backend.run_lens` + the result assembled as the service does: every layer, top-k + entropy
+          + KL taken in the worker, tokens decoded
+  jlens   the same through a Jacobian-lens transport (a random J per layer)
   floor   a trace that also sends [layers x positions, d_model] through the head with its top-k: the
           work no lens can skip (unembed = floor - plain), in the worker like the lens
   naive   a peer that ships every layer's full-vocab probabilities to the host and takes top-k there
-for a short (~16 token) and a long (~256 token) prompt.
-The goal is lens <= 1.3 x floor. The last line is one JSON object for comparing runs over time.
+for a short (~16 token) and a long (~256 token) prompt. Like a notebook, the reference traces use
+nnsight's model object (`backend.model`) directly. The goal is lens <= 1.2 x floor. The last line
+is one JSON object for comparing runs over time.
 
-    python bench/lens_speed.py [--repeats 5] [--model ...] [--backend vllm|transformers]
+    python bench/lens_speed.py [--repeats 7] [--model ...] [--backend vllm|transformers]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -34,6 +37,59 @@ LONG_PARAGRAPH = ("The history of science is the study of the development of sci
                   "observation, explanation, and prediction of real-world phenomena. ")
 
 
+class Runner:
+    """Runs reference traces on a backend's nnsight model, on either backend, returning saved values."""
+
+    def __init__(self, backend, loop):
+        self.backend, self.loop = backend, loop
+        self.vllm = hasattr(backend.model, "vllm_entrypoint")
+
+    def trace(self, ids, body, *args):
+        """body(model, *args) runs inside a trace of `ids` (on vLLM: in the worker, so body and args must
+        pickle: module-level functions and plain values) and returns what to save."""
+        import nnsight
+        import torch
+
+        model = self.backend.model
+        if self.vllm:
+            with model.trace(list(ids), temperature=0.0, max_tokens=1, edits=[]) as tracer:
+                out = nnsight.save(body(model, *args))        # noqa: F841 - read back from the output's saves
+            return self.loop.run_until_complete(_saves(tracer))["out"]
+        with torch.no_grad(), model.trace(torch.tensor([ids])):
+            out = nnsight.save(body(model, *args))
+        return out
+
+
+def plain_body(model, layout):
+    """Only the model's own next token: the forward and nnsight's round trip."""
+    from lensapp.engine.families import find
+
+    return model.logits.argmax(-1) if hasattr(model, "logits_processor") else find(model, layout.head).output.argmax(-1)
+
+
+def floor_body(model, layout, head, n, d, k):
+    """The last layer's residual repeated for every layer, through the head in ROW_CHUNK rows, with top-k."""
+    from lensapp.engine.families import find
+    from lensapp.engine.trace import read_residuals
+    from lensapp.lenses import ROW_CHUNK
+
+    x = find(model, layout.norm)(read_residuals(model, layout, [n - 1], d)[0]).repeat(n, 1)
+    return len([head(model, x[i:i + ROW_CHUNK]).topk(k, dim=-1).indices for i in range(0, len(x), ROW_CHUNK)])
+
+
+def naive_body(model, layout, head, n, d):
+    """Every layer's full-vocab probabilities, shipped to the host."""
+    from lensapp.engine.families import find
+    from lensapp.engine.trace import read_residuals
+
+    h = read_residuals(model, layout, range(n), d)
+    return [head(model, find(model, layout.norm)(h[i])).float().softmax(-1) for i in range(n)]
+
+
+async def _saves(tracer):
+    return (await tracer.backend).saves
+
+
 def median_time(fn, repeats: int) -> float:
     fn()                                   # warm-up (allocations, caches)
     times = []
@@ -44,160 +100,81 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def plain_trace(backend, ids):
-    import nnsight
-
-    model = backend.model
-    if hasattr(model, "vllm_entrypoint"):
-        with model.trace(list(ids), temperature=0.0, max_tokens=1):
-            out = nnsight.save(model.logits.argmax(-1))
-    else:
-        import torch
-
-        with torch.no_grad(), model.trace(torch.tensor([ids])):
-            out = nnsight.save(model.lm_head.output[0, -1].argmax(-1))
-    return out
-
-
-def bare_vllm(backend, ids):
-    """The same request through vLLM alone, with no nnsight trace: what the engine itself costs."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    llm = backend.model.vllm_entrypoint
-    return llm.generate(TokensPrompt(prompt_token_ids=list(ids)), SamplingParams(temperature=0.0, max_tokens=1),
-                        use_tqdm=False)
-
-
-def naive_trace(backend, ids, n_layers, k):
-    """Full-vocab probabilities of every layer shipped to the host; top-k on the host."""
-    import nnsight
-    import torch
-
-    model = backend.model
-    is_vllm = hasattr(model, "vllm_entrypoint")
-    kwargs = {"temperature": 0.0, "max_tokens": 1} if is_vllm else {}
-    inputs = list(ids) if is_vllm else torch.tensor([ids])
-    with torch.no_grad(), model.trace(inputs, **kwargs):
-        probs = nnsight.save([])
-        for layer in model.model.layers[:n_layers]:
-            h = sum(layer.output) if is_vllm else layer.output[0]
-            logits = model.logits_processor(model.lm_head, model.model.norm(h)) if is_vllm else model.lm_head(model.model.norm(h))
-            probs.append(logits.float().softmax(-1))
-    return [p.topk(k, dim=-1) for p in probs]
-
-
-def floor_trace(backend, ids, n_layers, k):
-    """plain + the unembedding floor, in the worker (same process and threads as the lens): the last
-    layer's residual repeated for every layer, through the model's head in ROW_CHUNK rows, with top-k."""
-    import nnsight
-    import torch
-
-    from lensapp.lenses import ROW_CHUNK
-
-    model = backend.model
-    is_vllm = hasattr(model, "vllm_entrypoint")
-    kwargs = {"temperature": 0.0, "max_tokens": 1} if is_vllm else {}
-    inputs = list(ids) if is_vllm else torch.tensor([ids])
-    with torch.no_grad(), model.trace(inputs, **kwargs):
-        last = model.model.layers[n_layers - 1]
-        h = sum(last.output) if is_vllm else last.output[0]
-        x = model.model.norm(h).repeat(n_layers, 1)
-        tops = []
-        for i in range(0, x.shape[0], ROW_CHUNK):
-            logits = model.logits_processor(model.lm_head, x[i:i + ROW_CHUNK]) if is_vllm else model.lm_head(x[i:i + ROW_CHUNK])
-            tops.append(logits.topk(k, dim=-1).indices)
-        out = nnsight.save(len(tops))
-    return out
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--k", type=int, default=5)
-    config.add_arguments(parser)
+    config.add_arguments(parser, ("model", "backend", "device", "dtype", "cache_dir"))
     args = parser.parse_args(argv)
     config.prepare_process_environment()
 
     import torch
 
-    from lensapp import jlens
-    from lensapp.engine import Engine, LensRequest, resolve_model
+    from lensapp.engine.loading import backend_factory, describe_model
+    from lensapp.engine.protocol import JStack
+    from lensapp.results import LensResult
+    from lensapp.service import planning
+    from lensapp.service.prompts import Prompts, load_tokenizer
+    from lensapp.service.service import warm_up
 
     cfg = config.from_args(args)
-    cfg = config.replace(cfg, jlens="none")
-    model_path, _ = resolve_model(cfg)
-    # The bare transformers forward is timed before the engine starts: vLLM's CPU worker keeps its
-    # OpenMP threads spinning, which would slow anything else in this process.
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    hf_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.resolved_dtype))
-    hf_model.eval()
-    hf_tok = AutoTokenizer.from_pretrained(model_path)
-    long_ids = hf_tok(LONG_PARAGRAPH * 8)["input_ids"][:256]
-    prompts = {"short": SHORT, "long": hf_tok.decode(long_ids, skip_special_tokens=True)}
-    # The faster of torch's default thread count and one thread: on small VMs two OpenMP threads
-    # can be 20x slower than one for a model this small.
-    hf_times = {}
-    with torch.no_grad():
-        for threads in sorted({torch.get_num_threads(), 1}, reverse=True):
-            torch.set_num_threads(threads)
-            for name, p in prompts.items():
-                t = median_time(lambda: hf_model(torch.tensor([hf_tok(p)["input_ids"]])), args.repeats)
-                hf_times[name] = min(t, hf_times.get(name, t))
-    hf_model = None                   # free it before the engine starts
+    model = describe_model(cfg)
+    info, layout = model.info, model.family.layout(model.info.backend)
+    prompts = Prompts(load_tokenizer(model.path), model.max_prompt_tokens)
+    long_ids = prompts.tokenizer(LONG_PARAGRAPH * 8)["input_ids"][:256]
+    texts = {"short": SHORT, "long": prompts.tokenizer.decode(long_ids, skip_special_tokens=True)}
+    loop = asyncio.new_event_loop()
     t0 = time.perf_counter()
-    engine = Engine.from_config(cfg)
+    backend = backend_factory(model, cfg)()
+    loop.run_until_complete(warm_up(prompts, info, backend))
     startup = time.perf_counter() - t0
-    info = engine.info
     n, d = info.n_layers, info.d_model
     # A random J per layer (scaled like a transport that keeps norms): the cost, not the meaning, is measured.
     g = torch.Generator().manual_seed(0)
-    J = {layer: torch.randn(d, d, generator=g) / d ** 0.5 for layer in range(n - 1)}
-    engine.install_jlens(jlens.JacobianLens(J={k_: v.bfloat16() for k_, v in J.items()}, n_prompts=0, d_model=d,
-                                            source="random (bench)"))
+    J = torch.stack([torch.randn(d, d, generator=g) / d ** 0.5 for _ in range(n)]).bfloat16()
+    loop.run_until_complete(backend.install_jlens(JStack(tuple(range(n)), J)))
+    runner = Runner(backend, loop)
+    head = backend.head                  # the backend's unembedding, with the family's logit arithmetic
 
-    rows, rows_where, med = [], [], {}
-    for name, prompt in prompts.items():
-        ids = engine.tokenize(prompt)
-        T = len(ids)
-        reps = args.repeats if name == "short" else max(2, args.repeats // 2)
-        plain = median_time(lambda: engine.call(lambda b: plain_trace(b, ids)), reps)
-        bare = median_time(lambda: engine.call(lambda b: bare_vllm(b, ids)), reps) if info.backend.startswith("vllm") else None
-        hf_fwd = hf_times[name]
-        lens = median_time(lambda: engine.lens(LensRequest(prompts=(prompt,), k=args.k)), reps)
-        jl = median_time(lambda: engine.lens(LensRequest(prompts=(prompt,), lens="jacobian", k=args.k)), reps)
-        floor = median_time(lambda: engine.call(lambda b: floor_trace(b, ids, n, args.k)), reps)
-        unemb = floor - plain
-        naive = median_time(lambda: engine.call(lambda b: naive_trace(b, ids, n, args.k)), reps) if name == "short" else None
-        med[name] = {"tokens": T, "hf_forward_s": hf_fwd, "bare_vllm_s": bare, "plain_s": plain, "lens_s": lens, "jlens_s": jl, "unembed_s": unemb,
-                     "floor_s": floor, "naive_s": naive}
-        rows.append((name, T, plain, unemb, floor, lens, jl, naive))
-        rows_where.append((name, T, hf_fwd, bare, plain))
-    engine.close()
+    def lens(ids, lenses):
+        spec = planning.lens_spec(ids, list(range(n)), args.k, lenses, n, list(range(n)))
+        out = loop.run_until_complete(backend.run_lens(spec))
+        return LensResult.from_output(out, prompt="", ids=ids, layers=list(range(n)), decode=prompts.decode)
+
+    def measure(ids, reps, naive) -> dict:
+        m = {"tokens": len(ids),
+             "plain_s": median_time(lambda: runner.trace(ids, plain_body, layout), reps),
+             "lens_s": median_time(lambda: lens(ids, ("logit",)), reps),
+             "jlens_s": median_time(lambda: lens(ids, ("jacobian",)), reps),
+             "floor_s": median_time(lambda: runner.trace(ids, floor_body, layout, head, n, d, args.k), reps)}
+        if naive:
+            m["naive_s"] = median_time(lambda: [p.topk(args.k, dim=-1)
+                                                for p in runner.trace(ids, naive_body, layout, head, n, d)], reps)
+        m["unembed_s"] = m["floor_s"] - m["plain_s"]
+        return m
+
+    med, rows = {}, []
+    for name, text in texts.items():
+        med[name] = m = measure(prompts.ids(text), args.repeats if name == "short" else max(3, args.repeats // 2),
+                                naive=name == "short")
+        rows.append((name, m))
+    backend.close()
 
     print(f"\n{info.name} on {info.backend} ({info.dtype}), {n} layers, vocab {info.vocab_size}; "
-          f"engine start {startup:.1f} s; medians in seconds")
+          f"backend start + warm-up {startup:.1f} s; medians in seconds")
     print(f"{'prompt':>6} {'tokens':>6} {'plain':>7} {'unembed':>8} {'floor':>7} {'lens':>7} {'jlens':>7} "
           f"{'naive':>7} {'lens/floor':>10} {'jlens/floor':>11}")
-    for name, T, plain, unemb, floor, lens, jl, naive in rows:
-        naive_s = f"{naive:7.3f}" if naive is not None else f"{'-':>7}"
-        print(f"{name:>6} {T:>6} {plain:7.3f} {unemb:8.3f} {floor:7.3f} {lens:7.3f} {jl:7.3f} {naive_s} "
-              f"{lens / floor:10.2f} {jl / floor:11.2f}")
-    print("\nwhere a plain trace's time goes: a bare transformers forward, the same request through vLLM alone, "
-          "and through an nnsight trace")
-    print(f"{'prompt':>6} {'tokens':>6} {'hf fwd':>8} {'vllm':>8} {'trace':>8}")
-    for name, T, hf_fwd, bare, plain in rows_where:
-        bare_s = f"{bare:8.3f}" if bare is not None else f"{'-':>8}"
-        print(f"{name:>6} {T:>6} {hf_fwd:8.3f} {bare_s} {plain:8.3f}")
+    for name, m in rows:
+        naive_s = f"{m['naive_s']:7.3f}" if "naive_s" in m else f"{'-':>7}"
+        print(f"{name:>6} {m['tokens']:>6} {m['plain_s']:7.3f} {m['unembed_s']:8.3f} {m['floor_s']:7.3f} "
+              f"{m['lens_s']:7.3f} {m['jlens_s']:7.3f} {naive_s} {m['lens_s'] / m['floor_s']:10.2f} "
+              f"{m['jlens_s'] / m['floor_s']:11.2f}")
     summary = {
-        "model": info.name, "backend": info.backend, "dtype": info.dtype,
-        "lens_over_floor_short": round(med["short"]["lens_s"] / med["short"]["floor_s"], 3),
-        "lens_over_floor_long": round(med["long"]["lens_s"] / med["long"]["floor_s"], 3),
-        "jlens_over_floor_long": round(med["long"]["jlens_s"] / med["long"]["floor_s"], 3),
+        "bench": "lens_speed", "model": info.name, "backend": info.backend, "dtype": info.dtype,
+        **{f"lens_over_floor_{k}": round(m["lens_s"] / m["floor_s"], 3) for k, m in med.items()},
+        **{f"jlens_over_floor_{k}": round(m["jlens_s"] / m["floor_s"], 3) for k, m in med.items()},
         "naive_over_lens_short": round(med["short"]["naive_s"] / med["short"]["lens_s"], 3),
-        "medians": {name: {k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in m.items()}
-                    for name, m in med.items()},
+        "medians": {k: {f: (round(v, 4) if isinstance(v, float) else v) for f, v in m.items()} for k, m in med.items()},
     }
     print(json.dumps(summary))
     return 0

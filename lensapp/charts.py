@@ -111,13 +111,13 @@ class Grid:
     targets: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)
 
     @classmethod
-    def from_lens(cls, result: LensResult, lens: str) -> "Grid":
+    def from_lens(cls, result: LensResult, lens: str) -> Grid:
         r = result.lenses[lens]
         return cls(list(result.layers), "position", list(result.input_tokens), r.top_tokens, r.top_probs,
                    r.entropy, r.kl_to_final, [(t.text, t.probs, t.ranks) for t in r.targets])
 
     @classmethod
-    def from_generation(cls, gen: GenerationResult, lens: str) -> "Grid":
+    def from_generation(cls, gen: GenerationResult, lens: str) -> Grid:
         """Columns are steps: the newest position's readout, labelled by the token that step produced."""
         if not gen.steps:
             raise ValueError("the generation has no steps")

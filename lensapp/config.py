@@ -1,82 +1,124 @@
-"""Settings, read once from CLI flags and environment variables into a frozen `Config`.
+"""Settings, read once from CLI flags and environment variables into a frozen `Config`; every limit.
 
-This is the only module that reads `os.environ`. Flags win over variables, which win
-over defaults. Every variable is `LENSAPP_<FIELD>` (e.g. `LENSAPP_MODEL`), except the
-host and port, which are Gradio's own `GRADIO_SERVER_NAME` / `GRADIO_SERVER_PORT`.
+This is the only module that reads `os.environ`. Flags win over variables, which win over
+defaults. Every variable is `LENSAPP_<FIELD>` (e.g. `LENSAPP_MODEL`), except the host and port,
+which are Gradio's own `GRADIO_SERVER_NAME` / `GRADIO_SERVER_PORT`. The README's settings table is
+`settings_table()`'s output (a test keeps the two equal).
 
-Limits that protect the machine (a public Space, a workshop of thirty people):
-  MAX_K               = 100   top-k per cell
-  MAX_PROMPT_CHARS    = 20000 characters accepted before tokenising
-  max_prompt_tokens   = 512   tokens per prompt (configurable)
-  MAX_GENERATE_TOKENS = 64    tokens per generation readout
-  MAX_TARGETS         = 8     target strings per request
-  MAX_TARGET_CHARS    = 200   characters per target
-  MAX_CONTINUATION_TOKENS = 16 a longer target is scored by its first token only
-  max_batch           = 16    prompts the engine runs in one forward
+Fixed limits that protect the machine (a public Space, a workshop of thirty people):
+  MAX_K                   = 100    top-k per cell
+  MAX_PROMPT_CHARS        = 20000  characters accepted before tokenising
+  MAX_GENERATE_TOKENS     = 64     tokens per generation readout
+  MAX_TEMPERATURE         = 2.0    sampling temperature
+  MAX_SEED                = 2**32 - 1
+  MAX_TARGETS             = 8      target strings per request
+  MAX_TARGET_CHARS        = 200    characters per target
+  MAX_CONTINUATION_TOKENS = 16     a longer target is scored by its first token only
+  MAX_LAYERS_CHARS        = 200    characters of a layer selection
+  MAX_COMPARE_PROMPTS     = 4      prompts side by side
+  MAX_CHAT_MESSAGES       = 64     messages in one conversation
+and the configurable ones, with their defaults for a public CPU Space: `max_prompt_tokens`,
+`max_work` (cells a request may read), `max_batch`, `queue_size`, `request_timeout`, `rate_limit`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 MAX_K = 100
 MAX_PROMPT_CHARS = 20_000
 MAX_GENERATE_TOKENS = 64
+MAX_TEMPERATURE = 2.0
+MAX_SEED = 2**32 - 1
 MAX_TARGETS = 8
 MAX_TARGET_CHARS = 200
 MAX_CONTINUATION_TOKENS = 16
+MAX_LAYERS_CHARS = 200
+MAX_COMPARE_PROMPTS = 4
+MAX_CHAT_MESSAGES = 64
+DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache is sized for it)
+
+# The lenses, and what a request's `lens` field may name.
+LENSES = ("logit", "jacobian")
+LENS_CHOICES = {"logit": ("logit",), "jacobian": ("jacobian",), "both": ("logit", "jacobian")}
 
 EMBEDDED = "embedded"
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_DIR = PACKAGE_DIR.parent
 NNSIGHT_CONFIG = PACKAGE_DIR / "nnsight.yaml"
-SHIPPED_JLENS = REPO_DIR / "assets" / "smollm2-135m-instruct_jlens.pt"
+SHIPPED_JLENS = PACKAGE_DIR / "assets" / "smollm2-135m-instruct_jlens.pt"
 # Published lenses for hub models we know; anything else needs --jlens.
 KNOWN_JLENSES = {
     "Qwen/Qwen3-8B": "neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt",
 }
+ENV_NAMES = {"host": "GRADIO_SERVER_NAME", "port": "GRADIO_SERVER_PORT"}
 
 
 class ConfigError(ValueError):
     """A setting that cannot work; the message names the flag or variable."""
 
 
+def _setting(default, help: str, *, flag: bool = True, choices: tuple = ()):
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+
+
 @dataclass(frozen=True)
 class Config:
-    model: str = EMBEDDED                 # "embedded", a hub id, or a local folder
-    backend: str = "vllm"                 # vllm | transformers
-    device: str = "auto"                  # auto | cpu | cuda
-    dtype: str = "auto"                   # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
-    max_model_len: int = 2048
-    gpu_memory_utilization: float = 0.0   # 0 = 0.3 on CPU (KV cache share of RAM), 0.85 on GPU
-    tensor_parallel_size: int = 1
-    jlens: str = "default"                # default | none | PATH | HUB_REPO:FILE
-    jlens_layers: str = "all"             # layers of the lens to preload: all | L,L,...
-    max_prompt_tokens: int = 512
-    max_batch: int = 16
-    cache_dir: str = ""                   # converted models and hub downloads; default: user cache dir
-    host: str = "127.0.0.1"
-    port: int = 7860
+    model: str = _setting(EMBEDDED, "`embedded` (SmolLM2-135M-Instruct, offline), a hub id, or a local folder")
+    backend: str = _setting("vllm", "`vllm`, or `transformers` (nnsight `TransformersModel`, no vLLM needed)",
+                            choices=("vllm", "transformers"))
+    device: str = _setting("auto", "`auto`, `cpu` or `cuda`", choices=("auto", "cpu", "cuda"))
+    dtype: str = _setting("auto", "`auto` is float32 on CPU (no bf16 units: ~3x faster), bfloat16 on GPU",
+                          choices=("auto", "float32", "bfloat16", "float16"))
+    max_model_len: int = _setting(0, f"vLLM context length; 0 = the model's own limit, at most {DEFAULT_MAX_MODEL_LEN}")
+    gpu_memory_utilization: float = _setting(0.0, "vLLM memory share; 0 = 0.3 on CPU (KV cache share of RAM), "
+                                                  "0.85 on GPU")
+    tensor_parallel_size: int = _setting(1, "GPUs one model is split across (vLLM tensor parallelism)")
+    pipeline_parallel_size: int = _setting(1, "pipeline stages (vLLM; across nodes with `ray`)")
+    distributed_executor_backend: str = _setting("", "vLLM's executor for several GPUs: `mp` (one node) or `ray` "
+                                                     "(several); empty = vLLM's choice",
+                                                 choices=("", "mp", "ray"))
+    jlens: str = _setting("default", "`default` (the shipped lens / a known published one), `none`, a path, "
+                                     "or `HUB_REPO:FILE`")
+    jlens_layers: str = _setting("all", "which lens layers to preload: `all` or `L,L,...`")
+    max_prompt_tokens: int = _setting(512, "longest prompt accepted, in tokens")
+    max_work: int = _setting(16_384, "cells one request may read: tokens x layers x lenses (a generation: prompt "
+                                     "and generated tokens x layers x lenses)")
+    max_batch: int = _setting(16, "requests the engine runs at once (vLLM batches them step by step)")
+    queue_size: int = _setting(48, "requests that may wait beyond those; more are told the app is busy")
+    request_timeout: float = _setting(120.0, "seconds one request may take before it is cancelled")
+    rate_limit: int = _setting(60, "requests per minute per client address (0 = off; loopback is never limited)")
+    auth: str = _setting("", "`user:password[,user:password...]` asks for a login (Gradio's own); empty = open")
+    cache_entries: int = _setting(256, "results kept for identical requests (0 = no cache)")
+    cache_mb: int = _setting(256, "memory the result cache may hold, in MB")
+    cache_dir: str = _setting("", "converted models and lens downloads; empty = the user cache dir "
+                                  "(`/data/lensapp` when a Space has persistent storage)")
+    host: str = _setting("127.0.0.1", "interface to listen on")
+    port: int = _setting(7860, "port to listen on")
 
     def __post_init__(self):
-        if self.backend not in ("vllm", "transformers"):
-            raise ConfigError(f"backend must be vllm or transformers, got {self.backend!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        for name, lo, hi in (("max_model_len", 16, 1 << 20), ("tensor_parallel_size", 1, 64),
-                             ("max_prompt_tokens", 1, 1 << 20), ("max_batch", 1, 1024), ("port", 1, 65535)):
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigError(f"{f.name} must be one of {', '.join(repr(c) for c in choices)}, "
+                                  f"got {getattr(self, f.name)!r}")
+        for name, lo, hi in (("max_model_len", 0, 1 << 20), ("tensor_parallel_size", 1, 1024),
+                             ("pipeline_parallel_size", 1, 1024), ("max_prompt_tokens", 1, 1 << 20),
+                             ("max_work", 1, 1 << 40), ("max_batch", 1, 1024), ("queue_size", 0, 1 << 16),
+                             ("rate_limit", 0, 1 << 20), ("cache_entries", 0, 1 << 20), ("cache_mb", 0, 1 << 20),
+                             ("port", 1, 65535)):
             if not lo <= getattr(self, name) <= hi:
                 raise ConfigError(f"{name} must be in {lo}..{hi}, got {getattr(self, name)}")
         if not 0.0 <= self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in 0..1, got {self.gpu_memory_utilization}")
-        if self.max_prompt_tokens + MAX_GENERATE_TOKENS > self.max_model_len:
+        if not 1.0 <= self.request_timeout <= 86_400:
+            raise ConfigError(f"request_timeout must be in 1..86400 seconds, got {self.request_timeout}")
+        if self.max_model_len and self.max_prompt_tokens + MAX_GENERATE_TOKENS > self.max_model_len:
             raise ConfigError(f"max_prompt_tokens ({self.max_prompt_tokens}) + {MAX_GENERATE_TOKENS} generated "
                               f"must fit max_model_len ({self.max_model_len})")
+        _ = self.auth_pairs       # raises ConfigError when malformed
 
     # -- derived -------------------------------------------------------------------
     @property
@@ -98,6 +140,9 @@ class Config:
     def resolved_cache_dir(self) -> Path:
         if self.cache_dir:
             return Path(self.cache_dir).expanduser()
+        # A Hugging Face Space with persistent storage mounts it at /data: caches there outlive restarts.
+        if Path("/data").is_dir() and os.access("/data", os.W_OK) and os.environ.get("SPACE_ID"):
+            return Path("/data/lensapp")
         import platformdirs
 
         return Path(platformdirs.user_cache_dir("lensapp"))
@@ -117,6 +162,17 @@ class Config:
     def jlens_layer_list(self) -> list[int] | None:
         return None if self.jlens_layers.strip() == "all" else parse_int_list(self.jlens_layers, "jlens_layers")
 
+    @property
+    def auth_pairs(self) -> list[tuple[str, str]]:
+        """`auth` as Gradio's list of (user, password) pairs; empty when the app is open."""
+        pairs = []
+        for item in filter(None, (p.strip() for p in self.auth.split(","))):
+            user, sep, password = item.partition(":")
+            if not sep or not user or not password:
+                raise ConfigError("auth must be user:password pairs separated by commas")
+            pairs.append((user, password))
+        return pairs
+
 
 def parse_int_list(text: str, what: str) -> list[int]:
     try:
@@ -125,21 +181,24 @@ def parse_int_list(text: str, what: str) -> list[int]:
         raise ConfigError(f"{what} must be 'all' or comma-separated integers, got {text!r}") from None
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine flags shared by app.py and every CLI subcommand (defaults come from the environment)."""
-    d = Config()
-    parser.add_argument("--model", help=f"'embedded' (SmolLM2-135M-Instruct, offline), a hub id or a local folder "
-                                         f"[env LENSAPP_MODEL, default {d.model}]")
-    parser.add_argument("--backend", choices=["vllm", "transformers"], help="engine backend [env LENSAPP_BACKEND]")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], help="[env LENSAPP_DEVICE]")
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="[env LENSAPP_DTYPE]")
-    parser.add_argument("--max-model-len", type=int, help="vLLM context length [env LENSAPP_MAX_MODEL_LEN]")
-    parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM memory share [env LENSAPP_GPU_MEMORY_UTILIZATION]")
-    parser.add_argument("--tensor-parallel-size", type=int, help="[env LENSAPP_TENSOR_PARALLEL_SIZE]")
-    parser.add_argument("--jlens", help="Jacobian lens: default | none | PATH | HUB_REPO:FILE [env LENSAPP_JLENS]")
-    parser.add_argument("--jlens-layers", help="lens layers to preload: all | L,L,... [env LENSAPP_JLENS_LAYERS]")
-    parser.add_argument("--max-prompt-tokens", type=int, help="[env LENSAPP_MAX_PROMPT_TOKENS]")
-    parser.add_argument("--cache-dir", help="converted models and downloads [env LENSAPP_CACHE_DIR]")
+def env_name(name: str) -> str:
+    return ENV_NAMES.get(name, f"LENSAPP_{name.upper()}")
+
+
+def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
+    """A flag for each setting (or those in `names`); defaults come from the environment, then Config."""
+    for f in fields(Config):
+        if names is not None and f.name not in names:
+            continue
+        kind = type(f.default)
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=None,
+                            choices=list(f.metadata["choices"]) or None,
+                            help=f"{f.metadata['help'].replace('%', '%%')} [env {env_name(f.name)}]")
+
+
+ENGINE_SETTINGS = ("model", "backend", "device", "dtype", "max_model_len", "gpu_memory_utilization",
+                   "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend", "jlens",
+                   "jlens_layers", "max_prompt_tokens", "max_work", "cache_dir")
 
 
 def from_args(args: argparse.Namespace | None = None, environ: dict | None = None) -> Config:
@@ -151,13 +210,22 @@ def from_args(args: argparse.Namespace | None = None, environ: dict | None = Non
         if flag is not None:
             values[f.name] = flag
             continue
-        var = {"host": "GRADIO_SERVER_NAME", "port": "GRADIO_SERVER_PORT"}.get(f.name, f"LENSAPP_{f.name.upper()}")
+        var = env_name(f.name)
         if env.get(var):
             try:
                 values[f.name] = type(f.default)(env[var])
             except ValueError:
                 raise ConfigError(f"{var}={env[var]!r} is not a valid {type(f.default).__name__}") from None
     return Config(**values)
+
+
+def settings_table() -> str:
+    """The README's settings table, from the fields above."""
+    rows = ["| variable | flag | default | meaning |", "| --- | --- | --- | --- |"]
+    for f in fields(Config):
+        default = f"`{f.default}`" if f.default != "" else "(empty)"
+        rows.append(f"| `{env_name(f.name)}` | `--{f.name.replace('_', '-')}` | {default} | {f.metadata['help']} |")
+    return "\n".join(rows)
 
 
 def prepare_process_environment() -> None:

@@ -1,7 +1,15 @@
-"""Text for fitting and scoring lenses: a file, a folder, a hub dataset, or Python's own docs.
+"""Text for fitting and scoring lenses: a named corpus, a file, a folder, or a hub dataset.
 
-    chunks = load_corpus(None)             # pydoc_data.topics: ~465k characters every install has
+    chunks = load_corpus("general")        # the default: English the embedded model wrote itself (shipped)
     fit_part, held_out = split_holdout(chunks)
+
+Named corpora, none of which needs a download:
+  general   ~550k characters of English prose that SmolLM2-135M-Instruct wrote itself, from 114 writing
+            tasks (stories, letters, explanations, lists, recipes, news) with seeded sampling
+            (`scripts/sample_corpus.py`; how it was made is in the .json beside it). Shipped in the package.
+  pydoc     Python's own documentation (`pydoc_data.topics`, ~465k characters), which every install has.
+  fortunes  Debian's `fortunes` package (quotations, literature, wisdom, people, humour, ...): English
+            written elsewhere, for scoring a lens on text no fit saw. `apt-get install fortunes`.
 
 Text is cut into chunks of about CHUNK_CHARS characters (non-blank lines), and every
 HOLDOUT_EVERY-th chunk is held out: no fit ever sees it, and bench/lens_quality.py scores lenses on
@@ -19,6 +27,15 @@ from typing import Sequence
 HOLDOUT_EVERY = 10     # chunk i is held out when i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
 CHUNK_CHARS = 2000     # a corpus chunk: non-blank lines joined until at least this many characters
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".text"}
+GENERAL = Path(__file__).resolve().parent / "assets" / "corpus" / "smollm2_samples.txt"
+FORTUNES_DIR = Path("/usr/share/games/fortunes")
+FORTUNE_FILES = ("literature", "wisdom", "people", "humorists", "love", "pets", "food", "kids", "education",
+                 "platitudes", "work", "miscellaneous", "science", "sports")
+NAMED = {
+    "general": "general: English prose SmolLM2-135M-Instruct wrote itself (lensapp/assets/corpus/smollm2_samples.txt)",
+    "pydoc": "pydoc: pydoc_data.topics (Python stdlib docs)",
+    "fortunes": "fortunes: Debian's fortunes package (/usr/share/games/fortunes)",
+}
 
 
 class CorpusError(ValueError):
@@ -42,15 +59,16 @@ def chunk_text(text: str, chunk_chars: int = CHUNK_CHARS) -> list[str]:
 
 
 def load_corpus(spec: str | None = None, chunk_chars: int = CHUNK_CHARS) -> list[str]:
-    """Chunks of a text file, of a folder's text files, of `hf:<dataset>`, or (None) of Python's own docs.
-
-    The default, `pydoc_data.topics` from the standard library, is ~465k characters of English
-    prose about Python that every install has, so a fit needs no download.
-    """
-    if not spec:
+    """Chunks of a named corpus (None: `general`), a text file, a folder's text files, or `hf:<dataset>`."""
+    spec = spec or "general"
+    if spec == "general":
+        return chunk_text(GENERAL.read_text(encoding="utf-8"), chunk_chars)
+    if spec == "pydoc":
         from pydoc_data.topics import topics
 
         return chunk_text("\n".join(topics[key] for key in sorted(topics)), chunk_chars)
+    if spec == "fortunes":
+        return chunk_text(fortunes_text(), chunk_chars)
     if spec.startswith("hf:"):
         return _hf_corpus(spec[3:], chunk_chars)
     path = Path(spec).expanduser()
@@ -88,6 +106,36 @@ def _hf_corpus(name: str, chunk_chars: int, max_chars: int = 4_000_000) -> list[
     if not chunks:
         raise CorpusError(f"hf:{name}: no 'text' column with content in its train split")
     return chunks
+
+
+def describe(spec: str | None) -> str:
+    """How a corpus spec reads in a lens's provenance."""
+    return NAMED.get(spec or "general", spec or "")
+
+
+def fortunes_text() -> str:
+    """Debian's fortunes (the English, prose-like files), one fortune per line: their hard wraps joined."""
+    files = [FORTUNES_DIR / name for name in FORTUNE_FILES if (FORTUNES_DIR / name).is_file()]
+    if not files:
+        raise CorpusError(f"the fortunes corpus needs Debian's fortunes package ({FORTUNES_DIR} has none of its files)")
+    out = []
+    for f in files:
+        for fortune in f.read_text(encoding="utf-8", errors="replace").split("\n%\n"):
+            text = " ".join(fortune.split())
+            if text and text != "%":
+                out.append(text)
+    return "\n".join(out)
+
+
+def shard(chunks: list, spec: str) -> list:
+    """Every N-th chunk from the I-th (`I/N`), for fitting on several machines."""
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise CorpusError(f"--shard {spec!r}: expected I/N, e.g. 0/2") from None
+    if not 0 <= i < n:
+        raise CorpusError(f"--shard {spec!r}: need 0 <= I < N")
+    return chunks[i::n]
 
 
 def split_holdout(chunks: Sequence) -> tuple[list, list]:

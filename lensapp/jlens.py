@@ -81,24 +81,23 @@ def resolve(spec: str, cache_dir: str | Path | None = None) -> Path:
         raise LensFileError(f"lens {spec!r}: could not download from the hub ({type(e).__name__}: {e})") from e
 
 
-def load(
-    spec: str | Path,
-    *,
-    d_model: int,
-    n_layers: int,
-    layers: list[int] | None = None,
-    dtype: torch.dtype = torch.bfloat16,
-    device: str | torch.device = "cpu",
-    cache_dir: str | Path | None = None,
-    model_name: str | None = None,
-    unembedding: str | None = None,
-) -> JacobianLens:
-    """Load, validate against the model (d_model, n_layers) and keep `layers` (default: all in the file).
+@dataclass
+class LensFile:
+    """A lens file's contents, checked for its own consistency only (no model needed)."""
 
-    Kept in bf16 by default: fp16 can overflow on large-norm residual directions. A lens whose
-    provenance names another model than `model_name`, or another `unembedding` fingerprint, loads
-    with a warning (see the module docstring).
-    """
+    J: dict[int, torch.Tensor]
+    n_prompts: int
+    d_model: int
+    provenance: dict
+    path: Path
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.J)
+
+
+def read(spec: str | Path, cache_dir: str | Path | None = None) -> LensFile:
+    """Resolve and read a lens file (weights_only): LensFileError when it is not one."""
     path = resolve(str(spec), cache_dir)
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
@@ -111,42 +110,67 @@ def load(
     if unknown:
         log.warning("lens %s: ignoring unknown keys %s", path, sorted(unknown))
     try:
-        J_all = {int(k): v for k, v in raw["J"].items()}
-        file_d = int(raw.get("d_model") or next(iter(J_all.values())).shape[-1])
+        J = {int(k): v for k, v in raw["J"].items()}
+        d_model = int(raw.get("d_model") or next(iter(J.values())).shape[-1])
+        n_prompts = int(raw.get("n_prompts", 0))
     except (TypeError, ValueError, AttributeError, StopIteration):
         raise LensFileError(f"lens {path}: 'J' must map layer numbers to matrices, and hold at least one") from None
-    if not J_all:
+    if not J:
         raise LensFileError(f"lens {path}: 'J' holds no matrices")
-    if file_d != d_model:
-        raise LensFileError(f"lens {path} has d_model {file_d}, but the model has d_model {d_model}")
-    bad = [layer for layer in J_all if not 0 <= layer < n_layers - 1]
-    if bad:
-        raise LensFileError(f"lens {path} has source layers {bad} outside 0..{n_layers - 2} of this {n_layers}-layer model")
-    wanted = sorted(J_all) if layers is None else sorted(set(layers))
-    missing = [layer for layer in wanted if layer not in J_all]
-    if missing:
-        raise LensFileError(f"lens {path} has no J for layers {missing}; it has {sorted(J_all)}")
-    J = {}
-    for layer in wanted:
-        m = J_all[layer]
+    for layer, m in J.items():
         if not isinstance(m, torch.Tensor) or tuple(m.shape) != (d_model, d_model):
             shape = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
             raise LensFileError(f"lens {path}: J[{layer}] is {shape}, expected ({d_model}, {d_model})")
-        if not torch.isfinite(m).all():
-            raise LensFileError(f"lens {path}: J[{layer}] has non-finite values")
-        J[layer] = m.to(device=device, dtype=dtype)
     provenance = raw.get("provenance") if isinstance(raw.get("provenance"), dict) else {}
+    return LensFile(J=J, n_prompts=n_prompts, d_model=d_model, provenance=provenance, path=path)
+
+
+def load(
+    spec: str | Path,
+    *,
+    d_model: int,
+    n_layers: int,
+    layers: list[int] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    cache_dir: str | Path | None = None,
+    model_name: str | None = None,
+    unembedding: str | None = None,
+) -> JacobianLens:
+    """Read, validate against the model (d_model, n_layers) and keep `layers` (default: all in the file).
+
+    Kept in bf16 by default: fp16 can overflow on large-norm residual directions. A lens whose
+    provenance names another model than `model_name`, or another `unembedding` fingerprint, loads
+    with a warning (see the module docstring).
+    """
+    f = read(spec, cache_dir)
+    path = f.path
+    if f.d_model != d_model:
+        raise LensFileError(f"lens {path} has d_model {f.d_model}, but the model has d_model {d_model}")
+    bad = [layer for layer in f.J if not 0 <= layer < n_layers - 1]
+    if bad:
+        raise LensFileError(f"lens {path} has source layers {bad} outside 0..{n_layers - 2} "
+                            f"of this {n_layers}-layer model")
+    wanted = f.layers if layers is None else sorted(set(layers))
+    missing = [layer for layer in wanted if layer not in f.J]
+    if missing:
+        raise LensFileError(f"lens {path} has no J for layers {missing}; it has {f.layers}")
+    J = {}
+    for layer in wanted:
+        if not torch.isfinite(f.J[layer]).all():
+            raise LensFileError(f"lens {path}: J[{layer}] has non-finite values")
+        J[layer] = f.J[layer].to(device=device, dtype=dtype)
     warnings = []
-    fitted_on = provenance.get("model")
+    fitted_on = f.provenance.get("model")
     if model_name and isinstance(fitted_on, str) and fitted_on and not same_model(fitted_on, model_name):
         warnings.append(f"this lens was fitted on {fitted_on!r}, but the model is {model_name!r}: "
                         "its readouts may not mean what they seem")
-    fitted_against = provenance.get("unembedding")
+    fitted_against = f.provenance.get("unembedding")
     if unembedding and isinstance(fitted_against, str) and fitted_against != unembedding:
         warnings.append(f"this lens was fitted against another unembedding (fingerprint {fitted_against}, "
                         f"this model's is {unembedding}): its readouts may not mean what they seem")
-    return JacobianLens(J=J, n_prompts=int(raw.get("n_prompts", 0)), d_model=d_model,
-                        source=str(spec), provenance=provenance, warnings=warnings)
+    return JacobianLens(J=J, n_prompts=f.n_prompts, d_model=d_model, source=str(spec), provenance=f.provenance,
+                        warnings=warnings)
 
 
 def same_model(a: str, b: str) -> bool:
@@ -174,7 +198,7 @@ def save(path: str | Path, J: dict[int, torch.Tensor], *, n_prompts: int, proven
     return path
 
 
-def identity(d_model: int, layers: list[int], n_prompts: int = 0) -> dict[int, torch.Tensor]:
+def identity(d_model: int, layers: list[int]) -> dict[int, torch.Tensor]:
     """J = I for each layer: a lens that must read exactly like the logit lens (used in tests)."""
     return {layer: torch.eye(d_model) for layer in layers}
 

@@ -38,7 +38,7 @@ def readout(
     logits: torch.Tensor,
     k: int,
     *,
-    final: "FinalDistribution | None" = None,
+    final: FinalDistribution | None = None,
     target_ids: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Summarise logits [rows, vocab] without returning anything vocab-wide.
@@ -69,7 +69,7 @@ def layer_readouts(
     unembed: Unembed,
     k: int,
     *,
-    final: "FinalDistribution | None" = None,
+    final: FinalDistribution | None = None,
     J: torch.Tensor | None = None,
     target_ids: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -134,12 +134,12 @@ class FinalDistribution:
         self.probs, self.entropy = probs, entropy
 
     @classmethod
-    def from_logits(cls, logits: torch.Tensor) -> "FinalDistribution":
+    def from_logits(cls, logits: torch.Tensor) -> FinalDistribution:
         log_p = torch.log_softmax(logits.float(), dim=-1)
         p = log_p.exp()
         return cls(p, -(p * log_p).sum(-1))
 
-    def __getitem__(self, rows) -> "FinalDistribution":
+    def __getitem__(self, rows) -> FinalDistribution:
         return FinalDistribution(self.probs[rows], self.entropy[rows])
 
 

@@ -1,8 +1,9 @@
 """Result objects every surface shares: the CLI prints them, the UI renders them, the API returns them.
 
-`from_readout` classmethods are the only code here that touches tensors; tokens are
-decoded and numbers rounded at this boundary, never inside a trace. Everything is a
-plain numpy array or list afterwards, so results pickle, compare and serialise cheaply.
+`from_*` classmethods are the only code here that touches tensors (the engine's outputs);
+tokens are decoded and numbers rounded at this boundary, never inside a trace. Everything is a
+plain numpy array or list afterwards, so results pickle, compare and serialise cheaply. Exports
+(`to_json`, `to_csv`, `dumps`) live here too: the CLI, the API and the download buttons share them.
 
 Shapes: L = requested layers, P = positions, k = top-k, n = targets.
 """
@@ -11,14 +12,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pandas as pd
 
+if TYPE_CHECKING:
+    from .engine.protocol import ChatOutput, GenerationOutput, LensOutput, Readout
+
 Decode = Callable[[list[int]], list[str]]
 
-LENS_NAMES = ("logit", "jacobian")
+
+@dataclass(frozen=True)
+class Target:
+    """A target word as it is scored: its text, and its tokens as they would follow the prompt."""
+
+    text: str
+    token_ids: tuple[int, ...]
 
 
 @dataclass
@@ -79,17 +89,19 @@ class LensReadout:
                              f"entropy {self.entropy.shape}, kl {self.kl_to_final.shape}")
 
     @classmethod
-    def from_readout(cls, raw: dict, decode: Decode, targets: list[tuple[str, list[int]]] = ()) -> "LensReadout":
-        """raw: tensors from `lenses.readout`, stacked over layers ([L, P, ...])."""
+    def from_readout(cls, raw: Readout, decode: Decode, targets: list[Target] = (),
+                     continuations: list = ()) -> LensReadout:
+        """raw: `lenses.layer_readouts` tensors ([L, P, ...]); continuations[j]: target j's whole-word
+        log-probability per layer [L], or None where it is scored by its first token."""
         ids = raw["top_ids"].cpu().numpy().astype(np.int64)
         scores = []
-        for j, (text, tids) in enumerate(targets):
-            cont = raw.get("continuation_logprob")
+        for j, target in enumerate(targets):
+            cont = continuations[j] if j < len(continuations) else None
             scores.append(TargetScore(
-                text=text, token_ids=list(tids), tokens=decode(list(tids)),
+                text=target.text, token_ids=list(target.token_ids), tokens=decode(list(target.token_ids)),
                 probs=raw["target_probs"][..., j].float().cpu().numpy(),
                 ranks=raw["target_ranks"][..., j].cpu().numpy().astype(np.int64),
-                continuation_logprob=None if cont is None or cont[j] is None else cont[j].float().cpu().numpy(),
+                continuation_logprob=None if cont is None else cont.float().cpu().numpy(),
             ))
         vocab_cache: dict[int, str] = {}
         flat = [int(i) for i in ids.reshape(-1)]
@@ -123,13 +135,26 @@ class LensResult:
     model_next_token: str
     model: str = ""
     jlens: dict | None = None
-    full_probs: np.ndarray | None = None   # [L, P, vocab], only on explicit request for a small run
 
     def __post_init__(self):
         for name, r in self.lenses.items():
             if r.top_ids.shape[:2] != (len(self.layers), len(self.input_ids)):
                 raise ValueError(f"lens {name}: {r.top_ids.shape[:2]} != (layers {len(self.layers)}, "
                                  f"positions {len(self.input_ids)})")
+
+    @classmethod
+    def from_output(cls, output: LensOutput, *, prompt: str, ids: list[int], layers: list[int], decode: Decode,
+                    targets: list[Target] = (), continuation_of: list[int | None] = (),
+                    model: str = "", jlens: dict | None = None) -> LensResult:
+        """One prompt's engine output -> a result. continuation_of[j]: index of target j's continuation
+        in output.continuations (None: scored by its first token only)."""
+        lenses = {}
+        for name, raw in output.readouts.items():
+            conts = [None if c is None else output.continuations[c][name] for c in continuation_of]
+            lenses[name] = LensReadout.from_readout(raw, decode, targets, conts)
+        return cls(prompt=prompt, input_ids=list(ids), input_tokens=decode(ids), layers=list(layers), lenses=lenses,
+                   model_next_id=output.model_next_id, model_next_token=decode([output.model_next_id])[0],
+                   model=model, jlens=jlens if "jacobian" in lenses else None)
 
     # -- derived views -------------------------------------------------------------
     def top1_grid(self, lens: str = "logit") -> pd.DataFrame:
@@ -169,6 +194,9 @@ class LensResult:
     def to_csv(self) -> str:
         return self.long_frame().to_csv(index=False)
 
+    def dumps(self) -> str:
+        return dumps(self)
+
     def to_json(self) -> dict:
         out = {
             "model": self.model, "prompt": self.prompt, "input_ids": self.input_ids,
@@ -201,6 +229,24 @@ class GenerationResult:
     tokens: list[str]
     steps: list[GenerationStep]
     model: str = ""
+    seed: int | None = None
+    temperature: float = 0.0
+
+    @classmethod
+    def from_output(cls, output: GenerationOutput, *, prompt: str, ids: list[int], layers: list[int],
+                    decode: Decode, text: str, model: str = "", seed: int | None = None,
+                    temperature: float = 0.0) -> GenerationResult:
+        """Step s reads the prompt's positions (s = 0) or the token generated at step s - 1."""
+        gen = output.token_ids
+        steps = []
+        for s, (raw, tok) in enumerate(zip(output.steps, gen)):
+            pos_ids = list(ids) if s == 0 else [gen[s - 1]]
+            readout = LensResult(prompt=prompt, input_ids=pos_ids, input_tokens=decode(pos_ids), layers=list(layers),
+                                 lenses={n: LensReadout.from_readout(r, decode) for n, r in raw.items()},
+                                 model_next_id=int(tok), model_next_token=decode([tok])[0], model=model)
+            steps.append(GenerationStep(token_id=int(tok), token=decode([tok])[0], readout=readout))
+        return cls(prompt=prompt, text=text, token_ids=[int(t) for t in gen], tokens=decode(gen), steps=steps,
+                   model=model, seed=seed, temperature=temperature)
 
     def step_grid(self, lens: str = "logit") -> pd.DataFrame:
         """Top-1 per layer (rows) x step (columns, the newest position of each step)."""
@@ -212,8 +258,23 @@ class GenerationResult:
         return pd.DataFrame(cols, index=layers)
 
     def to_json(self) -> dict:
-        return {"model": self.model, "prompt": self.prompt, "text": self.text, "token_ids": self.token_ids,
-                "tokens": self.tokens, "steps": [s.to_json() for s in self.steps]}
+        out = {"model": self.model, "prompt": self.prompt, "text": self.text, "token_ids": self.token_ids,
+               "tokens": self.tokens, "steps": [s.to_json() for s in self.steps]}
+        if self.temperature > 0:
+            out.update(temperature=self.temperature, seed=self.seed)
+        return out
+
+    def to_csv(self) -> str:
+        """One row per step x lens x layer x position x rank (step 0 covers every prompt position)."""
+        frames = [s.readout.long_frame().assign(step=i, generated_token=s.token) for i, s in enumerate(self.steps)]
+        if not frames:
+            return ""
+        df = pd.concat(frames, ignore_index=True)
+        first = ["step", "generated_token"]
+        return df[first + [c for c in df.columns if c not in first]].to_csv(index=False)
+
+    def dumps(self) -> str:
+        return dumps(self)
 
 
 @dataclass
@@ -232,46 +293,18 @@ class ChatReply:
     readout: list[list[tuple[str, float]]]
     dropped_turns: int = 0
 
+    @classmethod
+    def from_output(cls, output: ChatOutput, *, decode: Decode, text: str, lens: str, layer: int,
+                    dropped_turns: int = 0) -> ChatReply:
+        readout = [list(zip(decode(ids), [float(p) for p in probs])) for ids, probs in
+                   zip(output.top_ids, output.top_probs)]
+        return cls(text=text, token_ids=[int(t) for t in output.token_ids], tokens=decode(output.token_ids), lens=lens,
+                   layer=layer, readout=readout[:len(output.token_ids)], dropped_turns=dropped_turns)
+
     def to_json(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "tokens": self.tokens, "lens": self.lens,
                 "layer": self.layer, "dropped_turns": self.dropped_turns,
                 "readout": [[{"token": t, "prob": round(p, 5)} for t, p in step] for step in self.readout]}
-
-
-@dataclass
-class LensBatch:
-    """Several prompts' results as padded arrays, the reference LogitLens step's view.
-
-    max_probs, predicted_tokens [L, n_inputs, seq]; predicted_words [L][n_inputs][seq];
-    input_words [n_inputs][seq]; attention_mask [n_inputs, seq] (1 real, 0 padding, right-padded).
-    """
-
-    max_probs: np.ndarray
-    predicted_tokens: np.ndarray
-    predicted_words: list[list[list[str]]]
-    input_words: list[list[str]]
-    attention_mask: np.ndarray
-    layers: list[int]
-
-    @classmethod
-    def from_results(cls, results: list[LensResult], lens: str = "logit") -> "LensBatch":
-        if not results or any(r.layers != results[0].layers for r in results):
-            raise ValueError("results must be non-empty and share their layers")
-        L, n, seq = len(results[0].layers), len(results), max(len(r.input_ids) for r in results)
-        max_probs = np.zeros((L, n, seq), np.float32)
-        pred = np.zeros((L, n, seq), np.int64)
-        words = [[[""] * seq for _ in range(n)] for _ in range(L)]
-        mask = np.zeros((n, seq), np.int64)
-        for b, r in enumerate(results):
-            P = len(r.input_ids)
-            ro = r.lenses[lens]
-            max_probs[:, b, :P] = ro.top_probs[:, :, 0]
-            pred[:, b, :P] = ro.top_ids[:, :, 0]
-            mask[b, :P] = 1
-            for i in range(L):
-                words[i][b][:P] = [pos[0] for pos in ro.top_tokens[i]]
-        return cls(max_probs, pred, words, [r.input_tokens + [""] * (seq - len(r.input_tokens)) for r in results],
-                   mask, list(results[0].layers))
 
 
 def _round(a: np.ndarray, digits: int = 5) -> list:

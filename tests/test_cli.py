@@ -31,8 +31,8 @@ def lens_d8(tmp_path_factory):
 
 @pytest.mark.parametrize("argv, message", [
     (["lens", " "], "the prompt is empty"),
-    (["lens", "Hello", "--k", "0"], "k must be an integer in 1..100"),
-    (["lens", "Hello", "--k", "101"], "k must be an integer in 1..100"),
+    (["lens", "Hello", "--k", "0"], "k must be a whole number in 1..100"),
+    (["lens", "Hello", "--k", "101"], "k must be a whole number in 1..100"),
     (["lens", "Hello", "--layers", "99"], "30-layer model"),
     (["lens", "Hello", "--layers", "3-x"], "layers"),
     (["lens", "Hello", "--lens", "jacobian", "--jlens", "/no/such/lens.pt"], "no such file"),

@@ -1,18 +1,20 @@
-"""The engine on the TransformersModel backend, with a tiny random model built here (fast)."""
+"""The engine and service on the TransformersModel backend, with a tiny random model built here (fast)."""
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from lensapp import config, jlens
-from lensapp.engine import Engine, GenerateRequest, LensRequest, RequestError
+from lensapp.service import GenerateRequest, LensRequest, LensService, RequestError
 
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir):
-    engine = Engine.from_config(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none"))
-    yield engine
-    engine.close()
+    service = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none",
+                                              cache_entries=0))
+    service.wait_ready(300)
+    yield service
+    service.close()
 
 
 def test_last_layer_lens_is_the_models_own_prediction_everywhere(tiny_engine, tiny_model_dir):
@@ -56,32 +58,48 @@ def test_bad_requests_get_clear_errors(tiny_engine):
     assert tiny_engine.lens(LensRequest(prompts=("x",), layers="0"))[0].layers == [0]
 
 
-def test_a_generation_is_not_overtaken_by_lens_requests_behind_it(tiny_engine):
-    """The owner thread drains waiting lens jobs into one batch; a generation met while draining
-    runs next, before lens jobs that arrived after it (a busy workshop must not starve /generate)."""
+def test_requests_are_served_in_arrival_order(tiny_engine, monkeypatch):
+    """The transformers backend runs one request at a time: a generation queued between two lens
+    requests runs between them (a busy workshop must not starve /generate)."""
     import threading
     import time
 
-    gate, finished = threading.Event(), []
-    blocker = threading.Thread(target=lambda: tiny_engine.call(lambda backend: gate.wait(30)))
-    blocker.start()                                            # the owner thread is busy until the gate opens
+    backend, ran = tiny_engine.engine._backend, []
+    for name in ("run_lens", "run_generate"):
+        real = getattr(backend, name)
 
-    def enqueue(name, fn):
-        before = tiny_engine._queue.qsize()
-        t = threading.Thread(target=lambda: (fn(), finished.append(name)))
+        async def recorded(*args, _real=real, _name=name):
+            ran.append(_name)
+            return await _real(*args)
+        monkeypatch.setattr(backend, name, recorded)
+    gate = threading.Event()
+
+    async def hold(backend):
+        gate.wait(30)                                          # blocks the engine's thread until the gate opens
+
+    blocker = threading.Thread(target=lambda: tiny_engine.engine.call("hold", hold))
+    blocker.start()
+    while tiny_engine.engine.health()["in_flight"] == 0:
+        time.sleep(0.01)
+
+    def enqueue(fn):
+        before = tiny_engine.engine.health()["queue_depth"]
+        t = threading.Thread(target=fn)
         t.start()
-        while tiny_engine._queue.qsize() == before:            # queued in this order
+        while tiny_engine.engine.health()["queue_depth"] == before:      # queued in this order
             time.sleep(0.01)
         return t
 
-    lens = lambda: tiny_engine.lens(LensRequest(prompts=("Water boils at",), layers="0"))     # noqa: E731
-    threads = [enqueue("lens B", lens),
-               enqueue("generate C", lambda: tiny_engine.generate(GenerateRequest(prompt="Hi", max_tokens=2))),
-               enqueue("lens D", lens)]
+    def lens(prompt):
+        return lambda: tiny_engine.lens(LensRequest(prompts=(prompt,), layers="0"))
+
+    threads = [enqueue(lens("Water boils at")), enqueue(lambda: tiny_engine.generate(GenerateRequest(prompt="Hi",
+                                                                                                       max_tokens=2))),
+               enqueue(lens("Ice melts at"))]
     gate.set()
     for t in [blocker, *threads]:
         t.join(60)
-    assert finished == ["lens B", "generate C", "lens D"]
+    assert ran == ["run_lens", "run_generate", "run_lens"]
 
 
 def test_a_long_target_is_scored_by_its_first_token_and_says_so(tiny_engine):
@@ -94,32 +112,29 @@ def test_a_long_target_is_scored_by_its_first_token_and_says_so(tiny_engine):
 
 def test_a_default_lens_that_fails_to_load_leaves_the_logit_lens_serving(tiny_model_dir, monkeypatch):
     monkeypatch.setitem(config.KNOWN_JLENSES, str(tiny_model_dir), "/no/such/lens.pt")
-    engine = Engine.from_config(config.Config(model=str(tiny_model_dir), backend="transformers"))
+    service = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers"))
     try:
-        assert engine.jlens is None and "no such file" in engine.jlens_error
-        assert engine.lens(LensRequest(prompts=("x",), layers="0"))[0].layers == [0]
+        assert service.jlens is None and "no such file" in service.jlens_error
+        assert service.lens(LensRequest(prompts=("x",), layers="0"))[0].layers == [0]
     finally:
-        engine.close()
+        service.close()
     with pytest.raises(jlens.LensFileError, match="no such file"):     # asked for by name: an error
-        Engine.from_config(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="/no/such/lens.pt"))
+        LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="/no/such/lens.pt"))
 
 
-def test_a_failing_request_in_a_batch_fails_alone(tiny_engine, monkeypatch):
+def test_a_failing_request_fails_alone(tiny_engine, monkeypatch):
+    """A request that breaks the backend fails with its own error; one running beside it is answered."""
     import threading
 
-    real = tiny_engine.backend.run_lens
-    batches = []
+    real = tiny_engine.engine._backend.run_lens
 
-    def run_lens(specs, continuations=()):       # a backend that chokes on one prompt, whatever it is batched with
-        batches.append(len(specs))
-        if any(len(s.input_ids) > 20 for s in specs):
+    async def run_lens(spec):                  # a backend that chokes on one prompt, whatever runs beside it
+        if len(spec.input_ids) > 20:
             raise ValueError("this prompt breaks the backend")
-        return real(specs, continuations)
+        return await real(spec)
 
-    monkeypatch.setattr(tiny_engine.backend, "run_lens", run_lens)
-    gate, results = threading.Event(), {}
-    blocker = threading.Thread(target=lambda: tiny_engine.call(lambda backend: gate.wait(30)))
-    blocker.start()
+    monkeypatch.setattr(tiny_engine.engine._backend, "run_lens", run_lens)
+    results = {}
 
     def ask(name, prompt):
         try:
@@ -131,10 +146,7 @@ def test_a_failing_request_in_a_batch_fails_alone(tiny_engine, monkeypatch):
                threading.Thread(target=ask, args=("long", "word " * 40))]
     for t in threads:
         t.start()
-    while tiny_engine._queue.qsize() < 2:
-        threading.Event().wait(0.01)
-    gate.set()
-    for t in [blocker, *threads]:
+    for t in threads:
         t.join(60)
-    assert batches[0] == 2                         # they were batched together ...
-    assert results == {"short": [0], "long": "this prompt breaks the backend"}   # ... and only one failed
+    assert results == {"short": [0], "long": "this prompt breaks the backend"}
+    assert tiny_engine.engine.state == "ready"                # a request's own failure restarts nothing

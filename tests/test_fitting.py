@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lensapp import corpus, fitting, jlens
+from lensapp import cli, corpus, fitting, jlens
+from lensapp.engine.families import LLAMA_HF
 from lensapp.fitting import FitConfig, FitError
 
 N_LAYERS, D_MODEL, T, SKIP = 4, 32, 24, 4
@@ -48,8 +49,8 @@ def prompts():
 
 
 def cfg(tmp_path, **kw) -> FitConfig:
-    base = dict(tokens=T, skip=SKIP, dim_batch=5, min_prompts=1, max_prompts=100, threshold=0.0, window=1,
-                checkpoint_every=1, checkpoint_dir=tmp_path / "ckpt", save_dtype="float32")
+    base = {"tokens": T, "skip": SKIP, "dim_batch": 5, "min_prompts": 1, "max_prompts": 100, "threshold": 0.0,
+            "window": 1, "checkpoint_every": 1, "checkpoint_dir": tmp_path / "ckpt", "save_dtype": "float32"}
     return FitConfig(**(base | kw))
 
 
@@ -67,7 +68,8 @@ def brute_force(model, ids: list[int], layer: int) -> torch.Tensor:
     def h_final(x):  # x = h_layer [1, n, d_model] -> h_final summed over valid target positions [d_model]
         out = {}
         replace = blocks[layer].register_forward_hook(lambda m, a, o: x)
-        grab = blocks[-1].register_forward_hook(lambda m, a, o: out.setdefault("h", o[0] if isinstance(o, tuple) else o))
+        grab = blocks[-1].register_forward_hook(
+            lambda m, a, o: out.setdefault("h", o[0] if isinstance(o, tuple) else o))
         try:
             model.model(input_ids=ids, use_cache=False)
         finally:
@@ -85,7 +87,7 @@ def brute_force(model, ids: list[int], layer: int) -> torch.Tensor:
 
 
 def test_fit_matches_brute_force_jacobian(model, prompts, tmp_path):
-    out = fitting.fit(model, None, prompts, cfg(tmp_path), tmp_path / "lens.pt", progress=False)
+    out = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path), tmp_path / "lens.pt", progress=False)
     lens = load(out)
     assert lens.n_prompts == 4 and lens.layers == [0, 1, 2]
     usable = [p for p in prompts if min(len(p), T) > SKIP + 1]
@@ -96,7 +98,7 @@ def test_fit_matches_brute_force_jacobian(model, prompts, tmp_path):
 
 
 def test_saved_file_round_trips_with_provenance_and_csv(model, prompts, tmp_path):
-    out = fitting.fit(model, None, prompts, cfg(tmp_path, save_dtype="bfloat16"), tmp_path / "lens.pt",
+    out = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path, save_dtype="bfloat16"), tmp_path / "lens.pt",
                       progress=False, provenance={"model": "tiny-llama", "corpus": "random tokens"})
     lens = jlens.load(out, d_model=D_MODEL, n_layers=N_LAYERS)
     assert lens.J[0].dtype == torch.bfloat16
@@ -112,9 +114,9 @@ def test_saved_file_round_trips_with_provenance_and_csv(model, prompts, tmp_path
 
 
 def test_merge_of_halves_equals_whole(model, prompts, tmp_path):
-    whole = fitting.fit(model, None, prompts, cfg(tmp_path), tmp_path / "whole.pt", progress=False)
-    a = fitting.fit(model, None, prompts[:2], cfg(tmp_path), tmp_path / "a.pt", progress=False)
-    b = fitting.fit(model, None, prompts[2:], cfg(tmp_path), tmp_path / "b.pt", progress=False)
+    whole = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path), tmp_path / "whole.pt", progress=False)
+    a = fitting.fit(model, LLAMA_HF, prompts[:2], cfg(tmp_path), tmp_path / "a.pt", progress=False)
+    b = fitting.fit(model, LLAMA_HF, prompts[2:], cfg(tmp_path), tmp_path / "b.pt", progress=False)
     merged = load(fitting.merge([a, b], tmp_path / "merged.pt", dtype=torch.float32))
     assert merged.n_prompts == 4 and merged.provenance["merged_from"] == ["a.pt:2", "b.pt:2"]
     for layer, m in load(whole).J.items():
@@ -122,10 +124,10 @@ def test_merge_of_halves_equals_whole(model, prompts, tmp_path):
 
 
 def test_interrupted_fit_resumes_to_the_same_lens(model, prompts, tmp_path):
-    fitting.fit(model, None, prompts, cfg(tmp_path, max_prompts=2), tmp_path / "r.pt", progress=False)
+    fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path, max_prompts=2), tmp_path / "r.pt", progress=False)
     assert load(tmp_path / "r.pt").n_prompts == 2
-    resumed = load(fitting.fit(model, None, prompts, cfg(tmp_path), tmp_path / "r.pt", progress=False))
-    straight = load(fitting.fit(model, None, prompts, cfg(tmp_path / "other"), tmp_path / "s.pt", progress=False))
+    resumed = load(fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path), tmp_path / "r.pt", progress=False))
+    straight = load(fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "other"), tmp_path / "s.pt", progress=False))
     assert resumed.n_prompts == straight.n_prompts == 4
     for layer in straight.layers:
         assert torch.equal(resumed.J[layer], straight.J[layer])
@@ -137,20 +139,20 @@ def test_interrupted_fit_resumes_to_the_same_lens(model, prompts, tmp_path):
 
 
 def test_stops_when_converged(model, prompts, tmp_path):
-    out = fitting.fit(model, None, prompts, cfg(tmp_path, min_prompts=2, window=1, threshold=10.0),
+    out = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path, min_prompts=2, window=1, threshold=10.0),
                       tmp_path / "c.pt", progress=False)
     lens = load(out)
     assert lens.n_prompts == 2 and lens.provenance["converged"] is True
 
 
 def test_checkpoint_of_another_setup_is_refused(model, prompts, tmp_path):
-    fitting.fit(model, None, prompts, cfg(tmp_path, max_prompts=1), tmp_path / "x.pt", progress=False)
+    fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path, max_prompts=1), tmp_path / "x.pt", progress=False)
     with pytest.raises(FitError, match="skip=4 but this run has 3"):
-        fitting.fit(model, None, prompts, cfg(tmp_path, skip=3), tmp_path / "x.pt", progress=False)
+        fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path, skip=3), tmp_path / "x.pt", progress=False)
 
 
 def test_corpus_chunks_and_holdout(tmp_path):
-    chunks = corpus.load_corpus(None)
+    chunks = corpus.load_corpus("pydoc")
     assert len(chunks) > 150 and all(c.strip() for c in chunks)
     fit_part, held = corpus.split_holdout(chunks)
     assert len(fit_part) + len(held) == len(chunks) and held[0] == chunks[9] and chunks[9] not in fit_part
@@ -174,13 +176,13 @@ def test_chunks_are_cut_into_token_windows():
 
 @pytest.mark.parametrize("argv, message", [
     (["--corpus", "/no/such/corpus"], "no such file or folder"),
-    (["--model", "/no/such/model", "--max-prompts", "1"], "cannot load"),
+    (["--model", "/no/such/model", "--max-prompts", "1"], "cannot read its config"),
     (["--tokens", "17", "--skip", "16"], "must exceed skip + 1"),
     (["--shard", "3/2"], "--shard"),
     (["--snapshot", "--checkpoint-dir", "/no/such/dir"], "no checkpoint"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(argv, message, tmp_path, capsys):
-    assert fitting.main(argv + ["--out", str(tmp_path / "x.pt")]) == 2
+    assert cli.main(["fit", *argv, "--out", str(tmp_path / "x.pt")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
 
@@ -189,6 +191,6 @@ def test_merge_refuses_mismatched_d_model(tmp_path, capsys):
     jlens.save(tmp_path / "a.pt", {0: torch.eye(4)}, n_prompts=3)
     jlens.save(tmp_path / "b.pt", {0: torch.eye(8)}, n_prompts=3)
     argv = ["--merge", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--out", str(tmp_path / "m.pt")]
-    assert fitting.main(argv) == 2
+    assert cli.main(["fit", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert "d_model 8" in err and "d_model 4" in err and "\n" not in err

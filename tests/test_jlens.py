@@ -33,7 +33,8 @@ def test_save_load_round_trip_keeps_selected_layers_in_bf16(tmp_path):
 
 
 @pytest.mark.parametrize("make, load_kw, message", [
-    (lambda p: lens_file(p, J={0: torch.eye(D + 1)}, d_model=D + 1), {}, f"has d_model {D + 1}, but the model has d_model {D}"),
+    (lambda p: lens_file(p, J={0: torch.eye(D + 1)}, d_model=D + 1), {},
+     f"has d_model {D + 1}, but the model has d_model {D}"),
     (lambda p: lens_file(p, J={5: torch.eye(D)}), {}, f"source layers [5] outside 0..{N_LAYERS - 2}"),
     (lambda p: lens_file(p), {"layers": [0, 9]}, "has no J for layers [9]"),
     (lambda p: lens_file(p, J={0: torch.eye(D)[:4]}, d_model=D), {}, f"J[0] is (4, {D}), expected ({D}, {D})"),

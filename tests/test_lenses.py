@@ -11,8 +11,12 @@ def _setup(seed=0, P=7, d=16, V=50, L=4):
     h = torch.randn(L, P, d, generator=g)
     W = torch.randn(V, d, generator=g)
     w_norm = torch.rand(d, generator=g) + 0.5
-    norm = lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w_norm
-    unembed = lambda x: x @ W.T
+
+    def norm(x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w_norm
+
+    def unembed(x):
+        return x @ W.T
     return h, norm, unembed
 
 

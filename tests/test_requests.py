@@ -1,6 +1,13 @@
 import pytest
 
-from lensapp.engine.requests import GenerateRequest, RequestError, parse_layers, plan_batches, validate_common, validate_generate
+from lensapp.service.requests import (
+    GenerateRequest,
+    LensRequest,
+    RequestError,
+    parse_layers,
+    validate_generate,
+    validate_lens,
+)
 
 
 def test_parse_layers_forms():
@@ -30,9 +37,9 @@ def test_parse_layers_outside_the_lens():
     (["x" * 20001], "logit", 5, (), "characters"), (["x"], "logit", 5, ("",), "target is empty"),
     (["x"], "logit", 5, ("Paris" + " x" * 100,), "the limit is 200"), (["x"], "logit", 5, ("a",) * 9, "at most 8"),
 ])
-def test_validate_common(prompts, lens, k, targets, msg):
+def test_validate_lens(prompts, lens, k, targets, msg):
     with pytest.raises(RequestError, match=msg):
-        validate_common(prompts, lens, k, targets)
+        validate_lens(LensRequest(prompts=tuple(prompts), lens=lens, k=k, targets=tuple(targets)))
 
 
 def test_validate_generate():
@@ -41,12 +48,3 @@ def test_validate_generate():
                 GenerateRequest(prompt="x", temperature=-1.0)):
         with pytest.raises(RequestError):
             validate_generate(bad)
-
-
-def test_plan_batches_keeps_order_and_limits():
-    assert plan_batches([5, 5, 5], max_batch=2, max_tokens=100) == [[0, 1], [2]]
-    assert plan_batches([60, 50, 10], max_batch=8, max_tokens=100) == [[0], [1, 2]]
-    assert plan_batches([500, 1], max_batch=8, max_tokens=100) == [[0], [1]]      # too long: alone, still runs
-    assert plan_batches([], max_batch=8, max_tokens=100) == []
-    flat = [i for b in plan_batches([3] * 40, 16, 1000) for i in b]
-    assert flat == list(range(40))

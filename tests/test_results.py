@@ -3,14 +3,15 @@ import json
 import numpy as np
 import pytest
 
-from lensapp.results import GenerationResult, GenerationStep, LensBatch, LensReadout, LensResult, TargetScore, dumps
+from lensapp.results import GenerationResult, GenerationStep, LensReadout, LensResult, TargetScore, dumps
 
 
 def make_result(P=3, L=2, k=2, prompt="a b c"):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 100, size=(L, P, k))
     probs = np.sort(rng.random((L, P, k)), axis=-1)[..., ::-1].astype(np.float32)
-    ro = LensReadout(top_ids=ids, top_probs=probs, top_tokens=[[[f"<t{i}>" for i in pos] for pos in layer] for layer in ids],
+    tokens = [[[f"<t{i}>" for i in pos] for pos in layer] for layer in ids]
+    ro = LensReadout(top_ids=ids, top_probs=probs, top_tokens=tokens,
                      entropy=rng.random((L, P)).astype(np.float32), kl_to_final=rng.random((L, P)).astype(np.float32),
                      targets=[TargetScore("x", [1, 2], ["x", "y"], rng.random((L, P)), np.ones((L, P), int),
                                           np.log(rng.random(L)))])
@@ -39,16 +40,9 @@ def test_inconsistent_shapes_are_refused():
                    model_next_id=0, model_next_token="")
 
 
-def test_batch_view_pads_and_masks():
-    a, b = make_result(P=3), make_result(P=5)
-    batch = LensBatch.from_results([a, b])
-    assert batch.max_probs.shape == (2, 2, 5)
-    assert batch.attention_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
-    assert batch.predicted_words[0][0][3] == ""
-
-
 def test_generation_grid_has_one_column_per_step():
-    steps = [GenerationStep(token_id=1, token=t, readout=make_result(P=3 if s == 0 else 1)) for s, t in enumerate("abc")]
+    steps = [GenerationStep(token_id=1, token=t, readout=make_result(P=3 if s == 0 else 1))
+             for s, t in enumerate("abc")]
     g = GenerationResult(prompt="p", text="abc", token_ids=[1, 1, 1], tokens=list("abc"), steps=steps)
     assert g.step_grid().shape == (2, 3)
     assert len(json.loads(dumps(g))["steps"]) == 3

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoConfig
 
 from lensapp import config, jlens
-from lensapp.engine import LensRequest
+from lensapp.service import LensRequest
 
 
 def test_shipped_lens_is_the_default_and_fits_the_embedded_model(embedded_dir):
@@ -26,21 +26,22 @@ def test_shipped_lens_is_the_default_and_fits_the_embedded_model(embedded_dir):
     assert float((lens.J[15].float() - torch.eye(hf.hidden_size)).norm()) > 1.0
 
 
-def test_shipped_lens_reads_closer_to_the_final_prediction_than_the_logit_lens(vllm_engine):
+def test_shipped_lens_reads_closer_to_the_final_prediction_than_the_logit_lens(vllm_service):
     """What the lens is for: from the middle layers on, J-lens readouts are nearer (in KL) to what the
     model finally says. Checked through the real engine on held-out corpus text the fit never saw, at
     the positions a lens is fitted for (after the 16 attention-sink positions)."""
     from lensapp.corpus import load_corpus, split_holdout
 
     _, held_out = split_holdout(load_corpus())
-    tok = vllm_engine.tokenizer
+    tok = vllm_service.prompts.tokenizer
     prompts = tuple(tok.decode(tok(c)["input_ids"][:64], skip_special_tokens=True) for c in held_out[:3])
-    vllm_engine.load_jlens(str(config.SHIPPED_JLENS))
+    vllm_service.load_jlens(str(config.SHIPPED_JLENS))
     try:
-        results = vllm_engine.lens(LensRequest(prompts=prompts, lens="both", layers="20-29", k=3))
+        results = vllm_service.lens(LensRequest(prompts=prompts, lens="both", layers="20-29", k=3))
     finally:
-        vllm_engine.jlens = None
-    kl = {name: np.mean([r.lenses[name].kl_to_final[:-1, 16:].mean() for r in results]) for name in ("logit", "jacobian")}
+        vllm_service.install_jlens(None)
+    kl = {name: np.mean([r.lenses[name].kl_to_final[:-1, 16:].mean() for r in results])
+          for name in ("logit", "jacobian")}
     assert kl["jacobian"] < kl["logit"], kl
     for r in results:   # the last layer is the target: both lenses read it identically
         assert (r.lenses["logit"].top_ids[-1] == r.lenses["jacobian"].top_ids[-1]).all()

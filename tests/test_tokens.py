@@ -2,7 +2,7 @@
 
 from transformers import AutoTokenizer
 
-from lensapp.engine.tokens import TokenDecoder
+from lensapp.service.tokens import TokenDecoder
 
 
 def test_html_and_non_ascii_tokens_decode_faithfully(embedded_dir):

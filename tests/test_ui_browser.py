@@ -55,7 +55,8 @@ def app_url(tmp_path_factory, model_dims):
     g = torch.Generator().manual_seed(0)
     lens_path = jlens.save(tmp / "random_jlens.pt",
                            {layer: torch.eye(d) + 0.05 * torch.randn(d, d, generator=g) for layer in J_LAYERS},
-                           n_prompts=0, provenance={"model": "a random test model", "corpus": "none: a random test lens"})
+                           n_prompts=0,
+                           provenance={"model": "a random test model", "corpus": "none: a random test lens"})
     port = _free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
            "GRADIO_ANALYTICS_ENABLED": "False"}
@@ -351,7 +352,7 @@ def test_api_endpoints(app_url):
 
 
 def test_app_without_a_jlens_says_how_to_load_one():
-    """No model needed: build the Blocks over a stand-in engine that has no Jacobian lens."""
+    """No model needed: build the Blocks over a stand-in service that has no Jacobian lens."""
     from types import SimpleNamespace
 
     import gradio as gr
@@ -360,9 +361,10 @@ def test_app_without_a_jlens_says_how_to_load_one():
     from lensapp.config import Config
     from lensapp.engine import ModelInfo
 
-    engine = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
-                             jlens_layers=[], jlens_error=None)
-    demo = ui.build_app(engine, Config(jlens="none"))
+    service = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
+                              jlens_layers=[], jlens_error=None, chat_layers=lambda lens: [0, 1, 2, 3],
+                              health=lambda: {"state": "ready"})
+    demo = ui.build_app(service, Config(jlens="none"))
     texts = [b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown) and isinstance(b.value, str)]
     assert any("No Jacobian lens is loaded" in t and "--jlens" in t for t in texts)
     radios = [b for b in demo.blocks.values() if isinstance(b, gr.Radio)]

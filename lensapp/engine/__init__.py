@@ -1,8 +1,11 @@
-"""The engine: the one owner of the model (see engine.py), its backends and request types."""
+"""The engine core: the one owner of the model (core.py), its backends and what they deal in.
 
-from .backends import ModelInfo
-from ..results import ChatReply
-from .engine import Engine, resolve_model
-from .requests import GenerateRequest, LensRequest, RequestError
+Token ids in, small tensors out; nothing here knows text, results or the UI (see protocol.py).
+"""
 
-__all__ = ["ChatReply", "Engine", "GenerateRequest", "LensRequest", "ModelInfo", "RequestError", "resolve_model"]
+from .core import Engine, EngineBusy, EngineDown, EngineError, EngineRestarted, EngineTimeout
+from .loading import ModelError, ResolvedModel, describe_model, resolve_model
+from .protocol import Backend, ModelInfo
+
+__all__ = ["Backend", "Engine", "EngineBusy", "EngineDown", "EngineError", "EngineRestarted", "EngineTimeout",
+           "ModelError", "ModelInfo", "ResolvedModel", "describe_model", "resolve_model"]

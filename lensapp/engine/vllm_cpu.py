@@ -7,6 +7,13 @@ around the CPU runner's own load and forward. The worker also carries nnsight's
 RPC methods (`collect_nnsight`, `nnsight_register`, ...), which the client calls
 through `collective_rpc`.
 
+It also mends one CPU gap in vLLM's runner: when a seeded request's sampled token is
+discarded (its prompt was only partly prefilled this step, as happens when several requests
+share a step), vLLM rewinds the request's Philox generator by `set_offset`, which a CPU
+generator does not have: the worker raises "CPU Generator does not use offset" and the
+EngineCore dies. Here the generator's state is saved before sampling and put back instead,
+which is what the rewind means, so a seed gives the same text however requests are batched.
+
 This module is imported by vLLM's worker process by dotted name; keep it free of
 anything but vLLM and nnsight.
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 from nnsight.modeling.vllm.model_runners.GPUModelRunner import NNsightGPUModelRunner
 from nnsight.modeling.vllm.vllm import VLLM
@@ -24,7 +32,28 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 
 
 class NNsightCPUModelRunner(NNsightGPUModelRunner, CPUModelRunner):
-    """nnsight's interleaving over vLLM's CPU runner (adds no state of its own)."""
+    """nnsight's interleaving over vLLM's CPU runner, with seeded sampling that survives partial prefills."""
+
+    def sample_tokens(self, *args, **kwargs):
+        gens = self.input_batch.generators
+        discarded = np.nonzero(self.discard_request_mask.np[:self.input_batch.num_reqs])[0]
+        # Generator states before this step's sampling, for the requests whose token will be thrown away.
+        self._lensapp_rewind = {int(i): gens[int(i)].get_state() for i in discarded if int(i) in gens}
+        try:
+            return super().sample_tokens(*args, **kwargs)
+        finally:
+            self._lensapp_rewind = {}
+
+    def _bookkeeping_sync(self, *args, **kwargs):
+        gens = self.input_batch.generators
+        rewind = getattr(self, "_lensapp_rewind", {})
+        hidden = {i: gens.pop(i) for i in rewind if i in gens}     # out of reach of the GPU-only set_offset
+        try:
+            return super()._bookkeeping_sync(*args, **kwargs)
+        finally:
+            for i, gen in hidden.items():
+                gen.set_state(rewind[i])
+                gens[i] = gen
 
 
 class NNsightCPUWorker(CPUWorker):

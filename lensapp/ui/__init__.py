@@ -1,9 +1,9 @@
-"""The Gradio app: logit lens, Jacobian lens and generation tabs over one engine.
+"""The Gradio app: logit lens, Jacobian lens and generation tabs over one `LensService`.
 
-`build_app(engine, cfg)` builds the Blocks (nothing is built at import); `app.py` launches it with
-`CSS` and `HEAD`. Each tab lives in its own module and hands back `TabParts`; this module wires what spans
-tabs: the share-this-view link (kept in the URL as inputs change), restoring a view from a link on
-page load, and the /lens and /generate API endpoints.
+`build_app(service, cfg)` builds the Blocks (nothing is built at import); the server mounts it with
+`CSS` and `HEAD`. Each tab lives in its own module and hands back `TabParts`; this module wires what
+spans tabs: the share-this-view link (kept in the URL as inputs change), restoring a view from a link
+on page load, the engine status line, and the API endpoints.
 """
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ from dataclasses import replace
 
 import gradio as gr
 
-from . import permalinks
+from ..service.limits import RateLimiter
+from . import permalinks, status
 from .api import register_api
 from .generate_tab import build_generate_tab
-from .jacobian_tab import build_jacobian_tab
-from .logit_tab import build_logit_tab
-from .tab import PRIVATE, Exports, TabParts, lens_source, md_text
+from .guard import Guard
+from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, build_lens_tab
+from .tabs import PRIVATE, Downloads, TabParts, md_text
 
 CSS = """
 .lens-plot .altair { overflow-x: auto; justify-content: flex-start !important; align-items: flex-start !important; }
 .lens-plot .altair > div { flex: none; }
-#link-notice, .lens-warning { border-left: 4px solid #e69f00; padding-left: 0.75em; }
+#link-notice, .lens-warning, #engine-status { border-left: 4px solid #e69f00; padding-left: 0.75em; }
 #permalink textarea, #permalink input { font-family: var(--font-mono); font-size: 0.85em; }
 """
 
@@ -41,15 +42,20 @@ HEAD = "<script>window.lensOpenedWith = window.location.search;</script>"
 JS_OPENED_WITH = "() => (window.lensOpenedWith ?? window.location.search)"
 
 
-def build_app(engine, cfg) -> gr.Blocks:
-    info = engine.info
-    exports = Exports()
+def build_app(service, cfg) -> gr.Blocks:
+    info = service.info
+    downloads = Downloads()
+    guard = Guard(RateLimiter(cfg.rate_limit))
     with gr.Blocks(title="Lens Explorer", delete_cache=(3600, 3600)) as demo:
-        gr.Markdown(f"# Lens Explorer\n{_header(engine)}", elem_id="header")
+        gr.Markdown(f"# Lens Explorer\n{_header(service)}", elem_id="header")
+        health = service.health()
+        banner = gr.Markdown(status.status_line(health), visible=bool(status.status_line(health)),
+                             elem_id="engine-status")
         notice = gr.Markdown(visible=False, elem_id="link-notice")
         with gr.Tabs(selected="logit", elem_id="tabs") as tabs:
-            parts = [build_logit_tab(engine, cfg, exports), build_jacobian_tab(engine, cfg, exports),
-                     build_generate_tab(engine, cfg, exports)]
+            parts = [build_lens_tab(LOGIT_TAB, service, guard, downloads),
+                     build_lens_tab(JACOBIAN_TAB, service, guard, downloads),
+                     build_generate_tab(service, guard, downloads)]
         with gr.Row():
             link = gr.Textbox(label="Link to this view (inputs are kept in the address bar)", interactive=False,
                               scale=6, elem_id="permalink",
@@ -57,16 +63,24 @@ def build_app(engine, cfg) -> gr.Blocks:
             copy = gr.Button("Copy link", scale=1, min_width=120, size="sm", elem_id="copy-link")
         query = gr.Textbox(visible=False, elem_id="permalink-query")
         pending = gr.State("")
-        register_api(engine)
+        register_api(service, guard)
+
+        buttons = [p.run_button for p in parts if p.run_button is not None]
+
+        def poll():
+            h = service.health()
+            line = status.status_line(h)
+            return [gr.Markdown(line, visible=bool(line))] + [gr.Button(interactive=status.is_ready(h))] * len(buttons)
+
+        gr.Timer(status.POLL_SECONDS).tick(poll, None, [banner] + buttons, queue=False, **PRIVATE)
 
         by_name = {p.name: p for p in parts}
         for p in parts:
             if not p.fields:
                 continue
             comps = list(p.fields.values())
-            make_query = _query_fn(p)
             triggers = [c.change for c in comps] + [p.run_button.click]
-            gr.on(triggers, make_query, comps, query, queue=False, trigger_mode="always_last", **PRIVATE)
+            gr.on(triggers, _query_fn(p), comps, query, queue=False, trigger_mode="always_last", **PRIVATE)
         for p, tab in zip(parts, tabs.children):
             if p.fields:
                 tab.select(_query_fn(p), list(p.fields.values()), query, queue=False, **PRIVATE)
@@ -77,13 +91,13 @@ def build_app(engine, cfg) -> gr.Blocks:
         def restore(opened_with: str | None):
             if not (opened_with or "").lstrip("?"):
                 return {pending: ""}
-            view, notices = permalinks.decode(opened_with, n_layers=info.n_layers, jlens_layers=engine.jlens_layers)
+            view, notices = permalinks.decode(opened_with, n_layers=info.n_layers, jlens_layers=service.jlens_layers)
             target = by_name[view.tab]
             if not target.fields:                      # a Jacobian link on an app without a J lens
                 notices.append("This app has no Jacobian lens loaded; showing the logit lens instead.")
                 view = replace(view, tab="logit", layers="all")
                 target = by_name["logit"]
-            if engine.jlens is None and view.lens != "logit":   # a generation link reading the J-lens
+            if service.jlens is None and view.lens != "logit":   # a generation link reading the J-lens
                 notices.append("This app has no Jacobian lens loaded; reading the logit lens instead.")
                 view = replace(view, lens="logit")
             out = {tabs: gr.Tabs(selected=view.tab), pending: view.tab}
@@ -107,18 +121,18 @@ def _query_fn(p: TabParts):
 
 def _run_if(p: TabParts):
     """The tab's readout, only when the link being restored is for this tab."""
-    def run(pending, *values):
+    def run(pending, *values, request: gr.Request = None):
         if pending != p.name:
             return tuple(gr.skip() for _ in p.outputs)
-        return p.run(*values)
+        return p.run(*values, request=request)
     return run
 
 
-def _header(engine) -> str:
-    info = engine.info
+def _header(service) -> str:
+    info = service.info
     lens = "no Jacobian lens"
-    if engine.jlens is not None:
-        lens = f"Jacobian lens on {len(engine.jlens.layers)} layers ({md_text(lens_source(engine.jlens.source))})"
+    if service.jlens is not None:
+        lens = f"Jacobian lens on {len(service.jlens.layers)} layers ({md_text(service.jlens.describe()['source'])})"
     return (f"Model **{md_text(info.name)}** · {info.n_layers} layers · d_model {info.d_model} · "
             f"{md_text(info.backend)} ({info.dtype}) · {lens}")
 

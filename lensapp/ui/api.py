@@ -1,25 +1,27 @@
-"""The app's stable API endpoints, /lens and /generate: the CLI's JSON, as a dict, for gradio_client.
+"""The app's stable API endpoints: the CLI's JSON, as a dict, for gradio_client.
 
     from gradio_client import Client
     client = Client("http://127.0.0.1:7860/")
     client.predict("The capital of France is", "both", "all", 5, "Paris", api_name="/lens")
     client.predict("The capital of France is", 8, "logit", "all", 5, 0.0, api_name="/generate")
 
-Bad input raises gr.Error with the engine's one-line message (the client sees an AppError).
+Bad input raises gr.Error with the service's one-line message, as plain text (the client sees an
+AppError). `/health` (plain JSON over GET, not a Gradio endpoint) is added by the server.
 """
 
 from __future__ import annotations
 
 import gradio as gr
 
-from ..engine import GenerateRequest, LensRequest
-from .tab import call_engine, split_targets, to_float, to_int
+from ..service import GenerateRequest, LensRequest
+from ..service.requests import as_float, as_int, as_text, split_targets
 
 
-def register_api(engine) -> None:
+def register_api(service, guard) -> None:
     """Add the endpoints to the Blocks being built (call inside `with gr.Blocks()`)."""
 
-    def lens(prompt: str, lens: str = "logit", layers: str = "all", k: int = 5, targets: str = "") -> dict:
+    def lens(prompt: str, lens: str = "logit", layers: str = "all", k: int = 5, targets: str = "",
+             request: gr.Request = None) -> dict:
         """Every layer's lens readout for one prompt.
 
         Args:
@@ -32,12 +34,15 @@ def register_api(engine) -> None:
             The CLI's `lens --json` object: tokens, layers, and per lens top_tokens/top_probs [layer][pos][k],
             entropy, kl_to_final, targets.
         """
-        req = LensRequest(prompts=(prompt,), lens=lens, layers=layers or "all", k=to_int(k, "k"),
-                          targets=split_targets(targets))
-        return call_engine(engine.lens, req)[0].to_json()
+        def run():
+            req = LensRequest(prompts=(as_text(prompt, "prompt"),), lens=lens,
+                              layers=as_text(layers, "layers") or "all", k=as_int(k, "k"),
+                              targets=split_targets(as_text(targets, "targets")))
+            return service.lens(req)[0].to_json()
+        return guard.api(request, run)
 
     def generate(prompt: str, max_tokens: int = 8, lens: str = "logit", layers: str = "all", k: int = 5,
-                 temperature: float = 0.0) -> dict:
+                 temperature: float = 0.0, request: gr.Request = None) -> dict:
         """Generate, reading the newest token at every step.
 
         Args:
@@ -50,9 +55,12 @@ def register_api(engine) -> None:
         Returns:
             The CLI's `generate --json` object: text, tokens, and one readout per step.
         """
-        req = GenerateRequest(prompt=prompt, max_tokens=to_int(max_tokens, "max_tokens"), lens=lens,
-                              layers=layers or "all", k=to_int(k, "k"), temperature=to_float(temperature, "temperature"))
-        return call_engine(engine.generate, req).to_json()
+        def run():
+            req = GenerateRequest(prompt=as_text(prompt, "prompt"), max_tokens=as_int(max_tokens, "max_tokens"),
+                                  lens=lens, layers=as_text(layers, "layers") or "all", k=as_int(k, "k"),
+                                  temperature=as_float(temperature, "temperature"))
+            return service.generate(req).to_json()
+        return guard.api(request, run)
 
     gr.api(lens, api_name="lens")
     gr.api(generate, api_name="generate")

@@ -13,18 +13,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Mapping
+from typing import Mapping, NamedTuple
 from urllib.parse import parse_qsl, quote, urlencode
 
 from ..charts import METRICS
-from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_PROMPT_CHARS, MAX_TARGET_CHARS, MAX_TARGETS
-from ..engine.requests import RequestError, parse_layers
+from ..config import (
+    LENS_CHOICES,
+    MAX_GENERATE_TOKENS,
+    MAX_K,
+    MAX_LAYERS_CHARS,
+    MAX_PROMPT_CHARS,
+    MAX_TARGET_CHARS,
+    MAX_TARGETS,
+    MAX_TEMPERATURE,
+)
+from ..service.requests import RequestError, parse_layers
 
 FORMAT_VERSION = 1
 TABS = ("logit", "jacobian", "generate")
-LENSES = ("logit", "jacobian", "both")
+LENSES = tuple(LENS_CHOICES)
 DEFAULT_PROMPT = "The capital of France is"
-MAX_LAYERS_CHARS = 200
 # Which fields a tab's link carries (the rest are that tab's defaults).
 TAB_FIELDS = {
     "logit": ("prompt", "layers", "k", "targets", "metric", "chat"),
@@ -66,8 +74,13 @@ def query_string(view: View) -> str:
     return urlencode(encode(view), quote_via=quote)
 
 
+class Decoded(NamedTuple):
+    view: View
+    notices: list[str]          # one line per value that fell back to its default
+
+
 def decode(query: Mapping[str, str] | str | None, *, n_layers: int | None = None,
-           jlens_layers: list[int] | None = None) -> tuple[View, list[str]]:
+           jlens_layers: list[int] | None = None) -> Decoded:
     """Read a link's query (a mapping, or the raw `a=1&b=2` text) into a View, never raising.
 
     n_layers / jlens_layers, when given, check `layers` against the running model (and, on the
@@ -76,7 +89,7 @@ def decode(query: Mapping[str, str] | str | None, *, n_layers: int | None = None
     notices: list[str] = []
     params = _params(query, notices)
     if not params:
-        return View(), notices
+        return Decoded(View(), notices)
     d = View()
     values: dict = {}
 
@@ -111,7 +124,7 @@ def decode(query: Mapping[str, str] | str | None, *, n_layers: int | None = None
         except RequestError as e:
             notices.append(f"The link's layers do not fit this model ({e}); using all layers.")
             view = replace(view, layers="all")
-    return view, notices
+    return Decoded(view, notices)
 
 
 # -- parsers: raw text -> value, or ValueError saying what is wrong ---------------------------------
@@ -161,8 +174,8 @@ def _temperature(raw: str) -> float:
         value = float(raw.strip())
     except ValueError:
         raise ValueError(f"{_short(raw)!r} is not a number") from None
-    if not math.isfinite(value) or not 0.0 <= value <= 2.0:
-        raise ValueError(f"{_short(raw)} is outside 0..2")
+    if not math.isfinite(value) or not 0.0 <= value <= MAX_TEMPERATURE:
+        raise ValueError(f"{_short(raw)} is outside 0..{MAX_TEMPERATURE:g}")
     return value
 
 

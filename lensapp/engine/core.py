@@ -1,0 +1,350 @@
+"""The one owner of the model: one thread runs every trace, and a supervisor restarts a dead backend.
+
+nnsight's client is not thread-safe, and a served app has many threads (Gradio's workers, a
+workshop of thirty browsers). So one thread, owned by `Engine`, runs an event loop on which every
+backend call is a coroutine; callers on other threads submit a call and wait for its result. On
+vLLM the coroutines of many callers are in flight at once and vLLM's scheduler batches them step
+by step; on the transformers backend they run one after another.
+
+Admission: at most `max_batch` calls run at once and `queue_size` more wait; the next caller is
+told at once that the app is busy. Every call has a deadline (`request_timeout`).
+
+Supervision: a backend is dead when a call fails with vLLM's `EngineDeadError`, when its
+`failure()` says so (checked every few seconds, so an idle app notices too), or when a call times
+out while no other call finished (the engine is stuck). Then the engine restarts it in this
+process: the old one is closed, a fresh one started, the Jacobian lens re-installed and the
+warm-up run. Calls in flight get `EngineRestarted` ("please run again"); calls that were waiting
+run on the new backend. Restarts back off; after `max_restarts` within `restart_window` seconds
+the engine is `down` and says why.
+
+This module knows backends only through `protocol.Backend`: nothing of text, results or the UI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Awaitable, Callable, TypeVar
+
+from .protocol import Backend, ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+STATES = ("starting", "ready", "restarting", "down")
+RESTART_DELAYS = (0.0, 5.0, 15.0, 30.0, 60.0)     # seconds before the n-th restart in a row
+
+
+class EngineError(RuntimeError):
+    """The engine could not serve a request; the message is one line meant for the user."""
+
+
+class EngineBusy(EngineError):
+    pass
+
+
+class EngineRestarted(EngineError):
+    pass
+
+
+class EngineDown(EngineError):
+    pass
+
+
+class EngineTimeout(EngineError):
+    pass
+
+
+class Engine:
+    def __init__(self, start_backend: Callable[[], Backend], info: ModelInfo, *,
+                 warm_up: Callable[[Backend], Awaitable[None]] | None = None,
+                 jlens: JStack | None = None, max_batch: int = 16,
+                 queue_size: int = 48, request_timeout: float = 120.0, max_restarts: int = 5,
+                 restart_window: float = 600.0, watchdog_seconds: float = 2.0):
+        self.info = info
+        self.max_batch, self.queue_size, self.request_timeout = max_batch, queue_size, request_timeout
+        self.max_restarts, self.restart_window, self.watchdog_seconds = max_restarts, restart_window, watchdog_seconds
+        self._start_backend, self._warm_up = start_backend, warm_up
+        self._jlens = jlens                     # installed at every start
+        self._backend: Backend | None = None
+        self._generation = 0                    # bumped at every restart: stale failures restart nothing
+        self._lock = threading.Lock()
+        self._admitted = 0
+        self.state, self.reason = "starting", ""
+        self.started_at = time.time()
+        self.restart_times: list[float] = []
+        self.counts: Counter = Counter()        # served, failed, busy, timeouts, restarted, forwards:<kind>
+        self._in_flight = 0
+        self._last_completion = 0.0
+        self._closed = False
+        self._starting: concurrent.futures.Future | None = None     # a backend being built, off the loop
+        self._builder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lens-engine-start")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="lens-engine", daemon=True)
+        self._thread.start()
+        self._ready = self._on_loop(self._make_event).result()
+        self._booted = False
+
+    def start(self) -> Engine:
+        """Start the backend in the background (`wait_ready` or any call waits for it)."""
+        if not self._booted:
+            self._booted = True
+            self._on_loop(self._boot)
+        return self
+
+    # -- public, thread-safe --------------------------------------------------------------------------
+    def lens(self, specs: list[LensSpec]) -> list[LensOutput]:
+        """Each prompt's readouts; the prompts of one request are in flight together."""
+        return self.call("lens", lambda b: asyncio.gather(*(b.run_lens(s) for s in specs)))
+
+    def generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
+        return self.call("generate", lambda b: b.run_generate(spec, sampling))
+
+    def chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
+        return self.call("chat", lambda b: b.run_chat(spec, sampling))
+
+    def set_jlens(self, stack: JStack) -> None:
+        """Install a J stack now (when a backend is up) and after every restart."""
+        self._jlens = stack
+        if self.state == "ready":
+            self.call("install", lambda b: b.install_jlens(stack))
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until the backend serves (EngineDown if it cannot start, EngineTimeout after `timeout`)."""
+        self.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.state in ("starting", "restarting"):
+            if deadline is not None and time.monotonic() > deadline:
+                raise EngineTimeout(f"the model did not start within {timeout:g} s")
+            time.sleep(0.1)
+        if self.state == "down":
+            raise EngineDown(f"the model is down: {self.reason}")
+
+    def call(self, kind: str, fn: Callable[[Backend], Awaitable[T]]) -> T:
+        """Run `fn(backend)` on the engine's thread and wait for it: the one door into the backend."""
+        self.start()
+        with self._lock:
+            if self.state == "down":
+                raise EngineDown(f"the model is down: {self.reason}")
+            if self._closed:
+                raise EngineDown("the engine is closed")
+            if self._admitted >= self.max_batch + self.queue_size:
+                self.counts["busy"] += 1
+                raise EngineBusy("the app is busy; try again in a moment")
+            self._admitted += 1
+            future = self._on_loop(lambda: self._run(kind, fn))    # under the lock: the loop sees arrival order
+        try:
+            # The loop enforces the deadline; this one only guards against a loop that no longer turns.
+            try:
+                return future.result(timeout=self.request_timeout + 600)
+            except TimeoutError:
+                raise EngineTimeout("the engine did not answer") from None
+        finally:
+            with self._lock:
+                self._admitted -= 1
+
+    def health(self) -> dict:
+        """A snapshot for /health: plain values only."""
+        with self._lock:
+            admitted = self._admitted
+        now = time.time()
+        return {"state": self.state, "reason": self.reason, "uptime_s": round(now - self.started_at, 1),
+                "restarts": len(self.restart_times), "in_flight": self._in_flight,
+                "queue_depth": max(0, admitted - self._in_flight),
+                "served": self.counts["served"], "failed": self.counts["failed"], "busy": self.counts["busy"],
+                "timeouts": self.counts["timeouts"],
+                "forwards": {k.split(":", 1)[1]: v for k, v in self.counts.items() if k.startswith("forwards:")}}
+
+    def close(self) -> None:
+        """Stop the loop and close the backend (vLLM's engine processes with it)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        backend, self._backend = self._backend, None
+        if self._loop.is_running():
+            if backend is not None:
+                # On the loop: vLLM's async client closes its sockets there, and a socket left open makes
+                # its zmq context hang the process at exit.
+                try:
+                    self._on_loop(lambda: _close_quietly(backend)).result(timeout=120)
+                    backend = None
+                except Exception as e:  # noqa: BLE001 - close it off the loop below, as well as it can be
+                    log.warning("closing the backend on its loop: %s", _one_line(e))
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        if backend is not None:
+            _close_quietly(backend)
+        starting = self._starting
+        if starting is not None:          # a backend still being built: wait for it, so its processes close too
+            try:
+                _close_quietly(starting.result(timeout=300))
+            except Exception:  # noqa: BLE001 - it failed to start: nothing to close
+                pass
+        self._builder.shutdown(wait=False)
+
+    # -- on the loop -------------------------------------------------------------------------------------
+    def _on_loop(self, make):
+        """Schedule `make()` (a coroutine factory, or a plain function) on the loop; a concurrent Future."""
+        async def run():
+            result = make()
+            return await result if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future) else result
+        return asyncio.run_coroutine_threadsafe(run(), self._loop)
+
+    @staticmethod
+    def _make_event() -> asyncio.Event:
+        return asyncio.Event()
+
+    async def _boot(self) -> None:
+        # A backend that cannot overlap requests (transformers) runs one at a time, in arrival order.
+        self._slots = asyncio.Semaphore(self.max_batch if self.info.backend.startswith("vllm") else 1)
+        asyncio.get_running_loop().create_task(self._watchdog())
+        await self._start_with_retries("starting")
+
+    async def _run(self, kind: str, fn):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout
+        try:
+            await asyncio.wait_for(self._until_ready(), max(0.0, deadline - loop.time()))
+            async with self._slots:
+                while True:
+                    await asyncio.wait_for(self._until_ready(), max(0.0, deadline - loop.time()))
+                    reason = self._backend.failure()
+                    if reason is None:
+                        break
+                    self._restart_soon(self._generation, reason)    # died while idle: wait for the new one
+                return await self._run_on(self._backend, self._generation, kind, fn, deadline)
+        except asyncio.TimeoutError:
+            self.counts["timeouts"] += 1
+            raise EngineTimeout(f"the request took longer than {self.request_timeout:g} s and was cancelled") from None
+        except EngineError:
+            self.counts["failed"] += 1
+            raise
+
+    async def _run_on(self, backend: Backend, generation: int, kind: str, fn, deadline: float):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self._in_flight += 1
+        self.counts[f"forwards:{kind}"] += 1
+        try:
+            result = await asyncio.wait_for(fn(backend), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            if self._last_completion < started:          # nothing finished meanwhile: the backend is stuck
+                self._restart_soon(generation, f"a request made no progress for {loop.time() - started:.0f} s")
+                raise EngineRestarted("the model was restarted (it stopped answering); please run again") from None
+            raise
+        except Exception as e:
+            reason = _dead(e, backend)
+            if reason is None:
+                self.counts["failed"] += 1
+                raise
+            self._restart_soon(generation, reason)
+            self.counts["restarted"] += 1
+            raise EngineRestarted("the model restarted; please run again") from None
+        finally:
+            self._in_flight -= 1
+        self._last_completion = loop.time()
+        self.counts["served"] += 1
+        return result
+
+    async def _until_ready(self) -> None:
+        while self.state != "ready":
+            if self.state == "down":
+                raise EngineDown(f"the model is down: {self.reason}")
+            self._ready.clear()
+            await self._ready.wait()
+
+    def _restart_soon(self, generation: int, reason: str) -> None:
+        if generation != self._generation or self.state != "ready":
+            return                                       # another caller saw the same death first
+        log.error("the backend is dead (%s); restarting it", reason)
+        self._generation += 1
+        self.state, self.reason = "restarting", reason
+        asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        old, self._backend = self._backend, None
+        if old is not None:
+            await asyncio.get_running_loop().run_in_executor(None, _close_quietly, old)
+        now = time.time()
+        recent = [t for t in self.restart_times if now - t < self.restart_window]
+        if len(recent) >= self.max_restarts:
+            self._go_down(f"{len(recent)} restarts within {self.restart_window / 60:.0f} minutes; last cause: "
+                          f"{self.reason}")
+            return
+        self.restart_times.append(now)
+        await asyncio.sleep(RESTART_DELAYS[min(len(recent), len(RESTART_DELAYS) - 1)])
+        await self._start_with_retries("restarting")
+
+    async def _start_with_retries(self, state: str) -> None:
+        self.state = state
+        for attempt in range(self.max_restarts):
+            try:
+                await self._start_once()
+                return
+            except Exception as e:  # noqa: BLE001 - any failure to start is retried, then reported
+                log.exception("starting the backend failed (attempt %d)", attempt + 1)
+                self.reason = f"the model could not start: {_one_line(e)}"
+                await asyncio.sleep(RESTART_DELAYS[min(attempt + 1, len(RESTART_DELAYS) - 1)])
+        self._go_down(self.reason)
+
+    async def _start_once(self) -> None:
+        t = time.perf_counter()
+        self._starting = self._builder.submit(self._start_backend)
+        backend = await asyncio.wrap_future(self._starting)
+        self._starting = None
+        try:
+            if self._jlens is not None:
+                await backend.install_jlens(self._jlens)
+            if self._warm_up is not None:
+                await self._warm_up(backend)
+        except BaseException:
+            _close_quietly(backend)
+            raise
+        if self._closed:
+            _close_quietly(backend)
+            return
+        self._backend, self.state = backend, "ready"
+        self._ready.set()
+        log.info("the model is ready (%.1f s)", time.perf_counter() - t)
+
+    def _go_down(self, reason: str) -> None:
+        log.error("the model is down: %s", reason)
+        self.state, self.reason = "down", reason
+        self._ready.set()                                # waiting callers wake up and are told
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(self.watchdog_seconds)
+            backend = self._backend
+            if self.state == "ready" and backend is not None:
+                reason = backend.failure()
+                if reason:
+                    self._restart_soon(self._generation, reason)
+
+
+def _dead(error: BaseException, backend: Backend) -> str | None:
+    """Why `error` means the backend is dead, or None when it is this request's own failure."""
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:                                  # no vLLM installed: the transformers backend
+        EngineDeadError = ()                             # noqa: N806
+    if isinstance(error, EngineDeadError):
+        return "vLLM's engine process died"
+    return backend.failure()
+
+
+def _close_quietly(backend: Backend) -> None:
+    try:
+        backend.close()
+    except Exception as e:  # noqa: BLE001 - a dead backend may fail to close; it is gone either way
+        log.warning("closing the old backend: %s", _one_line(e))
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

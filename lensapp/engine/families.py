@@ -1,0 +1,117 @@
+"""Architecture families: where a model keeps its blocks, final norm and unembedding, per backend.
+
+A lens needs three things from a model: each decoder block's output (the residual stream after
+that block), the final norm, and the unembedding with the family's logit arithmetic. Where they
+live depends on the family and on who loaded the model:
+
+- HF transformers (nnsight `TransformersModel`, the fitter): the family's own module tree;
+  a block returns the residual (or a tuple whose first item is it).
+- vLLM: its own implementation's tree. Llama-like blocks return `(hidden, residual)` with the last
+  add fused into the next norm, so the residual stream is their sum; GPT-2's return the residual.
+  Families vLLM serves through its Transformers modelling backend (GPT-NeoX, OLMo-2) keep the HF
+  blocks under `model.` (the HF base model) with the head at `lm_head`.
+
+Logit arithmetic: vLLM's `logits_processor` applies the family's soft-capping and scale itself;
+on HF the head is followed by the same steps (`hf_logits`), in vLLM's order: soft-cap, then scale.
+
+`detect(config)` picks the family from an HF config's `model_type`; an unknown one fails with a
+message naming the model's class and the families supported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Dotted paths from the loaded model to its blocks, final norm and head."""
+
+    blocks: str
+    norm: str
+    head: str
+    pairs: bool = False          # blocks return (hidden, residual) to be summed (vLLM's fused residual)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    hf: Layout
+    vllm: Layout | None          # None: vLLM is not supported for this family here
+    note: str = ""
+
+    def layout(self, backend: str) -> Layout:
+        if backend.startswith("vllm"):
+            if self.vllm is None:
+                raise UnknownFamily(f"the {self.name} family is not supported on vLLM here; use --backend transformers")
+            return self.vllm
+        return self.hf
+
+
+LLAMA_HF = Layout("model.layers", "model.norm", "lm_head")
+LLAMA_VLLM = Layout("model.layers", "model.norm", "lm_head", pairs=True)
+
+FAMILIES = (
+    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3"), LLAMA_HF, LLAMA_VLLM),
+    Family("gemma", ("gemma", "gemma2", "gemma3_text"), LLAMA_HF, LLAMA_VLLM,
+           note="soft-capped logits (Gemma 2/3)"),
+    Family("olmo2", ("olmo2",), LLAMA_HF, Layout("model.layers", "model.norm", "lm_head"),
+           note="vLLM serves it through its Transformers backend"),
+    Family("granite", ("granite",), LLAMA_HF, Layout("model.layers", "model.norm", "lm_head"),
+           note="logits divided by logits_scaling"),
+    Family("cohere", ("cohere", "cohere2"), LLAMA_HF, LLAMA_VLLM, note="logits multiplied by logit_scale"),
+    Family("gpt2", ("gpt2",), Layout("transformer.h", "transformer.ln_f", "lm_head"),
+           Layout("transformer.h", "transformer.ln_f", "lm_head")),
+    Family("gpt_neox", ("gpt_neox",), Layout("gpt_neox.layers", "gpt_neox.final_layer_norm", "embed_out"),
+           Layout("model.layers", "model.final_layer_norm", "lm_head"),
+           note="vLLM serves it through its Transformers backend"),
+)
+
+
+class UnknownFamily(ValueError):
+    """A model whose layout this app does not know; the message is one line."""
+
+
+def supported() -> str:
+    return ", ".join(sorted({t for f in FAMILIES for t in f.model_types}))
+
+
+def detect(config) -> Family:
+    """The family of an HF config (by `model_type`), or UnknownFamily naming the class and what is supported."""
+    model_type = getattr(config, "model_type", None)
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
+    raise UnknownFamily(f"{arch} (model_type {model_type!r}) has a layout this app does not know; "
+                        f"supported model types: {supported()}")
+
+
+def find(model, path: str):
+    """`model.a.b.c` for path 'a.b.c' (works on torch modules and nnsight envoys alike)."""
+    obj = model
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def residual(block_output, layout: Layout) -> torch.Tensor:
+    """A block's output -> the residual stream after it (batch dims as the backend has them)."""
+    if layout.pairs:
+        hidden, res = block_output[0], block_output[1]
+        return hidden if res is None else hidden + res
+    return block_output[0] if isinstance(block_output, tuple) else block_output
+
+
+def hf_logits(config, logits: torch.Tensor) -> torch.Tensor:
+    """The family's arithmetic after an HF head, as vLLM's logits_processor applies it: soft-cap, then scale."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    scale = float(getattr(config, "logit_scale", 1.0) or 1.0)
+    if getattr(config, "logits_scaling", None):
+        scale /= float(config.logits_scaling)
+    return logits * scale if scale != 1.0 else logits

@@ -1,0 +1,112 @@
+"""From settings to a running backend: which model, what it is, and how to start it.
+
+`resolve_model` turns `--model` into something vLLM and transformers can load (the embedded
+model's converted folder, a local folder, or a hub id). `describe_model` reads the model's
+config only (a second, no weights): its shape, its family and its context limit, so bad input
+and an unknown layout are caught before an engine spends a minute starting. `backend_factory`
+returns the function the engine calls to start (and restart) the backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import DEFAULT_MAX_MODEL_LEN, EMBEDDED, MAX_GENERATE_TOKENS, Config, ConfigError
+from .families import Family, detect
+from .protocol import Backend, ModelInfo
+
+
+class ModelError(ValueError):
+    """A model that cannot be loaded or used; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    path: str            # what vLLM / transformers load: a folder or a hub id
+    name: str            # what the user sees
+    info: ModelInfo
+    family: Family
+    hf_config: object
+    max_prompt_tokens: int   # the configured limit, or less where the model's context is shorter
+
+
+def resolve_model(cfg: Config) -> tuple[str, str]:
+    """(path or hub id vLLM/transformers can load, display name)."""
+    if cfg.model == EMBEDDED:
+        from .embedded import EMBEDDED_NAME, embedded_model_dir
+
+        return str(embedded_model_dir(cfg.resolved_cache_dir / "models")), EMBEDDED_NAME
+    return cfg.model, cfg.model
+
+
+def describe_model(cfg: Config) -> ResolvedModel:
+    """Resolve and read the model's config (no weights); ModelError / UnknownFamily name what is wrong."""
+    from transformers import AutoConfig
+
+    path, name = resolve_model(cfg)
+    try:
+        hf = AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - not a folder, not on the hub, offline: all mean "cannot load"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"model {cfg.model!r}: cannot read its config ({first})") from None
+    if not hasattr(hf, "num_hidden_layers") and hasattr(hf, "text_config"):    # a multimodal wrapper
+        hf = hf.text_config
+    family = detect(hf)
+    limit = _context_limit(hf)
+    max_len = cfg.max_model_len or min(limit or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
+    if limit and max_len > limit:
+        raise ConfigError(f"max_model_len {max_len} is longer than the model's own limit ({limit} positions)")
+    # The prompt limit follows the context: a prompt and a whole generation must fit in it.
+    prompt_limit = min(cfg.max_prompt_tokens, max_len - MAX_GENERATE_TOKENS)
+    if prompt_limit < 1:
+        raise ConfigError(f"the context ({max_len} positions) leaves no room for a prompt and {MAX_GENERATE_TOKENS} "
+                          "generated tokens")
+    device = cfg.resolved_device
+    backend = cfg.backend if cfg.backend == "transformers" else ("vllm-cpu" if device == "cpu" else "vllm")
+    info = ModelInfo(name=name, n_layers=int(hf.num_hidden_layers), d_model=int(hf.hidden_size),
+                     vocab_size=int(hf.vocab_size), backend=backend, device=device, dtype=cfg.resolved_dtype,
+                     family=family.name, max_model_len=max_len)
+    family.layout(backend)                       # raises when this family cannot run on this backend
+    return ResolvedModel(path=path, name=name, info=info, family=family, hf_config=hf, max_prompt_tokens=prompt_limit)
+
+
+def _context_limit(hf) -> int | None:
+    for key in ("max_position_embeddings", "n_positions", "seq_length"):
+        value = getattr(hf, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def backend_factory(model: ResolvedModel, cfg: Config) -> Callable[[], Backend]:
+    """A function that starts a fresh backend for `model` (the engine calls it again after a crash)."""
+    def start() -> Backend:
+        if model.info.backend == "transformers":
+            from .hf_backend import TransformersBackend
+
+            return TransformersBackend(model.path, model.info, model.family)
+        from .vllm_backend import VLLMBackend
+
+        return VLLMBackend(model.path, model.info, model.family, cpu=model.info.device == "cpu",
+                           max_model_len=model.info.max_model_len,
+                           gpu_memory_utilization=cfg.gpu_memory_utilization,
+                           tensor_parallel_size=cfg.tensor_parallel_size,
+                           pipeline_parallel_size=cfg.pipeline_parallel_size,
+                           distributed_executor_backend=cfg.distributed_executor_backend)
+    return start
+
+
+def load_hf_model(cfg: Config, device: str | None = None, dtype: str = "float32"):
+    """(nnsight TransformersModel, ResolvedModel) for the lens fitter and the quality bench: the engine's own
+    resolution (the embedded model's converted folder is shared with it), loaded now."""
+    import torch
+
+    from .hf_backend import load_transformers_model
+
+    model = describe_model(cfg)
+    try:
+        hf = load_transformers_model(model.path, device=device or cfg.resolved_device, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"model {cfg.model!r}: cannot load ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+    return hf, model

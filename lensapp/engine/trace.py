@@ -1,0 +1,96 @@
+"""The trace bodies both backends run: read residuals, hand them to `lenses`, return small tensors.
+
+These functions run inside an nnsight trace (on vLLM: in the engine's worker process), so they
+see envoys, not tensors, until the forward reaches them. A backend passes its own `Layout`
+(where the blocks, norm and head are; see `families`) and `head(model, x) -> logits`, the family's
+unembedding with its logit arithmetic. Everything vocab-wide stays here; only [layers, positions,
+k]-sized tensors are returned.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import lenses
+from .families import Layout, find, residual
+from .protocol import LensSpec
+
+
+def read_residuals(model, layout: Layout, layers, d_model: int) -> torch.Tensor:
+    """[len(layers), P, d_model]: the residual stream after each listed block."""
+    blocks = find(model, layout.blocks)
+    return torch.stack([residual(blocks[layer].output, layout).reshape(-1, d_model) for layer in layers])
+
+
+def lens_body(model, spec: LensSpec, layout: Layout, head, jlens: dict | None, d_model: int) -> dict:
+    """{lens: readout fields [L, P, ...], "model_next_id": int} for one prompt. The last layer is always
+    read: its lens is the model's own distribution, the reference for KL."""
+    h = read_residuals(model, layout, spec.read_layers, d_model)
+    norm = find(model, layout.norm)
+    unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
+    final_logits = unembed(norm(h[-1])).float()
+    final = lenses.FinalDistribution.from_logits(final_logits)
+    hs = h.index_select(0, torch.tensor(spec.rows, device=h.device))
+    target_ids = torch.tensor(spec.target_ids, dtype=torch.long, device=h.device) if spec.target_ids else None
+    out = {}
+    for name in spec.lenses:
+        J = select_rows(jlens["J"], spec.jlens_rows) if name == "jacobian" else None
+        out[name] = lenses.layer_readouts(hs, norm, unembed, spec.k, final=final, J=J, target_ids=target_ids)
+    out["model_next_id"] = int(final_logits[-1].argmax())
+    return out
+
+
+def continuation_body(model, spec: LensSpec, layout: Layout, head, jlens: dict | None, d_model: int,
+                      index: int) -> dict:
+    """On prompt + target[:-1] (spec.continuations[index]): {lens: log P(target | prompt) [L]}."""
+    cont = spec.continuations[index]
+    n = len(cont.target_ids)
+    h = read_residuals(model, layout, spec.layers, d_model)[:, cont.start:cont.start + n]
+    norm = find(model, layout.norm)
+    unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
+    ids = torch.tensor(cont.target_ids, dtype=torch.long, device=h.device)
+    out = {}
+    for name in spec.lenses:
+        J = select_rows(jlens["J"], spec.jlens_rows) if name == "jacobian" else None
+        out[name] = lenses.continuation_logprob(h, norm, unembed, ids, J=J)
+    return out
+
+
+def chat_readout(model, layout: Layout, head, layer: int, J: torch.Tensor | None, d_model: int, k: int):
+    """The newest position's top-k at one layer, through one lens: (ids [k], probs [k])."""
+    h = read_residuals(model, layout, [layer], d_model)[0, -1:]
+    if J is not None:
+        h = lenses.transport(h, J)
+    top = lenses.readout(head(model, find(model, layout.norm)(h)).float(), k)
+    return top["top_ids"][0], top["top_probs"][0]
+
+
+def select_rows(stack: torch.Tensor, rows) -> torch.Tensor:
+    """stack[rows], as a view when the rows are a contiguous run (the common case: no 20 MB copy)."""
+    rows = list(rows)
+    if rows == list(range(rows[0], rows[-1] + 1)):
+        return stack[rows[0]:rows[-1] + 1]
+    return stack.index_select(0, torch.tensor(rows, device=stack.device))
+
+
+def raw_logits(model, layout: Layout, x: torch.Tensor) -> torch.Tensor:
+    """norm(h) @ W_U.T with no family arithmetic (no soft-capping or logit scale); whole vocab.
+
+    On vLLM the head weight is this rank's shard (and padded) under tensor parallelism, where
+    `logits_processor` would have gathered: gather and trim the same way here.
+    """
+    logits = x @ find(model, layout.head).weight.T.to(x.dtype)
+    if hasattr(model, "logits_processor"):
+        logits = gather_vocab(logits, model.logits_processor.org_vocab_size)
+    return logits
+
+
+def gather_vocab(logits: torch.Tensor, vocab: int, world_size=None, all_gather=None) -> torch.Tensor:
+    """Each tensor-parallel rank's vocab shard -> the whole vocab, padding trimmed (vLLM's layout)."""
+    if world_size is None:
+        from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
+
+        world_size, all_gather = get_tensor_model_parallel_world_size(), tensor_model_parallel_all_gather
+    if world_size > 1:
+        logits = all_gather(logits)
+    return logits[..., :vocab]

@@ -1,0 +1,177 @@
+"""The model in vLLM through nnsight (`VLLM(..., dispatch=True, mode="async")`): GPU, or CPU via `vllm_cpu`.
+
+Every request is its own trace, submitted to vLLM's async engine, which batches whatever is in
+flight step by step (continuous batching): several users' generations share each decode step, and
+a short lens request that arrives during a long generation joins the next step instead of
+waiting for the generation to end. The trace bodies (`trace.py`) run in the engine's worker, so
+everything vocab-wide stays there; only small tensors come back.
+
+The Jacobian matrices are installed in the worker once (`install_jlens`) and read from the
+model object by each request. The chat readout is installed once with nnsight's `model.edit()`
+and named, so only chat requests run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+
+from .families import Family, find
+from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
+from .trace import chat_readout, continuation_body, lens_body
+
+log = logging.getLogger(__name__)
+
+JLENS_ATTR = "lensapp_jlens"   # attribute on the worker's model holding {"layers": [...], "J": [n, d, d]}
+CHAT_EDIT = "lensapp-chat"     # name of the chat readout installed with model.edit()
+
+
+def vllm_head(layout, model, x):
+    """The family's unembedding as vLLM applies it (soft-capping, logit scale; gathered under TP)."""
+    return model.logits_processor(find(model, layout.head), x)
+
+
+class VLLMBackend:
+    """nnsight's VLLM in async mode. `cpu=True` swaps in the CPU worker adapter."""
+
+    def __init__(self, path: str, info: ModelInfo, family: Family, *, cpu: bool, max_model_len: int,
+                 gpu_memory_utilization: float, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                 distributed_executor_backend: str = ""):
+        import nnsight  # noqa: F401  (after prepare_process_environment)
+
+        if cpu:
+            from .vllm_cpu import CPUVLLM as VLLM
+        else:
+            from nnsight.modeling.vllm import VLLM
+        extra = {"distributed_executor_backend": distributed_executor_backend} if distributed_executor_backend else {}
+        self.model = VLLM(path, dispatch=True, mode="async", dtype=info.dtype, max_model_len=max_model_len,
+                         gpu_memory_utilization=gpu_memory_utilization or (0.3 if cpu else 0.85),
+                         tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+                         enable_prefix_caching=False, disable_log_stats=True, **extra)
+        self.info = info
+        self.layout = family.layout("vllm")
+        self.head = functools.partial(vllm_head, self.layout)
+        self.jlens_layers: list[int] = []
+        self._chat_edit = None            # the installed chat readout (an nnsight Registration)
+        self._chat_key: tuple | None = None
+
+    # -- Backend protocol ---------------------------------------------------------------------------
+    async def install_jlens(self, stack: JStack) -> None:
+        """Ship the J stack [n, d, d] to the worker once; later requests index into it there."""
+        import nnsight
+
+        model, payload = self.model, {"layers": list(stack.layers), "J": stack.J}
+        with model.trace([0], temperature=0.0, max_tokens=1, edits=[]) as tracer:
+            target = model._module
+            device = next(target.parameters()).device
+            setattr(target, JLENS_ATTR, {"layers": payload["layers"], "J": payload["J"].to(device)})
+            done = nnsight.save(True)           # noqa: F841 - read back from the output's saves
+        last = await tracer.backend
+        if not last.saves.get("done"):
+            raise RuntimeError("installing the Jacobian lens in the worker failed")
+        self.jlens_layers = list(stack.layers)
+
+    async def run_lens(self, spec: LensSpec) -> LensOutput:
+        """The prompt's trace and one per multi-token target, all in flight at once."""
+        tracers = [self._lens_trace(spec)] + [self._continuation_trace(spec, i) for i in range(len(spec.continuations))]
+        saves = await asyncio.gather(*(_saves(t) for t in tracers))
+        readouts = dict(saves[0]["out"])
+        next_id = int(readouts.pop("model_next_id"))
+        return LensOutput(readouts=readouts, model_next_id=next_id, continuations=[s["cont"] for s in saves[1:]])
+
+    async def run_generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
+        """Greedy or seeded sampling with a readout at every step."""
+        import nnsight
+
+        model, layout, head, d = self.model, self.layout, self.head, self.info.d_model
+        with model.trace(list(spec.input_ids), edits=[], **_sampling(sampling)) as tracer:
+            steps = nnsight.save([])
+            jl = getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
+            for _ in tracer.iter[:sampling.max_tokens]:
+                step = lens_body(model, spec, layout, head, jl, d)
+                step.pop("model_next_id")
+                steps.append(step)
+        last = await tracer.backend
+        ids = list(last.outputs[0].token_ids)
+        return GenerationOutput(token_ids=ids, steps=list(last.saves["steps"])[:len(ids)])
+
+    async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
+        """Generate with the chat readout, (re)installed only when the layer, lens or k changes."""
+        key = (spec.layers[0], spec.jlens_rows[0] if spec.jlens_rows else None, spec.k, tuple(self.jlens_layers))
+        if key != self._chat_key:
+            await self._install_chat_readout(*key[:3])
+            self._chat_key = key
+        outs = await self.model.generate([{"prompt_token_ids": list(spec.input_ids)}], edits=[CHAT_EDIT],
+                                         **_sampling(sampling))
+        out = outs[0]
+        steps = out.saves.get("readout") or []
+        ids = list(out.outputs[0].token_ids)
+        return ChatOutput(token_ids=ids, top_ids=[list(map(int, i)) for i, _ in steps][:len(ids)],
+                          top_probs=[list(map(float, p)) for _, p in steps][:len(ids)])
+
+    def failure(self) -> str | None:
+        llm = self.model.vllm_entrypoint
+        if llm is None:
+            return "the engine is closed"
+        return "vLLM's engine process stopped" if llm.errored else None
+
+    def close(self) -> None:
+        """Shut vLLM's EngineCore and worker processes down (they outlive a SIGTERM otherwise)."""
+        llm = getattr(self.model, "vllm_entrypoint", None)
+        if llm is None:
+            return
+        try:
+            llm.shutdown(timeout=10)
+        except Exception as e:  # noqa: BLE001 - already gone
+            log.debug("engine shutdown: %s", e)
+        self.model.vllm_entrypoint = None
+
+    # -- traces ---------------------------------------------------------------------------------------
+    def _lens_trace(self, spec: LensSpec):
+        import nnsight
+
+        model, layout, head, d = self.model, self.layout, self.head, self.info.d_model
+        with model.trace(list(spec.input_ids), temperature=0.0, max_tokens=1, edits=[]) as tracer:
+            jl = getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
+            res = lens_body(model, spec, layout, head, jl, d)
+            res["model_next_id"] = int(model.logits[-1].argmax())      # vLLM's own logits, not a lens
+            out = nnsight.save(res)                 # noqa: F841 - read back from the output's saves
+        return tracer
+
+    def _continuation_trace(self, spec: LensSpec, index: int):
+        import nnsight
+
+        model, layout, head, d = self.model, self.layout, self.head, self.info.d_model
+        with model.trace(list(spec.continuations[index].input_ids), temperature=0.0, max_tokens=1,
+                         edits=[]) as tracer:
+            jl = getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
+            cont = nnsight.save(continuation_body(model, spec, layout, head, jl, d, index))  # noqa: F841
+        return tracer
+
+    async def _install_chat_readout(self, layer: int, jrow: int | None, k: int) -> None:
+        import nnsight
+
+        if self._chat_edit is not None:
+            await self._chat_edit.aclear()
+            self._chat_edit = None
+        model, layout, head, d = self.model, self.layout, self.head, self.info.d_model
+        async with model.edit(name=CHAT_EDIT) as (tracer, edit):
+            readout = nnsight.save([])
+            for _ in tracer.all():
+                J = getattr(model._module, JLENS_ATTR)["J"][jrow] if jrow is not None else None
+                ids, probs = chat_readout(model, layout, head, layer, J, d, k)
+                readout.append((ids.tolist(), probs.tolist()))
+        self._chat_edit = edit
+
+
+async def _saves(tracer) -> dict:
+    last = await tracer.backend
+    return last.saves
+
+
+def _sampling(s: Sampling) -> dict:
+    kwargs = {"temperature": float(s.temperature), "max_tokens": int(s.max_tokens)}
+    if s.seed is not None:
+        kwargs["seed"] = int(s.seed)
+    return kwargs

@@ -1,0 +1,158 @@
+"""The fit: one prompt at a time into a running mean, checkpointed, until it converges.
+
+The lens is the running mean over prompts (fp32) of `estimator.prompt_jacobian`, stopped once the
+mean relative change ||dM||_F / ||M||_F over the last `window` prompts is below `threshold` (after
+`min_prompts`), at `max_prompts`, or when the prompts run out. The model is nnsight's
+TransformersModel (vLLM has no backward pass), loaded as the engine's transformers backend loads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .. import jlens
+from ..engine.families import Layout
+from .checkpoints import (
+    FitState,
+    checkpoint_path,
+    convergence_path,
+    load_checkpoint,
+    prompts_fingerprint,
+    save_checkpoint,
+    save_lens,
+    write_csv,
+)
+from .estimator import FitError, decoder_layers, frozen, prompt_jacobian
+
+SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """Hyperparameters of one fit; only `tokens`, `skip` and the corpus change the result's meaning."""
+
+    tokens: int = 128            # T: prompts are truncated to this many tokens
+    skip: int = 16               # leading positions left out (attention sinks)
+    dim_batch: int = 8           # output dims per backward pass (copies of the prompt in the batch)
+    min_prompts: int = 100
+    max_prompts: int = 1000
+    threshold: float = 2e-3      # on the mean relative change over the last `window` prompts
+    window: int = 10
+    checkpoint_every: int = 10   # prompts between checkpoints (and convergence CSV rewrites)
+    checkpoint_dir: Path = field(default=Path("artifacts"))
+    save_dtype: str = "bfloat16"
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.skip < 0:
+            raise FitError(f"skip must be >= 0, got {self.skip}")
+        if self.tokens <= self.skip + 1:
+            raise FitError(f"tokens ({self.tokens}) must exceed skip + 1 ({self.skip + 1}): "
+                           "no position would be fitted")
+        for name in ("dim_batch", "min_prompts", "max_prompts", "window", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise FitError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.threshold >= 0:
+            raise FitError(f"threshold must be >= 0, got {self.threshold}")
+        if self.save_dtype not in SAVE_DTYPES:
+            raise FitError(f"save dtype {self.save_dtype!r} is not one of {sorted(SAVE_DTYPES)}")
+
+
+def prompt_ids(prompt, tokenizer, tokens: int) -> torch.Tensor:
+    """A corpus item (text, or token ids already) -> int64 ids [<= tokens]."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise FitError("text prompts need a tokenizer")
+        prompt = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    return torch.as_tensor(list(prompt[:tokens]), dtype=torch.long)
+
+
+def hardware(device: str) -> str:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    return f"{cpu}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"
+
+
+def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str | Path, *, tokenizer=None,
+        progress: bool = True, provenance: dict | None = None) -> Path:
+    """Fit a lens for `model` (a TransformersModel whose blocks are where `layout` says) on `prompts` and
+    `jlens.save` it to `out_path`.
+
+    `prompts` are token-id lists (or texts, of which the first T tokens are used).
+    Resumes from `cfg.checkpoint_dir/<out stem>.ckpt.pt` when it exists and was made for the same
+    model, T, skip and corpus (raising FitError when it was not). `provenance` adds keys such as
+    `model` and `corpus` to what the fit records itself. Writes `<out stem>_convergence.csv` beside.
+    """
+    from tqdm.auto import tqdm
+
+    out_path = Path(out_path)
+    module = model._module                      # the torch model under nnsight's TransformersModel
+    n_layers, d_model = len(decoder_layers(module, layout)), int(module.config.hidden_size)
+    if not prompts:
+        raise FitError("the corpus is empty")
+    base = {"model": getattr(module.config, "name_or_path", "") or type(module).__name__, "corpus": "custom"}
+    base.update(provenance or {})
+    base["unembedding"] = jlens.unembedding_fingerprint(module.get_output_embeddings().weight)
+    base.update({"T": cfg.tokens, "skip": cfg.skip, "dim_batch": cfg.dim_batch,
+                 "dtype": str(next(module.parameters()).dtype).removeprefix("torch."), "device": cfg.device,
+                 "hardware": hardware(cfg.device), "threshold": cfg.threshold, "window": cfg.window})
+    key = {"model": str(base["model"]), "n_layers": n_layers, "d_model": d_model, "T": cfg.tokens,
+           "skip": cfg.skip, "corpus": prompts_fingerprint(prompts)}
+    ckpt = checkpoint_path(out_path, cfg.checkpoint_dir)
+    state = load_checkpoint(ckpt, key) or FitState(total=torch.zeros(n_layers - 1, d_model, d_model))
+
+    def done() -> bool:
+        return (state.n >= cfg.max_prompts or state.cursor >= len(prompts)
+                or state.converged(cfg.min_prompts, cfg.window, cfg.threshold))
+
+    module.to(cfg.device)
+    # The prompts may run out first: that bound gives a true ETA.
+    bar = tqdm(total=min(cfg.max_prompts, len(prompts)), initial=state.n, disable=not progress, unit="prompt",
+               desc="fit J")
+    since_checkpoint = 0
+    with frozen(module), bar:
+        while not done():
+            ids = prompt_ids(prompts[state.cursor], tokenizer, cfg.tokens)
+            state.cursor += 1
+            if ids.shape[0] <= cfg.skip + 1:
+                continue
+            t0 = time.perf_counter()
+            J = prompt_jacobian(model, layout, ids, cfg.skip, cfg.dim_batch)
+            old = state.total / max(state.n, 1)
+            state.total += J
+            state.n += 1
+            new = state.total / state.n
+            rel = (new - old).flatten(1).norm(dim=1) / new.flatten(1).norm(dim=1).clamp_min(1e-30)
+            delta = rel.mean().item()
+            identity = (new[-1] - torch.eye(d_model)).norm().item() / math.sqrt(d_model)
+            seconds = time.perf_counter() - t0
+            state.deltas.append(delta)
+            state.seconds += seconds
+            state.rows.append([state.n, int(ids.shape[0]), delta, identity, round(seconds, 3)])
+            bar.set_postfix(delta=f"{delta:.2e}", s_per_prompt=f"{seconds:.0f}", refresh=False)
+            bar.update(1)
+            since_checkpoint += 1
+            if since_checkpoint >= cfg.checkpoint_every:
+                save_checkpoint(ckpt, key, state, base)
+                write_csv(convergence_path(out_path), state.rows)
+                since_checkpoint = 0
+    if state.n == 0:
+        raise FitError(f"no corpus item has more than skip + 1 = {cfg.skip + 1} tokens")
+    save_checkpoint(ckpt, key, state, base)
+    write_csv(convergence_path(out_path), state.rows)
+    converged = state.converged(cfg.min_prompts, cfg.window, cfg.threshold)
+    return save_lens(out_path, state, base, converged=converged, dtype=SAVE_DTYPES[cfg.save_dtype])

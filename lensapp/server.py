@@ -1,0 +1,94 @@
+"""`lensapp serve` (and `python app.py`): the web app, up in seconds, the model behind it loading.
+
+Settings -> service -> UI -> HTTP. The page and `/health` answer as soon as the model's config,
+tokenizer and lens are read; vLLM starts in the background (a minute on a small CPU) while the page
+says so, and the engine restarts it if it dies. The engine (and vLLM's EngineCore and worker
+processes) is started inside `serve()`, never at import: vLLM's spawned processes re-import the
+main module. It is closed on exit, on SIGTERM and on Ctrl-C, so no engine process outlives the app.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import signal
+import sys
+import threading
+
+from . import config
+
+log = logging.getLogger(__name__)
+
+
+def serve(args) -> int:
+    try:
+        cfg = config.from_args(args)
+    except config.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config.prepare_process_environment()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from .service import LensService
+
+    print(f"Starting Lens Explorer ({cfg.model}, {cfg.backend}) on http://{cfg.host}:{cfg.port}/", flush=True)
+    try:
+        service = LensService.start(cfg)
+    except ValueError as e:          # a lens, model or setting that cannot work: one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    closed = threading.Lock()
+
+    def shutdown() -> None:
+        if closed.acquire(blocking=False):
+            service.close()
+
+    atexit.register(shutdown)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: _stop(server))
+    server = None
+    try:
+        server = make_server(service, cfg)
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        shutdown()
+    return 0
+
+
+def make_app(service, cfg):
+    """FastAPI with `/health` (plain JSON for a Space, a load balancer or a person) and the Gradio app at `/`."""
+    import gradio as gr
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from . import ui
+
+    demo = ui.build_app(service, cfg)
+    # Everything admitted reaches the engine, which bounds what runs and what waits (max_batch +
+    # queue_size) and tells the rest at once that the app is busy; Gradio's own queue holds little.
+    demo.queue(default_concurrency_limit=cfg.max_batch + cfg.queue_size, max_size=max(cfg.queue_size, 16))
+    app = FastAPI(title="Lens Explorer")
+
+    @app.get("/health")
+    def health():
+        h = service.health()
+        return JSONResponse(h, status_code=200 if h["state"] in ("ready", "starting") else 503)
+
+    return gr.mount_gradio_app(app, demo, path="/", css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"],
+                               auth=cfg.auth_pairs or None, server_name=cfg.host, server_port=cfg.port)
+
+
+def make_server(service, cfg):
+    import uvicorn
+
+    app = make_app(service, cfg)
+    return uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                                         timeout_graceful_shutdown=5))
+
+
+def _stop(server) -> None:
+    """SIGTERM: let uvicorn finish its requests and return from run(); `serve` then closes the engine."""
+    if server is not None:
+        server.should_exit = True

@@ -1,0 +1,56 @@
+"""Fair use per client: a token bucket per address, so one script cannot take a public Space for itself.
+
+Each address may make `per_minute` requests a minute on average, in bursts of up to a fifth of
+that (at least 5). Loopback addresses are never limited (the machine's own users, the tests,
+the bench). A workshop behind one address (a university's NAT) should raise the limit or turn
+it off (`LENSAPP_RATE_LIMIT=0`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import time
+
+from .requests import RequestError
+
+
+class RateLimited(RequestError):
+    """Too many requests from one address."""
+
+
+class RateLimiter:
+    def __init__(self, per_minute: int, burst: int | None = None, clock=time.monotonic, max_clients: int = 10_000):
+        self.rate = per_minute / 60.0
+        self.burst = float(burst if burst is not None else max(5, per_minute // 5))
+        self.clock, self.max_clients = clock, max_clients
+        self._buckets: dict[str, tuple[float, float]] = {}     # address -> (tokens, last refill)
+        self._lock = threading.Lock()
+        self.refused = 0
+
+    def check(self, client: str | None) -> None:
+        """Take one token for `client`, or raise RateLimited saying when to come back."""
+        if self.rate <= 0 or not client or is_loopback(client):
+            return
+        now = self.clock()
+        with self._lock:
+            tokens, last = self._buckets.get(client, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            if tokens < 1.0:
+                self._buckets[client] = (tokens, now)
+                self.refused += 1
+                wait = (1.0 - tokens) / self.rate
+                raise RateLimited(f"too many requests from your address; try again in {wait:.0f} s")
+            self._buckets[client] = (tokens - 1.0, now)
+            if len(self._buckets) > self.max_clients:        # forget the longest-idle addresses
+                for key, _ in sorted(self._buckets.items(), key=lambda kv: kv[1][1])[:self.max_clients // 10]:
+                    del self._buckets[key]
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,88 @@
+"""From a validated request to the engine's `LensSpec`s: layers, lenses, targets, continuations, cost.
+
+Pure functions of token ids and layer numbers (no model): which layers a lens may read (the
+Jacobian lens only where it has a J), which residuals the backend must read, which multi-token
+targets get a whole-continuation score, the chat readout's default layer, and how many cells a
+request reads (its work, checked against `max_work`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..config import LENS_CHOICES, MAX_CONTINUATION_TOKENS
+from ..engine.protocol import Continuation, LensSpec
+from .requests import RequestError, parse_layers, span
+
+NO_JLENS = "no Jacobian lens is loaded (start with --jlens PATH or HUB_REPO:FILE)"
+
+
+def lens_layers(text: str, lenses: tuple[str, ...], n_layers: int, jlens_layers: list[int]) -> list[int]:
+    """The layers `text` selects; with the Jacobian lens, only among those it has (the last layer reads J = I)."""
+    if "jacobian" in lenses:
+        if not jlens_layers:
+            raise RequestError(NO_JLENS)
+        return parse_layers(text, n_layers, allowed=jlens_layers)
+    return parse_layers(text, n_layers)
+
+
+def lens_spec(ids: list[int], layers: list[int], k: int, lenses: tuple[str, ...], n_layers: int,
+              jlens_layers: list[int], target_ids: list[list[int]] = (), raw: bool = False) -> LensSpec:
+    """One prompt's spec. target_ids: each target's tokens; its first token is scored at every cell, and a
+    target of 2..MAX_CONTINUATION_TOKENS tokens is also read whole, on the prompt continued by it."""
+    read = sorted(set(layers) | {n_layers - 1})
+    jrows = tuple(jlens_layers.index(layer) for layer in layers) if "jacobian" in lenses else None
+    conts = tuple(Continuation(input_ids=tuple(ids) + tuple(t[:-1]), start=len(ids) - 1, target_ids=tuple(t))
+                  for t in target_ids if 1 < len(t) <= MAX_CONTINUATION_TOKENS)
+    return LensSpec(input_ids=tuple(ids), read_layers=tuple(read), rows=tuple(read.index(layer) for layer in layers),
+                    k=k, lenses=tuple(lenses), jlens_rows=jrows, target_ids=tuple(t[0] for t in target_ids),
+                    raw=raw, continuations=conts)
+
+
+def continuation_index(target_ids: list[list[int]]) -> list[int | None]:
+    """For each target, the index of its continuation in `lens_spec`'s order (None: scored by its first token)."""
+    out, n = [], 0
+    for t in target_ids:
+        if 1 < len(t) <= MAX_CONTINUATION_TOKENS:
+            out.append(n)
+            n += 1
+        else:
+            out.append(None)
+    return out
+
+
+def default_chat_layer(pool: list[int], n_layers: int) -> int:
+    """The chat readout's layer when none is asked for: the one nearest two thirds of the depth."""
+    return min(pool, key=lambda x: abs(x - 2 * (n_layers - 1) / 3))
+
+
+def lens_work(n_tokens: int, n_layers: int, lens: str) -> int:
+    """Cells a lens request reads: tokens x layers x lenses."""
+    return n_tokens * n_layers * len(LENS_CHOICES[lens])
+
+
+def generation_work(n_prompt: int, max_tokens: int, n_layers: int, lens: str) -> int:
+    """Cells a generation reads: every prompt position at step 0, then one per generated token."""
+    return (n_prompt + max_tokens) * n_layers * len(LENS_CHOICES[lens])
+
+
+def check_work(cells: int, max_work: int, what: str) -> None:
+    if cells > max_work:
+        raise RequestError(f"{what} reads {cells:,} cells; the limit is {max_work:,}: "
+                           "choose fewer layers, one lens, or a shorter prompt")
+
+
+class JLensSelection(NamedTuple):
+    layers: list[int]          # the selected layers that have a J
+    missing: list[int]         # layers named one by one that have none
+
+
+def jlens_subset(text: str, n_layers: int, jlens_layers: list[int]) -> JLensSelection:
+    """The layers `text` selects that have a J (so a range means the J layers inside it), and the ones it
+    named one by one that have none (for a warning). RequestError when none of them has a J."""
+    wanted = parse_layers(text or "all", n_layers)
+    have = [layer for layer in wanted if layer in jlens_layers]
+    if not have:
+        raise RequestError(f"none of layers {text!r} has a Jacobian lens; it covers {span(jlens_layers)}")
+    singles = [parse_layers(part, n_layers) for part in (text or "").split(",") if part.strip().lstrip("-").isdigit()]
+    return JLensSelection(have, sorted({layer for s in singles for layer in s} - set(jlens_layers)))

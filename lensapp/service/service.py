@@ -1,0 +1,270 @@
+"""Text in, results out: what the CLI, the API and the tabs call.
+
+`LensService` turns a request (text, settings) into the engine's `LensSpec`s (tokenising,
+chat templates, targets, layer defaults, the work budget), runs them through the engine, and
+builds `results` objects from the tensors that come back. It owns the Jacobian lens (loaded and
+checked against the model here, installed in the engine, which re-installs it after a restart)
+and the result cache. It knows nothing of Gradio or charts.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import jlens as jlens_files
+from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, Config
+from ..engine.core import Engine
+from ..engine.loading import ResolvedModel, backend_factory, describe_model
+from ..engine.protocol import Backend, JStack, Sampling
+from ..results import ChatReply, GenerationResult, LensResult, Target
+from . import planning
+from .cache import ResultCache
+from .prompts import Prompts, load_tokenizer
+from .requests import (
+    ChatRequest,
+    GenerateRequest,
+    LensRequest,
+    RequestError,
+    span,
+    validate_chat,
+    validate_generate,
+    validate_lens,
+)
+
+log = logging.getLogger(__name__)
+
+
+class LensService:
+    def __init__(self, model: ResolvedModel, engine: Engine, prompts: Prompts, cfg: Config,
+                 jlens: jlens_files.JacobianLens | None = None, jlens_error: str | None = None):
+        self.model, self.engine, self.prompts, self.cfg = model, engine, prompts, cfg
+        self.info = model.info
+        self.jlens, self.jlens_error = jlens, jlens_error
+        self._jlens_key = _fingerprint(jlens)
+        self.cache = ResultCache(cfg.cache_entries, cfg.cache_mb << 20)
+
+    @classmethod
+    def start(cls, cfg: Config, start_engine: bool = True) -> LensService:
+        """Read the model's config, load its tokenizer and Jacobian lens, and start the engine (in the
+        background: `wait_ready` or any request waits for it). Bad settings fail here, before any engine.
+        With start_engine=False the engine starts at the first request (the CLI checks its input first)."""
+        model = describe_model(cfg)
+        prompts = Prompts(load_tokenizer(model.path), model.max_prompt_tokens)
+        lens, error = load_configured_jlens(cfg, model)
+        engine = Engine(backend_factory(model, cfg), model.info,
+                        warm_up=functools.partial(warm_up, prompts, model.info), jlens=_stack(lens, model),
+                        max_batch=cfg.max_batch, queue_size=cfg.queue_size, request_timeout=cfg.request_timeout)
+        if start_engine:
+            engine.start()
+        return cls(model, engine, prompts, cfg, lens, error)
+
+    # -- the Jacobian lens ---------------------------------------------------------------------------
+    @property
+    def jlens_layers(self) -> list[int]:
+        """The layers the J-lens reads: the lens's own, plus the last (J = I there, as published lenses do)."""
+        return [] if self.jlens is None else self.jlens.layers + [self.info.n_layers - 1]
+
+    def load_jlens(self, spec: str) -> jlens_files.JacobianLens:
+        """Load a lens file (path or HUB_REPO:FILE), check it against the model and use it from now on."""
+        lens = load_jlens(spec, self.model, self.cfg)
+        self.install_jlens(lens)
+        return lens
+
+    def install_jlens(self, lens: jlens_files.JacobianLens | None) -> None:
+        """Use `lens` from now on (None: none). Cached results of another lens are never served for it."""
+        self.jlens, self._jlens_key = lens, _fingerprint(lens)
+        stack = _stack(lens, self.model)
+        if stack is not None:
+            self.engine.set_jlens(stack)
+
+    # -- requests ------------------------------------------------------------------------------------
+    def lens(self, req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> list[LensResult]:
+        """Every requested lens, layer and position for each prompt; the prompts run together."""
+        plan = self._plan_lens(req, max_prompts)
+        describe = self.jlens.describe() if self.jlens is not None else None
+
+        def compute(todo: list[int]) -> list[LensResult]:
+            outputs = self.engine.lens([plan.specs[i] for i in todo])
+            return [LensResult.from_output(out, prompt=req.prompts[i], ids=plan.ids[i], layers=plan.layers,
+                                           decode=self.prompts.decode, targets=plan.targets,
+                                           continuation_of=plan.continuation_of, model=self.info.name, jlens=describe)
+                    for i, out in zip(todo, outputs)]
+
+        keys = [self._key("lens", p, req.chat, plan.lenses, tuple(plan.layers), req.k,
+                          tuple(t.text for t in plan.targets), req.raw) for p in req.prompts]
+        return self.cache.get_many(keys, compute)
+
+    def generate(self, req: GenerateRequest) -> GenerationResult:
+        """Generate and read the newest position at every step (step 0: all prompt positions)."""
+        plan = self._plan_generate(req)
+        sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
+
+        def compute() -> GenerationResult:
+            out = self.engine.generate(plan.specs[0], sampling)
+            return GenerationResult.from_output(out, prompt=req.prompt, ids=plan.ids[0], layers=plan.layers,
+                                                decode=self.prompts.decode, text=self.prompts.text(out.token_ids),
+                                                model=self.info.name, seed=req.seed, temperature=req.temperature)
+
+        if not _reproducible(req.temperature, req.seed):
+            return compute()
+        key = self._key("generate", req.prompt, req.chat, plan.lenses, tuple(plan.layers), req.k, req.max_tokens,
+                        float(req.temperature), req.seed, req.raw)
+        return self.cache.get_or_compute(key, compute)
+
+    def check(self, req: LensRequest | GenerateRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> None:
+        """Every check a request gets, without running it (the CLI asks before an engine starts)."""
+        if isinstance(req, LensRequest):
+            self._plan_lens(req, max_prompts)
+        else:
+            self._plan_generate(req)
+
+    def _plan_lens(self, req: LensRequest, max_prompts: int) -> _Plan:
+        validate_lens(req, max_prompts)
+        names = LENS_CHOICES[req.lens]
+        layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
+        targets = [self.prompts.target(t) for t in req.targets]
+        target_ids = [list(t.token_ids) for t in targets]
+        ids = [self.prompts.ids(p, req.chat) for p in req.prompts]
+        planning.check_work(sum(planning.lens_work(len(i), len(layers), req.lens) for i in ids), self.cfg.max_work,
+                            "this request")
+        specs = [planning.lens_spec(i, layers, req.k, names, self.info.n_layers, self.jlens_layers, target_ids,
+                                    req.raw) for i in ids]
+        return _Plan(names, layers, ids, specs, targets, planning.continuation_index(target_ids))
+
+    def _plan_generate(self, req: GenerateRequest) -> _Plan:
+        validate_generate(req)
+        names = LENS_CHOICES[req.lens]
+        layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
+        ids = self.prompts.ids(req.prompt, req.chat)
+        planning.check_work(planning.generation_work(len(ids), req.max_tokens, len(layers), req.lens),
+                            self.cfg.max_work, "this generation")
+        spec = planning.lens_spec(ids, layers, req.k, names, self.info.n_layers, self.jlens_layers, raw=req.raw)
+        return _Plan(names, layers, [ids], [spec])
+
+    def chat(self, req: ChatRequest) -> ChatReply:
+        """Answer a conversation with a per-token readout of one lens at one layer."""
+        validate_chat(req)
+        pool = self.chat_layers(req.lens)
+        layer = planning.default_chat_layer(pool, self.info.n_layers) if req.layer is None else req.layer
+        if layer not in pool:
+            raise RequestError(f"the chat readout cannot read layer {layer}; choose one of {span(pool)}")
+        conversation = self.prompts.conversation(list(req.messages))
+        ids, dropped = conversation.ids, conversation.dropped_turns
+        spec = planning.lens_spec(ids, [layer], req.k, LENS_CHOICES[req.lens], self.info.n_layers, self.jlens_layers)
+        sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
+
+        def compute() -> ChatReply:
+            out = self.engine.chat(spec, sampling)
+            return ChatReply.from_output(out, decode=self.prompts.decode, text=self.prompts.text(out.token_ids),
+                                         lens=req.lens, layer=layer, dropped_turns=dropped)
+
+        if not _reproducible(req.temperature, req.seed):
+            return compute()
+        key = self._key("chat", tuple((m["role"], m["content"]) for m in req.messages), req.lens, layer,
+                        req.max_tokens, float(req.temperature), req.k, req.seed)
+        return self.cache.get_or_compute(key, compute)
+
+    def chat_layers(self, lens: str) -> list[int]:
+        if lens == "jacobian":
+            if self.jlens is None:
+                raise RequestError(planning.NO_JLENS)
+            return self.jlens_layers
+        return list(range(self.info.n_layers))
+
+    # -- the rest ------------------------------------------------------------------------------------------
+    def wait_ready(self, timeout: float | None = None) -> None:
+        self.engine.wait_ready(timeout)
+
+    def health(self) -> dict:
+        info = self.info
+        return {"model": info.name, "family": info.family, "backend": info.backend, "device": info.device,
+                "dtype": info.dtype, "layers": info.n_layers, "max_model_len": info.max_model_len,
+                "jacobian_lens": None if self.jlens is None else self.jlens.describe()["source"],
+                **self.engine.health(), "cache": self.cache.stats()}
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def _key(self, kind: str, *parts) -> tuple:
+        return (kind, self.info.name, self._jlens_key, parts)
+
+
+async def warm_up(prompts: Prompts, info, backend: Backend) -> None:
+    """Small lenses and generations on a fresh backend, so no visitor pays for compiling the fused
+    readout. torch.compile specialises sizes 0 and 1, so every case is warmed: one layer or many, one
+    position (a decode step) or many."""
+    t = time.perf_counter()
+    ids, n = prompts.ids("Hello, world"), info.n_layers
+    for layers in (list(range(n)), [n - 1]):
+        spec = planning.lens_spec(ids, layers, 1, ("logit",), n, [])
+        await backend.run_lens(spec)
+        await backend.run_generate(spec, Sampling(max_tokens=2))
+    log.info("warm-up took %.1f s", time.perf_counter() - t)
+
+
+@dataclass
+class _Plan:
+    """A request resolved into the engine's terms (the same for a check and a run)."""
+
+    lenses: tuple[str, ...]
+    layers: list[int]
+    ids: list[list[int]]
+    specs: list
+    targets: list[Target] = field(default_factory=list)
+    continuation_of: list[int | None] = field(default_factory=list)
+
+
+def load_configured_jlens(cfg: Config, model: ResolvedModel) -> tuple[jlens_files.JacobianLens | None, str | None]:
+    """The lens the settings ask for, checked against the model. A lens asked for by name that does not
+    load is an error (LensFileError); the model's default lens that does not load (a hub lens while
+    offline) leaves the app on the logit lens, with the reason."""
+    spec = cfg.resolved_jlens
+    if not spec:
+        return None, None
+    try:
+        return load_jlens(spec, model, cfg), None
+    except jlens_files.LensFileError as e:
+        if cfg.jlens != "default":
+            raise
+        log.warning("serving without a Jacobian lens: %s", e)
+        return None, str(e)
+
+
+def load_jlens(spec: str, model: ResolvedModel, cfg: Config) -> jlens_files.JacobianLens:
+    info = model.info
+    lens = jlens_files.load(spec, d_model=info.d_model, n_layers=info.n_layers, layers=cfg.jlens_layer_list,
+                            dtype=torch.bfloat16, cache_dir=cfg.resolved_cache_dir / "hub", model_name=info.name,
+                            unembedding=jlens_files.model_unembedding_fingerprint(model.path))
+    for warning in lens.warnings:
+        log.warning("lens %s: %s", spec, warning)
+    return lens
+
+
+def _stack(lens: jlens_files.JacobianLens | None, model: ResolvedModel) -> JStack | None:
+    """The lens as the engine holds it: its layers, then the last layer reading J = I."""
+    if lens is None:
+        return None
+    d, last = model.info.d_model, model.info.n_layers - 1
+    return JStack(layers=tuple(lens.layers + [last]),
+                  J=torch.stack([lens.J[layer] for layer in lens.layers] + [torch.eye(d, dtype=torch.bfloat16)]))
+
+
+def _fingerprint(lens: jlens_files.JacobianLens | None) -> str:
+    if lens is None:
+        return ""
+    h = hashlib.sha256()
+    for layer in lens.layers:
+        h.update(layer.to_bytes(4, "little"))
+        h.update(lens.J[layer].to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _reproducible(temperature: float, seed: int | None) -> bool:
+    """Greedy decoding, or sampling with an explicit seed: the same request gives the same answer."""
+    return float(temperature) == 0.0 or seed is not None

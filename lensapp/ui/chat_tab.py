@@ -1,0 +1,93 @@
+"""The chat: a conversation through the chat template, each reply with a per-token lens readout."""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from .. import charts
+from ..config import MAX_GENERATE_TOKENS, MAX_TEMPERATURE
+from ..service import ChatRequest
+from ..service.planning import default_chat_layer
+from ..service.requests import as_float, as_int
+from .examples import CHAT_EXAMPLES
+from .tabs import PRIVATE, warn
+
+HOW_TO = """
+Chat with the model through its chat template. Every reply carries, for each token it wrote, the
+top-3 of one lens at one layer: the model's *disposition* at that depth while it wrote the token.
+The readout is installed in the engine once (nnsight `model.edit()` on vLLM) and rides every chat
+request, so each turn pays only its own readout. Older turns are dropped when the conversation
+outgrows the prompt limit.
+"""
+
+
+def build_chat(service, guard) -> None:
+    has_j = service.jlens is not None
+    lens_default = "jacobian" if has_j else "logit"
+    gr.Markdown("Chat with the model; every reply shows what one layer was disposed to say at each token.")
+    with gr.Accordion("How to read this", open=False):
+        gr.Markdown(HOW_TO)
+    with gr.Row():
+        choices = [("Jacobian lens", "jacobian"), ("logit lens", "logit")] if has_j else [("logit lens", "logit")]
+        chat_lens = gr.Radio(choices, value=lens_default, label="Readout lens", elem_id="chat-lens")
+        layer = gr.Dropdown(choices=service.chat_layers(lens_default), value=_default_layer(service, lens_default),
+                            label="Readout layer", elem_id="chat-layer")
+        max_tokens = gr.Slider(1, MAX_GENERATE_TOKENS, value=32, step=1, label="Max new tokens")
+        temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature")
+    chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chat", sanitize_html=True,
+                         placeholder=f"Ask something. {'J-lens' if has_j else 'Logit-lens'} readouts appear under "
+                                     "each reply.")
+    with gr.Row():
+        message = gr.Textbox(placeholder="Message", show_label=False, scale=5, elem_id="chat-message",
+                             submit_btn=True)
+        clear = gr.Button("Clear", scale=1)
+    gr.Examples([[m] for m in CHAT_EXAMPLES], inputs=[message], label="Try", api_visibility="private")
+    history = gr.State([])           # the real conversation; the Chatbot shows an escaped copy plus readouts
+
+    def reply_to(text, history, shown, layer, lens, max_tokens, temperature):
+        messages = history + [{"role": "user", "content": text}]
+        reply = service.chat(ChatRequest(messages=tuple(messages), layer=as_int(layer, "layer"), lens=lens,
+                                         max_tokens=as_int(max_tokens, "max tokens"),
+                                         temperature=as_float(temperature, "temperature")))
+        if reply.dropped_turns:
+            warn(f"The conversation outgrew the prompt limit; the {reply.dropped_turns} oldest messages were left out.")
+        lens_name = "J-lens" if lens == "jacobian" else "logit lens"
+        shown = shown + [
+            {"role": "user", "content": _escape(text)},
+            {"role": "assistant", "content": _escape(reply.text) or "(empty reply)"},
+            {"role": "assistant", "content": readout_block(reply),
+             "metadata": {"title": f"{lens_name} at layer {reply.layer}: top-3 at each generated token"}},
+        ]
+        return "", messages + [{"role": "assistant", "content": reply.text}], shown
+
+    def send(text, history, shown, layer, lens, max_tokens, temperature, request: gr.Request = None):
+        if not (text or "").strip():
+            return gr.skip(), gr.skip(), gr.skip()
+        return guard.ui(request, reply_to, text, history, shown, layer, lens, max_tokens, temperature)
+
+    def on_lens(lens):
+        return gr.Dropdown(choices=service.chat_layers(lens), value=_default_layer(service, lens))
+
+    message.submit(send, [message, history, chatbot, layer, chat_lens, max_tokens, temperature],
+                   [message, history, chatbot], **PRIVATE)
+    chat_lens.input(on_lens, chat_lens, layer, **PRIVATE)
+    clear.click(lambda: ([], []), None, [history, chatbot], **PRIVATE)
+
+
+def readout_block(reply) -> str:
+    """Per generated token, the readout's top-k, as a fenced block (shown literally, never as markup)."""
+    rows = [(charts.show_token(tok), "   ".join(f"{charts.show_token(t)} {100 * p:.0f}%" for t, p in top))
+            for tok, top in zip(reply.tokens, reply.readout)]
+    width = max((len(r[0]) for r in rows), default=5)
+    body = "\n".join(f"{tok.ljust(width)}  →  {top}" for tok, top in rows)
+    return f"~~~~text\n{body}\n~~~~"          # every body line has an arrow, so none can close the fence
+
+
+def _escape(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def _default_layer(service, lens: str) -> int:
+    return default_chat_layer(service.chat_layers(lens), service.info.n_layers)

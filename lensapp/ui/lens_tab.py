@@ -1,0 +1,211 @@
+"""The logit-lens and Jacobian-lens tabs: one builder, configured for each.
+
+Both show a layer x token heatmap for a prompt, the top-k table at one position and the target
+curves. The Jacobian tab reads both lenses over the layers that have a J, shows them side by side
+on one colour scale with a view of where their top-1 differs, and the lens's provenance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+import numpy as np
+import pandas as pd
+
+from .. import charts
+from ..config import MAX_K
+from ..service import LensRequest
+from ..service.planning import jlens_subset
+from ..service.requests import as_int, span, split_targets
+from .examples import lens_examples
+from .permalinks import View
+from .tabs import PRIVATE, Downloads, TabParts, int_or, md_text, warn
+
+LOGIT_HOW_TO = """
+Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
+token. A cell shows the token the model would predict *next* if it stopped at that layer: the layer's
+residual stream sent through the model's own final norm and unembedding. The colour is the metric you
+choose; hover a cell for its top-k.
+
+- Read a column bottom to top to watch a prediction form. The top row is the model's real output.
+- `␣` is a space, `↵` a newline, `⇥` a tab: tokens often start with a space.
+- Early layers of most models read out noise or the current token itself; that is expected.
+- *KL to final* is how far a layer's guess is from the model's final distribution (0 = the same).
+- *Target* metrics score the first token of each target word as it would follow the prompt (a leading
+  space is added).
+"""
+
+JACOBIAN_HOW_TO = """
+The **logit lens** reads layer *l* as if the layers after it did nothing. The **Jacobian lens** first moves
+the residual into the last layer's basis with a pre-fitted average Jacobian J_l = E[∂h_final / ∂h_l],
+then unembeds: what the model is *disposed* to say from layer *l*, not what it would say if it stopped there.
+
+- Both heatmaps share rows (layers that have a J), columns (prompt tokens) and the colour scale.
+- The **difference** view marks cells whose top-1 differs. Orange: the J-lens is closer to the model's
+  final distribution there (lower KL); blue: the logit lens is. Grey: both lenses agree.
+- **Early layers read out degenerate tokens under the J-lens** (runs of `____`, punctuation, the same
+  token everywhere): an average Jacobian fitted from far below carries little of the prompt. Read it from
+  the middle layers on.
+- The top layer has no J (J = I there), so both lenses agree on it by construction.
+"""
+
+NO_LENS = """
+### No Jacobian lens is loaded
+
+This tab compares the logit lens with a **Jacobian lens**, a set of pre-fitted matrices that belongs to
+one model. None was configured when the app started, so there is nothing to show here.
+
+To load one, restart the app with `--jlens`:
+
+- a lens file for this model: `lensapp serve --jlens path/to/lens.pt`
+  (make one with `lensapp fit ...`; the embedded model's ships with the app);
+- a published lens on the Hugging Face hub, with `--model Qwen/Qwen3-8B`:
+  `--jlens neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt`.
+
+The same setting can come from the environment: `LENSAPP_JLENS=...`.
+"""
+
+
+@dataclass(frozen=True)
+class LensTab:
+    name: str               # permalink tab id and elem-id prefix
+    title: str
+    intro: str
+    how_to: str
+    lens: str               # what the request reads: "logit" or "both"
+    run_label: str
+
+
+LOGIT_TAB = LensTab("logit", "Logit lens", "What each layer would predict next, read through the model's own "
+                    "unembedding.", LOGIT_HOW_TO, "logit", "Run logit lens")
+JACOBIAN_TAB = LensTab("jacobian", "Jacobian lens", "What each layer is disposed to say, transported to the last "
+                       "layer by a fitted Jacobian, next to the plain logit lens.", JACOBIAN_HOW_TO, "both",
+                       "Run both lenses")
+
+
+def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabParts:
+    d = View()
+    info = service.info
+    jacobian = tab.lens != "logit"
+    with gr.Tab(tab.title, id=tab.name):
+        if jacobian and service.jlens is None:
+            gr.Markdown(NO_LENS + (f"\n\nThe lens could not be loaded: {md_text(service.jlens_error)}"
+                                   if service.jlens_error else ""), elem_id="jlens-missing")
+            return TabParts(tab.name, {}, lambda: View(tab=tab.name))
+        gr.Markdown(tab.intro)
+        for warning in (service.jlens.warnings if jacobian else []):
+            gr.Markdown(f"**Note:** {md_text(warning)}.", elem_classes=["lens-warning"])
+        with gr.Accordion("How to read this", open=False):
+            gr.Markdown(tab.how_to)
+        layers_label = (f"Layers (all, a range like 20-29 or a list; these have a J: {span(service.jlens_layers)})"
+                        if jacobian else f"Layers (all, 10-20 or 0,5,-1; this model: 0..{info.n_layers - 1})")
+        with gr.Row():
+            prompt = gr.Textbox(label="Prompt", value=d.prompt, lines=2, max_lines=8, scale=3,
+                                elem_id=f"{tab.name}-prompt")
+            targets = gr.Textbox(label="Target word(s), comma-separated (optional)", value=d.targets, scale=2,
+                                 elem_id=f"{tab.name}-targets")
+        with gr.Row():
+            layers = gr.Textbox(label=layers_label, value=d.layers, elem_id=f"{tab.name}-layers")
+            k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id=f"{tab.name}-k")
+            metric = gr.Dropdown(label="Colour cells by", value=d.metric, elem_id=f"{tab.name}-metric",
+                                 choices=[(m.title, key) for key, m in charts.METRICS.items()])
+            chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
+        run_button = gr.Button(tab.run_label, variant="primary", elem_id=f"{tab.name}-run", elem_classes=["run"])
+        examples = lens_examples(prompt, targets)
+        summary = gr.Markdown(elem_id=f"{tab.name}-summary")
+        heatmap = gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot"], show_label=False)
+        diff = gr.Plot(elem_id=f"{tab.name}-diff", elem_classes=["lens-plot"], show_label=False, visible=jacobian)
+        position = gr.Dropdown(label="Token table: position", choices=[], interactive=True,
+                               elem_id=f"{tab.name}-position")
+        table = gr.Dataframe(label="Top-k at this position, every layer (p = probability)", interactive=False,
+                             wrap=True, elem_id=f"{tab.name}-table")
+        curves = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False)
+        with gr.Row():
+            csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
+            json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
+        if jacobian:
+            with gr.Accordion("Lens provenance", open=False):
+                gr.JSON(value=service.jlens.describe(), label="The lens file", elem_id="jlens-provenance")
+        state = gr.State()
+    shown = ("jacobian", "logit") if jacobian else ("logit",)
+
+    def readout(prompt, layers, k, targets, metric, chat):
+        words = split_targets(targets)
+        if charts.METRICS.get(metric, charts.METRICS["top1_prob"]).needs_target and not words:
+            warn("That colour needs a target word; showing top-1 probability instead.")
+            metric = "top1_prob"
+        metric = metric if metric in charts.METRICS else "top1_prob"
+        layers = (layers or "all").strip()
+        if jacobian:
+            have, missing = jlens_subset(layers, info.n_layers, service.jlens_layers)
+            if missing:
+                warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
+            layers = ",".join(map(str, have))
+        req = LensRequest(prompts=(prompt,), lens=tab.lens, layers=layers, k=as_int(k, "k"), targets=words,
+                          chat=bool(chat))
+        result = service.lens(req)[0]
+        last = len(result.input_ids) - 1
+        return (
+            result,
+            charts.lens_pair(result, metric) if jacobian else charts.lens_heatmap(result, "logit", metric),
+            charts.lens_diff(result) if jacobian else gr.skip(),
+            lens_summary(result, shown),
+            gr.Dropdown(choices=position_choices(result.input_tokens), value=last),
+            top_k_tables(result, shown, last),
+            gr.Plot(value=charts.target_curves(result, shown) if words else None, visible=bool(words)),
+            downloads.button(f"{tab.name}-lens", ".csv", result.to_csv()),
+            downloads.button(f"{tab.name}-lens", ".json", result.dumps()),
+        )
+
+    def run(prompt, layers, k, targets, metric, chat, request: gr.Request = None):
+        return guard.ui(request, readout, prompt, layers, k, targets, metric, chat)
+
+    outputs = [state, heatmap, diff, summary, position, table, curves, csv_file, json_file]
+    inputs = [prompt, layers, k, targets, metric, chat]
+    run_button.click(run, inputs, outputs, **PRIVATE)
+    prompt.submit(run, inputs, outputs, **PRIVATE)
+    examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
+
+    def show_position(result, pos):
+        return gr.skip() if result is None or pos is None else top_k_tables(result, shown, int(pos))
+
+    position.input(show_position, [state, position], table, **PRIVATE)
+
+    def to_view(prompt, layers, k, targets, metric, chat) -> View:
+        return View(tab=tab.name, prompt=prompt or "", layers=layers or "all", k=int_or(k, d.k),
+                    targets=targets or "", metric=metric or d.metric, chat=bool(chat))
+
+    fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat}
+    return TabParts(tab.name, fields, to_view, run, inputs, outputs, run_button)
+
+
+def top_k_tables(result, lenses: tuple[str, ...], position: int) -> pd.DataFrame:
+    """The top-k table at one position, a row per layer (and lens, when there are two)."""
+    if len(lenses) == 1:
+        return charts.display_tokens(result.top_k_table(lenses[0], position))
+    frames = [result.top_k_table(lens, position).assign(lens=charts.LENS_TITLES[lens]) for lens in lenses]
+    df = pd.concat(frames, ignore_index=True)
+    return charts.display_tokens(df[["lens"] + [c for c in df.columns if c != "lens"]])
+
+
+def position_choices(tokens: list[str]) -> list[tuple[str, int]]:
+    return [(f"{i}: {charts.clip(charts.show_token(t), 24)}", i) for i, t in enumerate(tokens)]
+
+
+def lens_summary(result, lenses: tuple[str, ...]) -> str:
+    """A few lines of Markdown: the model's next token and each target's score at the deepest layer."""
+    lines = [f"**The model's next token:** {md_text(charts.show_token(result.model_next_token))}  ·  "
+             f"{len(result.input_ids)} prompt tokens × {len(result.layers)} layers"]
+    last = result.layers[-1]
+    for lens in lenses:
+        for t in result.lenses[lens].targets:
+            p, rank = float(t.probs[-1, -1]), int(t.ranks[-1, -1])
+            line = (f"{charts.LENS_TITLES[lens]}, layer {last}: P({md_text(charts.show_token(t.tokens[0]))}) = "
+                    f"{100 * p:.1f}% (rank {rank})")
+            if len(t.token_ids) > 1:
+                whole = float(np.exp(t.continuation_logprob[-1])) if t.continuation_logprob is not None else None
+                line += (f"; {md_text(t.text)} is {len(t.token_ids)} tokens, scored by its first"
+                         + (f"; the whole word: {100 * whole:.2f}%" if whole is not None else ""))
+            lines.append("- " + line)
+    return "\n".join(lines)

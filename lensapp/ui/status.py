@@ -1,0 +1,30 @@
+"""The engine's state on the page: a line under the header while the model loads, restarts, is busy or is
+down, and the run buttons enabled only while it can serve. Polled from the service's health."""
+
+from __future__ import annotations
+
+from .tabs import md_text
+
+POLL_SECONDS = 2.0
+
+
+def status_line(health: dict) -> str:
+    """One line of Markdown for the page's status banner ('' when all is well)."""
+    state = health.get("state")
+    if state == "starting":
+        return ("⏳ **The model is loading** (vLLM starts and warms up; about a minute on a small CPU). "
+                "The buttons wake up when it is ready; a readout asked for now runs then.")
+    if state == "restarting":
+        return ("⚠️ **The model is restarting** after a failure "
+                f"({md_text(health.get('reason') or 'unknown')}). Requests in progress were stopped: run them again "
+                "once it is back; new ones wait for it.")
+    if state == "down":
+        return f"⛔ **The model is down**: {md_text(health.get('reason') or 'unknown')}. Try again later."
+    waiting = int(health.get("queue_depth") or 0)
+    if waiting:
+        return f"⌛ Busy: {waiting} request{'s' if waiting != 1 else ''} waiting; yours will run in turn."
+    return ""
+
+
+def is_ready(health: dict) -> bool:
+    return health.get("state") == "ready"

@@ -1,0 +1,80 @@
+"""What every tab hands to `build_app`, and what every tab uses to show text and files.
+
+A tab is built by a function returning `TabParts`: its permalink fields (view field -> input
+component), a function from those inputs' values to a `View`, and its readout handler with that
+handler's inputs and outputs. `build_app` wires links, page load and the engine status from these
+alone, so no tab knows another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import gradio as gr
+
+from .permalinks import View
+
+PRIVATE = {"api_visibility": "private"}          # UI events are not API endpoints (api.py's are)
+
+
+@dataclass
+class TabParts:
+    name: str                                     # the permalink's tab id
+    fields: dict[str, gr.components.Component]    # View field -> input component, in `to_view` order
+    to_view: Callable[..., View]                  # values of `fields` -> View
+    run: Callable | None = None                   # the readout handler (None: tab unavailable)
+    run_inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    run_button: gr.Button | None = None
+
+    def values(self, view: View) -> list:
+        """Input values for `view`, in `fields` order."""
+        return [getattr(view, name) for name in self.fields]
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+
+
+def md_text(text: str) -> str:
+    """Arbitrary text shown literally inside gr.Markdown (no markup, no HTML)."""
+    return _MD_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
+
+
+def int_or(value, default: int) -> int:
+    """For building a View from inputs mid-edit (an emptied number box): never raises."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def warn(message: str) -> None:
+    gr.Warning(html.escape(message))
+
+
+class Downloads:
+    """Files behind the download buttons, in one temp folder; old ones are pruned."""
+
+    KEEP_SECONDS = 3600
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="lensapp-exports-"))
+
+    def button(self, stem: str, suffix: str, text: str) -> gr.DownloadButton:
+        """A visible download button serving `text` as `<stem>-....<suffix>`."""
+        now = time.time()
+        for old in self.dir.iterdir():
+            with contextlib.suppress(FileNotFoundError):     # another handler may prune it first
+                if now - old.stat().st_mtime > self.KEEP_SECONDS:
+                    old.unlink(missing_ok=True)
+        fd, path = tempfile.mkstemp(prefix=f"{stem}-", suffix=suffix, dir=self.dir)
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return gr.DownloadButton(value=path, visible=True)
