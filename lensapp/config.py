@@ -73,8 +73,8 @@ class Config:
     dtype: str = _setting("auto", "`auto` is float32 on CPU (no bf16 units: ~3x faster), bfloat16 on GPU",
                           choices=("auto", "float32", "bfloat16", "float16"))
     max_model_len: int = _setting(0, f"vLLM context length; 0 = the model's own limit, at most {DEFAULT_MAX_MODEL_LEN}")
-    gpu_memory_utilization: float = _setting(0.0, "vLLM memory share; 0 = 0.3 on CPU (KV cache share of RAM), "
-                                                  "0.85 on GPU")
+    gpu_memory_utilization: float = _setting(0.0, "vLLM memory share; 0 = 0.1 on CPU (the KV cache's share of "
+                                                  "RAM), 0.85 on GPU")
     tensor_parallel_size: int = _setting(1, "GPUs one model is split across (vLLM tensor parallelism)")
     pipeline_parallel_size: int = _setting(1, "pipeline stages (vLLM; across nodes with `ray`)")
     distributed_executor_backend: str = _setting("", "vLLM's executor for several GPUs: `mp` (one node) or `ray` "

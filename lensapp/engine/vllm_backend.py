@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 JLENS_ATTR = "lensapp_jlens"   # attribute on the worker's model holding {"layers": [...], "J": [n, d, d]}
 CHAT_EDIT = "lensapp-chat"     # name of the chat readout installed with model.edit()
+# On CPU the "GPU memory" share is the share of RAM vLLM takes for its KV cache up front. A tenth
+# (2.4 GB of 24) holds every request in flight of a small model many times over, and leaves room for
+# a second engine (the tests run the app and a service side by side).
+CPU_KV_SHARE = 0.1
 
 
 def vllm_head(layout, model, x):
@@ -46,7 +50,7 @@ class VLLMBackend:
             from nnsight.modeling.vllm import VLLM
         extra = {"distributed_executor_backend": distributed_executor_backend} if distributed_executor_backend else {}
         self.model = VLLM(path, dispatch=True, mode="async", dtype=info.dtype, max_model_len=max_model_len,
-                         gpu_memory_utilization=gpu_memory_utilization or (0.3 if cpu else 0.85),
+                         gpu_memory_utilization=gpu_memory_utilization or (CPU_KV_SHARE if cpu else 0.85),
                          tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
                          enable_prefix_caching=False, disable_log_stats=True, **extra)
         self.info = info

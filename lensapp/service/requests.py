@@ -243,6 +243,15 @@ def as_seed(value) -> int | None:
     return as_int(value, "seed")
 
 
+def as_flag(value, what: str) -> bool:
+    """A yes/no from a bool, 0/1 or text ('true', 'false', '1', '0', '')."""
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", ""):
+        return value.strip().lower() in ("true", "1")
+    raise RequestError(f"{what} must be true or false; got {_short(repr(value))}")
+
+
 def as_text(value, what: str) -> str:
     if value is None:
         return ""

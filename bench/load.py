@@ -1,0 +1,294 @@
+"""A workshop at once: many users against the running app, through its API, as their browsers would.
+
+Starts `lensapp serve` on a free loopback port (or uses `--url`, which must be loopback), then runs
+scenarios, each bounded in users and time, and prints a table per scenario and one JSON line:
+
+  mix       N users at once, a mix of kinds: logit lens, both lenses, generation, chat, and one
+            permalink everybody opens (the same /lens request); against the same requests one after
+            another. p50/p95 per kind, errors by kind, lost requests (no answer within --timeout).
+  link      the same link opened by 16 users at once: engine forwards spent (from /health).
+  hol       a short lens request sent 2 s into another user's 32-token generation (both lenses, all
+            layers), against the same lens request alone.
+  generate  8 users generating 16 tokens at once, against one after another.
+  flood     48 users at once against an app whose queue holds fewer: every one answered or told
+            "busy" at once; none lost.
+
+    python bench/load.py                          # all scenarios on the embedded model (a few minutes)
+    python bench/load.py --scenario link --scenario hol
+    python bench/load.py --url http://127.0.0.1:7860/ --scenario mix --users 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIOS = ("mix", "link", "hol", "generate", "flood")
+PROMPTS = ["The capital of France is", "Water boils at", "The Eiffel Tower is located in the city of",
+           "La capitale de la France est", "12 + 7 =", "The opposite of hot is", "My favourite colour is",
+           "The largest planet in the solar system is"]
+LINK = ("The Eiffel Tower is located in the city of", "logit", "all", 5, "Paris")
+
+
+# -- the app ---------------------------------------------------------------------------------------
+
+class App:
+    """`lensapp serve` in a subprocess on a free loopback port (or an app already running at --url)."""
+
+    def __init__(self, url: str | None, extra: list[str] = (), env: dict | None = None):
+        self.proc, self.log = None, None
+        if url:
+            host = urllib.parse.urlparse(url).hostname
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                raise SystemExit("error: --url must be a loopback address: this bench only loads your own machine")
+            self.url = url if url.endswith("/") else url + "/"
+            return
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/"
+        self.log = open(REPO / "artifacts" / f"load-app-{port}.log", "w") if (REPO / "artifacts").is_dir() else None
+        self.proc = subprocess.Popen([sys.executable, "-m", "lensapp", "serve", "--port", str(port), *extra],
+                                     cwd=REPO, stdout=self.log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {}), "GRADIO_ANALYTICS_ENABLED": "False"})
+        self.wait_ready()
+
+    def health(self) -> dict:
+        with urllib.request.urlopen(self.url + "health", timeout=10) as r:
+            return json.loads(r.read())
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise SystemExit(f"error: the app exited with {self.proc.returncode}")
+            try:
+                if self.health()["state"] == "ready":
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(1)
+        raise SystemExit(f"error: the app at {self.url} was not ready within {timeout:.0f} s")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=120)
+
+
+def client(url: str):
+    from gradio_client import Client
+
+    return Client(url, verbose=False)
+
+
+# -- requests --------------------------------------------------------------------------------------
+
+class Outcome:
+    """What happened to one request: ok, an error (with its kind), or lost (no answer in time)."""
+
+    def __init__(self, kind: str):
+        self.kind, self.seconds, self.error, self.done = kind, None, None, threading.Event()
+
+
+def call(c, kind: str, i: int):
+    p = PROMPTS[i % len(PROMPTS)]
+    if kind == "logit":
+        return c.predict(p, "logit", "all", 5, "", api_name="/lens")
+    if kind == "both":
+        return c.predict(p, "both", "all", 5, "", api_name="/lens")
+    if kind == "generate":
+        return c.predict(p, 8, "logit", "all", 5, 0.0, api_name="/generate")
+    if kind == "chat":
+        return c.predict([{"role": "user", "content": f"Say something about {p.split()[1]}."}], "logit", -1, 8,
+                         0.0, 3, None, api_name="/chat")
+    if kind == "link":
+        return c.predict(*LINK, api_name="/lens")
+    raise ValueError(kind)
+
+
+def run_all(url: str, kinds: list[str], timeout: float, stagger: float = 0.0) -> list[Outcome]:
+    """Every request at once (one client each), each with an answer deadline; lost = none by then."""
+    clients = [client(url) for _ in kinds]
+    outcomes = [Outcome(k) for k in kinds]
+
+    def one(i: int) -> None:
+        o = outcomes[i]
+        t = time.perf_counter()
+        try:
+            call(clients[i], o.kind, i)
+        except Exception as e:  # noqa: BLE001 - every failure is counted by its message
+            o.error = " ".join(str(e).split())[:80] or type(e).__name__
+        o.seconds = time.perf_counter() - t
+        o.done.set()
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(kinds))]
+    for th in threads:
+        th.start()
+        time.sleep(stagger)
+    deadline = time.time() + timeout
+    for o in outcomes:
+        o.done.wait(max(0.0, deadline - time.time()))
+    return outcomes
+
+
+def sequential(url: str, kinds: list[str]) -> float:
+    c = client(url)
+    t = time.perf_counter()
+    for i, kind in enumerate(kinds):
+        call(c, kind, i)
+    return time.perf_counter() - t
+
+
+def summarise(outcomes: list[Outcome]) -> dict:
+    by_kind = defaultdict(list)
+    for o in outcomes:
+        if o.done.is_set() and o.error is None:
+            by_kind[o.kind].append(o.seconds)
+    out = {"answered": sum(o.done.is_set() and o.error is None for o in outcomes),
+           "errors": dict(Counter(o.error for o in outcomes if o.done.is_set() and o.error)),
+           "lost": sum(not o.done.is_set() for o in outcomes), "latency": {}}
+    for kind, times in sorted(by_kind.items()):
+        times.sort()
+        out["latency"][kind] = {"n": len(times), "p50_s": round(statistics.median(times), 3),
+                                "p95_s": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3)}
+    return out
+
+
+# -- scenarios -------------------------------------------------------------------------------------
+
+def mix(app: App, users: int, timeout: float) -> dict:
+    pattern = ["logit", "both", "generate", "chat", "link"]
+    kinds = [pattern[i % len(pattern)] for i in range(users)]
+    seq = sequential(app.url, kinds)
+    before = app.health()
+    t = time.perf_counter()
+    outcomes = run_all(app.url, kinds, timeout)
+    wall = time.perf_counter() - t
+    after = app.health()
+    return {"users": users, "sequential_s": round(seq, 2), "concurrent_s": round(wall, 2),
+            "throughput_x": round(seq / wall, 2), "cache_hits": _hits(after) - _hits(before), **summarise(outcomes)}
+
+
+def link(app: App, users: int = 16, timeout: float = 300) -> dict:
+    before = app.health()
+    t = time.perf_counter()
+    outcomes = run_all(app.url, ["link"] * users, timeout)
+    wall = time.perf_counter() - t
+    after = app.health()
+    forwards = after["forwards"].get("lens", 0) - before["forwards"].get("lens", 0)
+    return {"users": users, "wall_s": round(wall, 2), "engine_forwards": forwards,
+            "cache_hits": _hits(after) - _hits(before), **summarise(outcomes)}
+
+
+def hol(app: App, timeout: float = 300) -> dict:
+    c = client(app.url)
+    req = ("The capital of France is", "logit", "all", 5, "")
+    c.predict(*req, api_name="/lens")
+    alone = statistics.median(_timed(lambda: c.predict(*req, api_name="/lens")) for _ in range(5))
+    gen_client = client(app.url)
+    done = {}
+
+    def generate():
+        done["gen_s"] = _timed(lambda: gen_client.predict("Tell me a long story about a dragon.", 32, "both", "all", 5,
+                                                          0.0, api_name="/generate"))
+    th = threading.Thread(target=generate)
+    th.start()
+    time.sleep(2.0)
+    during = _timed(lambda: c.predict(*req, api_name="/lens"))
+    th.join(timeout)
+    return {"lens_alone_s": round(alone, 3), "lens_during_generation_s": round(during, 3),
+            "ratio": round(during / alone, 2), "generation_s": round(done.get("gen_s", float("nan")), 2)}
+
+
+def generate(app: App, users: int = 8, timeout: float = 300) -> dict:
+    prompts = [f"Story number {i}: once upon a time" for i in range(users)]
+    c = client(app.url)
+    t = time.perf_counter()
+    for p in prompts:
+        c.predict(p, 16, "logit", "all", 5, 0.0, api_name="/generate")
+    seq = time.perf_counter() - t
+    clients = [client(app.url) for _ in prompts]
+    t = time.perf_counter()
+    with ThreadPoolExecutor(users) as pool:
+        list(pool.map(lambda a: a[0].predict(a[1] + " ", 16, "logit", "all", 5, 0.0, api_name="/generate"),
+                      zip(clients, prompts)))
+    conc = time.perf_counter() - t
+    return {"users": users, "tokens": 16, "sequential_s": round(seq, 2), "concurrent_s": round(conc, 2),
+            "throughput_x": round(seq / conc, 2)}
+
+
+def flood(url: str | None, users: int = 48, timeout: float = 300) -> dict:
+    """Against its own app with a small queue (8 at once, 8 waiting): the rest must hear 'busy' at once."""
+    app = App(url, extra=["--max-batch", "8", "--queue-size", "8", "--cache-entries", "0"])
+    try:
+        kinds = ["logit"] * users
+        outcomes = run_all(app.url, kinds, timeout)
+        busy = [o.seconds for o in outcomes if o.error and "busy" in o.error]
+        return {"users": users, "queue": "8 running + 8 waiting", **summarise(outcomes),
+                "busy_answer_p95_s": round(sorted(busy)[int(0.95 * (len(busy) - 1))], 3) if busy else None}
+    finally:
+        app.close()
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _hits(health: dict) -> int:
+    return health["cache"]["hits"] + health["cache"]["shared_in_flight"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running app (loopback only); default: start one here")
+    parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="repeatable; default: all")
+    parser.add_argument("--users", type=int, default=30, help="users in the mix scenario (at most 64)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds before an unanswered request is lost")
+    args = parser.parse_args(argv)
+    if not 1 <= args.users <= 64:
+        parser.error("--users must be in 1..64")
+    scenarios = args.scenario or list(SCENARIOS)
+    results = {}
+    app = App(args.url) if set(scenarios) - {"flood"} else None
+    try:
+        for name in scenarios:
+            t = time.perf_counter()
+            if name == "mix":
+                results[name] = mix(app, args.users, args.timeout)
+            elif name == "link":
+                results[name] = link(app, timeout=args.timeout)
+            elif name == "hol":
+                results[name] = hol(app, args.timeout)
+            elif name == "generate":
+                results[name] = generate(app, timeout=args.timeout)
+            else:
+                results[name] = flood(None, timeout=args.timeout)
+            results[name]["scenario_s"] = round(time.perf_counter() - t, 1)
+            print(f"\n[{name}]")
+            for key, value in results[name].items():
+                print(f"  {key:>26}: {value}")
+    finally:
+        if app is not None:
+            app.close()
+    print(json.dumps({"bench": "load", **results}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
