@@ -203,7 +203,7 @@ def hol(app: App, timeout: float = 300) -> dict:
     done = {}
 
     def generate():
-        done["gen_s"] = _timed(lambda: gen_client.predict("Tell me a long story about a dragon.", 32, "both", "all", 5,
+        done["gen_s"] = _timed(lambda: gen_client.predict("Once upon a time, in a land far away,", 32, "both", "all", 5,
                                                           0.0, api_name="/generate"))
     th = threading.Thread(target=generate)
     th.start()

@@ -111,11 +111,48 @@ def test_metrics_and_target_legend():
 
 
 def test_export_menu_and_size():
-    d = spec(charts.lens_heatmap(lens_result(L=30, P=60, input_tokens=[f" w{i}" for i in range(60)])))
+    d = spec(charts.lens_heatmap(lens_result(L=30, P=40, input_tokens=[f" w{i}" for i in range(40)])))
     opts = d["usermeta"]["embedOptions"]
     assert opts["actions"]["export"] is True and opts["actions"]["editor"] is False
     assert d["width"] == {"step": 58} and d["height"] == {"step": 20}
-    assert len(layer_rows(d)) == 30 * 60
+    assert len(layer_rows(d)) == 30 * 40
+
+
+def test_a_long_prompt_is_drawn_as_a_window_under_an_overview():
+    P, W = 300, charts.DisplaySettings().max_columns
+    result = lens_result(L=30, P=P, input_tokens=[f" w{i}" for i in range(P)])
+    d = spec(charts.lens_heatmap(result))
+    overview, window = d["vconcat"]
+    rows = window["data"]["values"]
+    assert len(rows) == 30 * W and {r["position"] for r in rows} == set(range(P - W, P))     # the last positions
+    assert f"positions {P - W}–{P - 1} of {P}" in window["title"]
+    bands = overview["data"]["values"]
+    assert {r["position"] for r in bands} == set(range(P)) and len(bands) == 6 * P           # every position, no text
+    assert sum(r["shown"] for r in bands) == 6 * W
+    moved = spec(charts.lens_heatmap(result, start=10))["vconcat"][1]
+    assert {r["position"] for r in moved["data"]["values"]} == set(range(10, 10 + W))
+    colour = window["layer"][0]["encoding"]["color"]["scale"]["domain"]
+    assert moved["layer"][0]["encoding"]["color"]["scale"]["domain"] == colour   # one scale as the window moves
+    pair = spec(charts.lens_pair(lens_result(L=4, P=P, lenses=("logit", "jacobian"),
+                                             input_tokens=[f" w{i}" for i in range(P)]), start=0))
+    assert {r["position"] for r in pair["hconcat"][0]["data"]["values"]} == set(range(W))
+
+
+def test_compare_aligns_prompts_at_the_end_and_draws_no_padding():
+    from lensapp.results import Comparison
+
+    short, long = lens_result(P=3, input_tokens=["The", " capital", " is"]), lens_result(P=5)
+    comparison = Comparison([short, long])
+    assert comparison.width == 5 and comparison.padding(0) == 2 and comparison.padding(1) == 0
+    d = spec(charts.compare_heatmaps(comparison))
+    first, second = d["vconcat"]
+    assert len(first["data"]["values"]) == 4 * 3 and len(second["data"]["values"]) == 4 * 5   # cells: tokens only
+    order = first["layer"][0]["encoding"]["x"]["sort"]
+    assert len(order) == 5 and order[-3:] == ["The", "␣capital", "␣is"]           # two empty columns first
+    assert all(ch == "\u2063" for ch in "".join(order[:2]))                         # labels that show nothing
+    assert d["resolve"]["scale"]["color"] == "shared"                               # one colour legend
+    table = comparison.last_position_table("logit")
+    assert list(table.columns[:3]) == ["layer", "prompt 1", "p1"] and len(table) == 4
 
 
 def test_pair_and_diff():

@@ -13,7 +13,10 @@ from lensapp.ui.permalinks import View
     View(tab="jacobian", prompt="Le 12 + 7 = ?\n<img src=x>&a=b#c", layers="20-28", k=7, targets="Paris, Lyon",
          metric="target_rank", chat=True),
     View(tab="generate", prompt="La capitale de la France est", max_tokens=12, temperature=0.7, lens="both",
-         layers="0,5,-1", k=3),
+         layers="0,5,-1", k=3, seed=7, raw=True),
+    View(tab="compare", prompts=("The capital of France is", "La capitale de l'Italie est\n&x=1", "3"), lens="both",
+         layers="20-29", targets="Paris, Rome", metric="kl"),
+    View(tab="logit", prompt="word " * 300, start=120),
 ])
 def test_round_trip(view):
     back, notices = pl.decode(pl.encode(view))
@@ -37,7 +40,8 @@ def test_v1_link_still_opens():
             "&targets=Paris&metric=kl&chat=0")
     view, notices = pl.decode(link)
     assert notices == []
-    assert view == View(tab="jacobian", prompt="The Eiffel Tower is located in the city of", metric="kl")
+    assert view == View(tab="jacobian", prompt="The Eiffel Tower is located in the city of", metric="kl",
+                        targets="Paris")
     assert pl.decode("tab=generate&max_tokens=4")[0].max_tokens == 4          # no v: read as v=1
 
 
@@ -112,3 +116,26 @@ def test_hostile_prompt_survives_as_text():
     evil = "<img src=x onerror=alert(1)>"
     view, notices = pl.decode("prompt=" + quote(evil))
     assert view.prompt == evil and notices == []
+
+
+def test_empty_means_empty():
+    assert View().targets == ""                                          # opening the app cold names no target
+    assert pl.decode("tab=logit&prompt=Hi").view.targets == ""          # a link that names none gets none
+    assert pl.decode("tab=logit&prompt=Hi&targets=").view.targets == ""
+    assert pl.decode("tab=logit&targets=Paris").view.targets == "Paris"
+    assert pl.decode("tab=generate&seed=").view.seed is None
+
+
+def test_compare_links_need_two_prompts():
+    view, notices = pl.decode("tab=compare&prompt1=A%20b")
+    assert view.prompts == pl.DEFAULT_COMPARE and "fewer than two" in notices[0]
+    view, notices = pl.decode("tab=compare&prompt1=A&prompt2=%20&prompt3=C")
+    assert view.prompts == ("A", "C") and "prompt2" in notices[0]
+    assert pl.encode(View(tab="compare", prompts=("a", "b")))["prompt2"] == "b"
+
+
+@pytest.mark.parametrize("query, field", [({"seed": "-1"}, "seed"), ({"seed": "x"}, "seed"), ({"raw": "2"}, "raw"),
+                                          ({"start": "-5"}, "start")])
+def test_new_fields_fall_back_too(query, field):
+    view, notices = pl.decode(query)
+    assert getattr(view, field) == getattr(View(), field) and f"link's {field}" in notices[0]

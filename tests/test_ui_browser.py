@@ -296,9 +296,13 @@ def test_chat_reply_carries_a_readout(page, app_url):
     page.get_by_role("tab", name="Chat").click()
     field(page, "chat-message").fill("What is the capital of Japan?")
     field(page, "chat-message").press("Enter")
-    page.get_by_text(re.compile(r"J-lens at layer \d+: top-3")).wait_for(timeout=RUN_TIMEOUT)
-    page.locator("#chat pre").first.wait_for(state="visible", timeout=30_000)   # the readout, open
-    assert "→" in page.inner_text("#chat pre")                 # token -> its top-3, per generated token
+    page.get_by_text(re.compile(r"J-lens at layer \d+: its top-1 under each token")).wait_for(timeout=RUN_TIMEOUT)
+    cells = page.locator("#chat .lens-readout details.lens-tok")
+    cells.first.wait_for(state="visible", timeout=30_000)             # each generated token over its top-1
+    assert cells.count() >= 2
+    assert "%" in cells.first.get_attribute("title")                    # the top-3 on hover ...
+    cells.first.locator("summary").click()                              # ... and on tap
+    assert "%" in cells.first.locator(".topk").inner_text()
     shot(page, "chat")
     assert not page.errors
 
@@ -363,14 +367,72 @@ def test_app_without_a_jlens_says_how_to_load_one():
 
     service = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
                               jlens_layers=[], jlens_error=None, chat_layers=lambda lens: [0, 1, 2, 3],
+                              model=SimpleNamespace(path="stand-in", family=None),
                               health=lambda: {"state": "ready"})
     demo = ui.build_app(service, Config(jlens="none"))
     texts = [b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown) and isinstance(b.value, str)]
     assert any("No Jacobian lens is loaded" in t and "--jlens" in t for t in texts)
-    radios = [b for b in demo.blocks.values() if isinstance(b, gr.Radio)]
-    assert all(value == "logit" for r in radios for _, value in r.choices)      # every lens choice: logit only
+    radios = [b for b in demo.blocks.values() if isinstance(b, gr.Radio) and (b.elem_id or "").endswith("-lens")]
+    assert len(radios) >= 3 and all(value == "logit" for r in radios for _, value in r.choices)   # logit only
     # A generation link that reads the J-lens opens on the logit lens, with a notice, not a broken Radio.
     restore = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "restore")
     out = {getattr(c, "elem_id", None): v for c, v in restore("?tab=generate&lens=jacobian&prompt=Hi").items()}
     assert out["generate-lens"] == "logit" and out["generate-prompt"] == "Hi"
     assert "no Jacobian lens" in out["link-notice"].value and out["link-notice"].visible
+
+
+def test_compare_link_draws_both_prompts_aligned_without_padding(page, app_url, embedded_dir):
+    a, b = "Paris is in", "The Eiffel Tower is located in the city of"
+    blind_event_urls(page)
+    open_app(page, app_url, f"v=1&tab=compare&prompt1={a.replace(' ', '%20')}&prompt2={b.replace(' ', '%20')}"
+                            "&layers=26-29&k=3&targets=Paris,France")
+    wait_plot(page, "compare-heatmaps")
+    assert page.get_by_role("tab", name="Compare").get_attribute("aria-selected") == "true"
+    first, second = cells(page, "compare-heatmaps", 0), cells(page, "compare-heatmaps", 1)
+    n_a, n_b = n_tokens(embedded_dir, a), n_tokens(embedded_dir, b)
+    assert n_a < n_b
+    assert len(first) == 4 * n_a and len(second) == 4 * n_b             # a cell per token: none for padding
+    assert {int(c["position"]) for c in first} == set(range(n_a))
+    assert page.locator("#compare-heatmaps g.role-legend").count() == 1 # one colour scale
+    page.wait_for_selector("#compare-targets-plot svg.marks", timeout=30_000)
+    legend = " ".join(page.eval_on_selector_all("#compare-targets-plot g.role-legend-label text",
+                                                "els => els.map(e => e.textContent)"))
+    assert "1: Paris" in legend and "2: Paris" in legend                 # both prompts' trajectories
+    summary = page.inner_text("#compare-summary")
+    assert any(where in summary for where in ("part ways at layer", "agree at the top", "differ from the first"))
+    assert "prompt 2: ␣Paris" in summary                                 # what each prompt ends on
+    assert page.get_attribute("#compare-table [role=grid]", "aria-rowcount") == str(4 + 1)
+    shot(page, "compare")
+    assert not page.errors
+
+
+def test_generation_link_restores_its_seed(page, app_url):
+    from gradio_client import Client
+
+    blind_event_urls(page)
+    open_app(page, app_url, "tab=generate&prompt=Once%20upon%20a%20time&max_tokens=6&temperature=0.8&seed=7"
+                            "&layers=28-29")
+    wait_plot(page, "generate-heatmap")
+    assert field(page, "generate-seed").input_value() == "7"
+    expected = Client(app_url, verbose=False).predict("Once upon a time", 6, "logit", "28-29", 5, 0.8, 7,
+                                                      api_name="/generate")
+    assert page.locator("#generate-text textarea").input_value() == expected["text"]
+    assert "seed=7" in page.url
+    assert not page.errors
+
+
+def test_a_long_prompt_shows_a_window_and_the_code(page, app_url, embedded_dir):
+    prompt = "one two three four five six seven eight nine ten " * 12
+    n = n_tokens(embedded_dir, prompt)
+    assert n > 60
+    blind_event_urls(page)
+    open_app(page, app_url, f"tab=logit&prompt={prompt.replace(' ', '%20')}&layers=27-29&k=3")
+    wait_plot(page, "logit-heatmap")
+    drawn = cells(page, "logit-heatmap")
+    assert len(drawn) == 3 * 48 and {int(c["position"]) for c in drawn} == set(range(n - 48, n))   # the last 48
+    assert page.locator("#logit-window").is_visible()                   # the slider that moves the window
+    page.get_by_text("Show the code").click()
+    page.wait_for_function("() => document.querySelector('#logit-code')?.innerText.includes('TransformersModel')",
+                           timeout=30_000)
+    shot(page, "long-prompt")
+    assert not page.errors

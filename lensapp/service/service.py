@@ -22,7 +22,7 @@ from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, Config
 from ..engine.core import Engine
 from ..engine.loading import ResolvedModel, backend_factory, describe_model
 from ..engine.protocol import Backend, JStack, Sampling
-from ..results import ChatReply, GenerationResult, LensResult, Target
+from ..results import ChatReply, Comparison, GenerationResult, LensResult, Target
 from . import planning
 from .cache import ResultCache
 from .prompts import Prompts, load_tokenizer
@@ -99,6 +99,13 @@ class LensService:
         keys = [self._key("lens", p, req.chat, plan.lenses, tuple(plan.layers), req.k,
                           tuple(t.text for t in plan.targets), req.raw) for p in req.prompts]
         return self.cache.get_many(keys, compute)
+
+    def compare(self, req: LensRequest) -> Comparison:
+        """2..MAX_COMPARE_PROMPTS prompts read the same way, in flight together; each prompt's result is
+        exactly what `lens` gives for it alone."""
+        if not 2 <= len(req.prompts) <= MAX_COMPARE_PROMPTS:
+            raise RequestError(f"compare takes 2 to {MAX_COMPARE_PROMPTS} prompts; got {len(req.prompts)}")
+        return Comparison(self.lens(req))
 
     def generate(self, req: GenerateRequest) -> GenerationResult:
         """Generate and read the newest position at every step (step 0: all prompt positions)."""

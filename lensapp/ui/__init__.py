@@ -15,6 +15,7 @@ import gradio as gr
 from ..service.limits import RateLimiter
 from . import permalinks, status
 from .api import register_api
+from .compare_tab import build_compare_tab
 from .generate_tab import build_generate_tab
 from .guard import Guard
 from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, build_lens_tab
@@ -25,6 +26,14 @@ CSS = """
 .lens-plot .altair > div { flex: none; }
 #link-notice, .lens-warning, #engine-status { border-left: 4px solid #e69f00; padding-left: 0.75em; }
 #permalink textarea, #permalink input { font-family: var(--font-mono); font-size: 0.85em; }
+.lens-readout { display: flex; flex-wrap: wrap; gap: 4px; }
+.lens-tok { display: inline-block; border: 1px solid var(--border-color-primary); border-radius: 4px;
+            padding: 0 4px; }
+.lens-tok summary { list-style: none; cursor: pointer; display: flex; flex-direction: column; align-items: center; }
+.lens-tok summary::-webkit-details-marker { display: none; }
+.lens-tok .gen { font-family: var(--font-mono); }
+.lens-tok .top1 { font-size: 0.75em; opacity: 0.75; }
+.lens-tok .topk { font-size: 0.75em; display: block; }
 """
 
 # history.replaceState keeps the address bar equal to the view; returns the full link for the link box.
@@ -55,7 +64,8 @@ def build_app(service, cfg) -> gr.Blocks:
         with gr.Tabs(selected="logit", elem_id="tabs") as tabs:
             parts = [build_lens_tab(LOGIT_TAB, service, guard, downloads),
                      build_lens_tab(JACOBIAN_TAB, service, guard, downloads),
-                     build_generate_tab(service, guard, downloads)]
+                     build_generate_tab(service, guard, downloads),
+                     build_compare_tab(service, guard, downloads)]
         with gr.Row():
             link = gr.Textbox(label="Link to this view (inputs are kept in the address bar)", interactive=False,
                               scale=6, elem_id="permalink",

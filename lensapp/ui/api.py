@@ -18,7 +18,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ..service import ChatRequest, GenerateRequest, LensRequest
-from ..service.requests import as_flag, as_float, as_int, as_seed, as_text, split_targets
+from ..service.requests import RequestError, as_flag, as_float, as_int, as_seed, as_text, split_targets
 
 
 def register_api(service, guard) -> None:
@@ -99,7 +99,28 @@ def register_api(service, guard) -> None:
             return service.chat(req).to_json()
         return guard.api(request, run)
 
+    def compare(prompts: list[str], lens: str = "logit", layers: str = "all", k: int = 5, targets: str = "",
+                chat: bool = False, raw: bool = False, request: gr.Request = None) -> list[dict]:
+        """2 to 4 prompts read the same way, in flight together (prompts of different lengths align at the end).
+
+        Args:
+            prompts: the prompts, e.g. ["The capital of France is", "The capital of Italy is"].
+            lens, layers, k, targets, chat, raw: as for /lens.
+        Returns:
+            One object per prompt: exactly what /lens returns for that prompt alone.
+        """
+        def run():
+            if not isinstance(prompts, (list, tuple)):
+                raise RequestError("prompts must be a list of texts")
+            req = LensRequest(prompts=tuple(as_text(p, "a prompt") for p in prompts), lens=lens,
+                              layers=as_text(layers, "layers") or "all", k=as_int(k, "k"),
+                              targets=split_targets(as_text(targets, "targets")), chat=as_flag(chat, "chat"),
+                              raw=as_flag(raw, "raw"))
+            return service.compare(req).to_json()
+        return guard.api(request, run)
+
     gr.api(lens, api_name="lens")
+    gr.api(compare, api_name="compare")
     gr.api(generate, api_name="generate")
     gr.api(chat, api_name="chat")
 

@@ -7,19 +7,20 @@ import html
 import gradio as gr
 
 from .. import charts
-from ..config import MAX_GENERATE_TOKENS, MAX_TEMPERATURE
+from ..config import MAX_GENERATE_TOKENS, MAX_SEED, MAX_TEMPERATURE
 from ..service import ChatRequest
 from ..service.planning import default_chat_layer
-from ..service.requests import as_float, as_int
+from ..service.requests import as_float, as_int, as_seed
 from .examples import CHAT_EXAMPLES
-from .tabs import PRIVATE, warn
+from .tabs import PRIVATE, new_seed, warn
 
 HOW_TO = """
-Chat with the model through its chat template. Every reply carries, for each token it wrote, the
-top-3 of one lens at one layer: the model's *disposition* at that depth while it wrote the token.
-The readout is installed in the engine once (nnsight `model.edit()` on vLLM) and rides every chat
-request, so each turn pays only its own readout. Older turns are dropped when the conversation
-outgrows the prompt limit.
+Chat with the model through its chat template. Under every reply, each token it wrote stands over
+what one lens read at one layer while it wrote it: the model's *disposition* at that depth. Hover
+or tap a token for the readout's top-3. The readout is installed in the engine once (nnsight
+`model.edit()` on vLLM) and rides every chat request, so each turn pays only its own readout. Older
+turns are dropped when the conversation outgrows the prompt limit. With a temperature above 0, the
+seed makes a reply reproducible.
 """
 
 
@@ -36,6 +37,7 @@ def build_chat(service, guard) -> None:
                             label="Readout layer", elem_id="chat-layer")
         max_tokens = gr.Slider(1, MAX_GENERATE_TOKENS, value=32, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature")
+        seed = gr.Number(label="Seed", value=new_seed, minimum=0, maximum=MAX_SEED, precision=0, elem_id="chat-seed")
     chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chat", sanitize_html=True,
                          placeholder=f"Ask something. {'J-lens' if has_j else 'Logit-lens'} readouts appear under "
                                      "each reply.")
@@ -46,43 +48,53 @@ def build_chat(service, guard) -> None:
     gr.Examples([[m] for m in CHAT_EXAMPLES], inputs=[message], label="Try", api_visibility="private")
     history = gr.State([])           # the real conversation; the Chatbot shows an escaped copy plus readouts
 
-    def reply_to(text, history, shown, layer, lens, max_tokens, temperature):
+    def reply_to(text, history, shown, layer, lens, max_tokens, temperature, seed):
         messages = history + [{"role": "user", "content": text}]
         reply = service.chat(ChatRequest(messages=tuple(messages), layer=as_int(layer, "layer"), lens=lens,
                                          max_tokens=as_int(max_tokens, "max tokens"),
-                                         temperature=as_float(temperature, "temperature")))
+                                         temperature=as_float(temperature, "temperature"), seed=as_seed(seed)))
         if reply.dropped_turns:
             warn(f"The conversation outgrew the prompt limit; the {reply.dropped_turns} oldest messages were left out.")
         lens_name = "J-lens" if lens == "jacobian" else "logit lens"
         shown = shown + [
             {"role": "user", "content": _escape(text)},
             {"role": "assistant", "content": _escape(reply.text) or "(empty reply)"},
-            {"role": "assistant", "content": readout_block(reply),
-             "metadata": {"title": f"{lens_name} at layer {reply.layer}: top-3 at each generated token"}},
+            {"role": "assistant", "content": readout_html(reply),
+             "metadata": {"title": f"{lens_name} at layer {reply.layer}: its top-1 under each token "
+                                   "(hover or tap a token for the top-3)"}},
         ]
         return "", messages + [{"role": "assistant", "content": reply.text}], shown
 
-    def send(text, history, shown, layer, lens, max_tokens, temperature, request: gr.Request = None):
+    def send(text, history, shown, layer, lens, max_tokens, temperature, seed, request: gr.Request = None):
         if not (text or "").strip():
             return gr.skip(), gr.skip(), gr.skip()
-        return guard.ui(request, reply_to, text, history, shown, layer, lens, max_tokens, temperature)
+        return guard.ui(request, reply_to, text, history, shown, layer, lens, max_tokens, temperature, seed)
 
     def on_lens(lens):
         return gr.Dropdown(choices=service.chat_layers(lens), value=_default_layer(service, lens))
 
-    message.submit(send, [message, history, chatbot, layer, chat_lens, max_tokens, temperature],
+    message.submit(send, [message, history, chatbot, layer, chat_lens, max_tokens, temperature, seed],
                    [message, history, chatbot], **PRIVATE)
     chat_lens.input(on_lens, chat_lens, layer, **PRIVATE)
     clear.click(lambda: ([], []), None, [history, chatbot], **PRIVATE)
 
 
-def readout_block(reply) -> str:
-    """Per generated token, the readout's top-k, as a fenced block (shown literally, never as markup)."""
-    rows = [(charts.show_token(tok), "   ".join(f"{charts.show_token(t)} {100 * p:.0f}%" for t, p in top))
-            for tok, top in zip(reply.tokens, reply.readout)]
-    width = max((len(r[0]) for r in rows), default=5)
-    body = "\n".join(f"{tok.ljust(width)}  →  {top}" for tok, top in rows)
-    return f"~~~~text\n{body}\n~~~~"          # every body line has an arrow, so none can close the fence
+def readout_html(reply) -> str:
+    """Each generated token over the readout's top-1; hover (title) or tap (details) shows the top-k.
+
+    Every piece of model text is escaped here and shown through `show_token`, so it is text, never
+    markup; the only tags are the ones written below.
+    """
+    cells = []
+    for tok, top in zip(reply.tokens, reply.readout):
+        first, p = top[0] if top else ("", 0.0)
+        listing = " · ".join(f"{charts.show_token(t)} {100 * q:.0f}%" for t, q in top)
+        cells.append(
+            f'<details class="lens-tok" title="{html.escape(listing)}"><summary>'
+            f'<span class="gen">{html.escape(charts.show_token(tok))}</span>'
+            f'<span class="top1">{html.escape(charts.show_token(first))} {100 * p:.0f}%</span></summary>'
+            f'<span class="topk">{html.escape(listing)}</span></details>')
+    return '<div class="lens-readout">' + "".join(cells) + "</div>"
 
 
 def _escape(text: str) -> str:

@@ -20,6 +20,13 @@ GENERATE_EXAMPLES = [
     "La capitale de la France est",
     "12 + 7 =",
 ]
+# (prompt 1, prompt 2, targets): contrasts people make in a workshop.
+COMPARE_EXAMPLES = [
+    ("The capital of France is", "The capital of Italy is", "Paris, Rome"),
+    ("The Eiffel Tower is located in the city of", "La tour Eiffel se trouve dans la ville de", "Paris"),
+    ("The Eiffel Tower is located in the city of", "The Colosseum is located in the city of", "Paris, Rome"),
+    ("Water boils at 100 degrees and freezes at", "Water boils at 50 degrees and freezes at", "0"),
+]
 CHAT_EXAMPLES = [
     "What is the capital of Japan?",
     "Name three colours of the rainbow.",
@@ -36,3 +43,9 @@ def lens_examples(prompt: gr.Textbox, targets: gr.Textbox,
 def generate_examples(prompt: gr.Textbox, label: str = "Examples (click one to run it)") -> gr.Examples:
     return gr.Examples(examples=[[p] for p in GENERATE_EXAMPLES], inputs=[prompt], label=label,
                        api_visibility="private")
+
+
+def compare_examples(first: gr.Textbox, second: gr.Textbox, targets: gr.Textbox,
+                     label: str = "Examples (click one to run it)") -> gr.Examples:
+    return gr.Examples(examples=[list(e) for e in COMPARE_EXAMPLES], inputs=[first, second, targets], label=label,
+                       example_labels=[f"{a}  |  {b}" for a, b, _ in COMPARE_EXAMPLES], api_visibility="private")

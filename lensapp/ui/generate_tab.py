@@ -6,13 +6,13 @@ import gradio as gr
 import pandas as pd
 
 from .. import charts
-from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_TEMPERATURE
+from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
 from ..service import GenerateRequest
-from ..service.requests import as_float, as_int
+from ..service.requests import as_float, as_int, as_seed
 from .chat_tab import build_chat
 from .examples import generate_examples
 from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, int_or, warn
+from .tabs import PRIVATE, Downloads, TabParts, int_or, lens_choices, new_seed, warn
 
 HOW_TO = """
 The model writes one token per **step**. Each **column** is a step, labelled by the token the model
@@ -23,12 +23,6 @@ decoding (temperature 0).
 
 Step 0 reads the last prompt token. Pick a step below for its top-k at every layer.
 """
-
-
-def lens_choices(service) -> list[tuple[str, str]]:
-    if service.jlens is None:
-        return [("logit lens", "logit")]
-    return [("logit lens", "logit"), ("Jacobian lens", "jacobian"), ("both", "both")]
 
 
 def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
@@ -52,7 +46,13 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
                     layers = gr.Textbox(label=f"Layers (all, 10-20 or 0,5,-1; this model: 0..{n - 1})", value=d.layers,
                                         elem_id="generate-layers")
                     k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id="generate-k")
+                    seed = gr.Number(label="Seed (sampling: the same seed gives the same text)", value=new_seed,
+                                     minimum=0, maximum=MAX_SEED, precision=0, elem_id="generate-seed")
+                    reseed = gr.Button("New seed", size="sm", scale=0, min_width=100, elem_id="generate-new-seed")
+                with gr.Row():
                     chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
+                    raw = gr.Checkbox(label="Raw logits", value=d.raw, elem_id="generate-raw",
+                                      info="h·W_U alone, without the model's own logit soft-capping or scaling")
                 run_button = gr.Button("Generate", variant="primary", elem_id="generate-run", elem_classes=["run"])
                 examples = generate_examples(prompt)
                 text = gr.Textbox(label="Generated text", interactive=False, elem_id="generate-text")
@@ -69,13 +69,14 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
             with gr.Tab("Chat", id="generate-chat"):
                 build_chat(service, guard)
 
-    def readout(prompt, max_tokens, temperature, lens, layers, k, chat):
+    def readout(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw):
         if lens not in {value for _, value in choices}:
             warn("No Jacobian lens is loaded; using the logit lens.")
             lens = "logit"
         req = GenerateRequest(prompt=prompt, max_tokens=as_int(max_tokens, "max tokens"), lens=lens,
                               layers=(layers or "all").strip(), k=as_int(k, "k"),
-                              temperature=as_float(temperature or 0, "temperature"), chat=bool(chat))
+                              temperature=as_float(temperature or 0, "temperature"), chat=bool(chat),
+                              seed=as_seed(seed), raw=bool(raw))
         gen = service.generate(req)
         shown = "jacobian" if lens == "both" else lens
         last = len(gen.steps) - 1
@@ -90,11 +91,12 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
             downloads.button("generation", ".json", gen.dumps()),
         )
 
-    def run(prompt, max_tokens, temperature, lens, layers, k, chat, request: gr.Request = None):
-        return guard.ui(request, readout, prompt, max_tokens, temperature, lens, layers, k, chat)
+    def run(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, request: gr.Request = None):
+        return guard.ui(request, readout, prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw)
 
     outputs = [state, text, heatmap, step, table_lens, table, csv_file, json_file]
-    inputs = [prompt, max_tokens, temperature, lens, layers, k, chat]
+    inputs = [prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw]
+    reseed.click(new_seed, None, seed, queue=False, **PRIVATE)
     run_button.click(run, inputs, outputs, **PRIVATE)
     prompt.submit(run, inputs, outputs, **PRIVATE)
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
@@ -104,14 +106,18 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
 
     gr.on([step.input, table_lens.input], show_step, [state, step, table_lens], table, **PRIVATE)
 
-    def to_view(prompt, max_tokens, temperature, lens, layers, k, chat) -> View:
+    def to_view(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw) -> View:
         return View(tab="generate", prompt=prompt or "", max_tokens=int_or(max_tokens, d.max_tokens),
                     temperature=float(temperature or 0), lens=lens or "logit", layers=layers or "all",
-                    k=int_or(k, d.k), chat=bool(chat))
+                    k=int_or(k, d.k), chat=bool(chat), seed=None if seed is None else int_or(seed, 0), raw=bool(raw))
+
+    def from_view(view: View) -> list:
+        return [view.prompt, view.max_tokens, view.temperature, view.lens, view.layers, view.k, view.chat,
+                new_seed() if view.seed is None else view.seed, view.raw]
 
     fields = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "lens": lens,
-              "layers": layers, "k": k, "chat": chat}
-    return TabParts("generate", fields, to_view, run, inputs, outputs, run_button)
+              "layers": layers, "k": k, "chat": chat, "seed": seed, "raw": raw}
+    return TabParts("generate", fields, to_view, run, inputs, outputs, run_button, from_view=from_view)
 
 
 def step_choices(gen) -> list[tuple[str, int]]:

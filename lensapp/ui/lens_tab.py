@@ -18,6 +18,7 @@ from ..config import MAX_K
 from ..service import LensRequest
 from ..service.planning import jlens_subset
 from ..service.requests import as_int, span, split_targets
+from ..snippets import lens_snippet
 from .examples import lens_examples
 from .permalinks import View
 from .tabs import PRIVATE, Downloads, TabParts, int_or, md_text, warn
@@ -111,9 +112,16 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
             metric = gr.Dropdown(label="Colour cells by", value=d.metric, elem_id=f"{tab.name}-metric",
                                  choices=[(m.title, key) for key, m in charts.METRICS.items()])
             chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
+        with gr.Accordion("Advanced", open=False):
+            raw = gr.Checkbox(label="Raw logits", value=d.raw, elem_id=f"{tab.name}-raw",
+                              info="Unembed with h·W_U alone, skipping the model's own logit soft-capping or "
+                                   "scaling (the same as the default for models that have none).")
+        start = gr.Number(value=None, visible=False, elem_id=f"{tab.name}-start")   # the link's window, if any
         run_button = gr.Button(tab.run_label, variant="primary", elem_id=f"{tab.name}-run", elem_classes=["run"])
         examples = lens_examples(prompt, targets)
         summary = gr.Markdown(elem_id=f"{tab.name}-summary")
+        window = gr.Slider(0, 1, value=0, step=1, visible=False, label="Positions shown: the first of the window",
+                           elem_id=f"{tab.name}-window")
         heatmap = gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot"], show_label=False)
         diff = gr.Plot(elem_id=f"{tab.name}-diff", elem_classes=["lens-plot"], show_label=False, visible=jacobian)
         position = gr.Dropdown(label="Token table: position", choices=[], interactive=True,
@@ -124,13 +132,25 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
         with gr.Row():
             csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
             json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
+        with gr.Accordion("Show the code", open=False, elem_id=f"{tab.name}-code-box"):
+            gr.Markdown("This view as a short nnsight script: paste it into a notebook (the copy button is at "
+                        "the top right) to get the same numbers.")
+            form = gr.Radio([("TransformersModel (runs anywhere)", "transformers"),
+                             ("vLLM (the app's engine)", "vllm")], value="transformers", show_label=False)
+            code = gr.Code(language="python", interactive=False, elem_id=f"{tab.name}-code")
         if jacobian:
             with gr.Accordion("Lens provenance", open=False):
                 gr.JSON(value=service.jlens.describe(), label="The lens file", elem_id="jlens-provenance")
         state = gr.State()
     shown = ("jacobian", "logit") if jacobian else ("logit",)
 
-    def readout(prompt, layers, k, targets, metric, chat):
+    def draw(result, metric, first):
+        """The heatmap(s) of `result` from position `first` (None: the last ones)."""
+        if jacobian:
+            return charts.lens_pair(result, metric, start=first), charts.lens_diff(result, start=first)
+        return charts.lens_heatmap(result, "logit", metric, start=first), gr.skip()
+
+    def readout(prompt, layers, k, targets, metric, chat, raw, start):
         words = split_targets(targets)
         if charts.METRICS.get(metric, charts.METRICS["top1_prob"]).needs_target and not words:
             warn("That colour needs a target word; showing top-1 probability instead.")
@@ -143,13 +163,18 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
                 warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
             layers = ",".join(map(str, have))
         req = LensRequest(prompts=(prompt,), lens=tab.lens, layers=layers, k=as_int(k, "k"), targets=words,
-                          chat=bool(chat))
+                          chat=bool(chat), raw=bool(raw))
         result = service.lens(req)[0]
         last = len(result.input_ids) - 1
+        cols = charts.window_of(len(result.input_ids), None if start is None else as_int(start, "start"),
+                                charts.DisplaySettings())
+        pair, diff_chart = draw(result, metric, cols.start)
         return (
             result,
-            charts.lens_pair(result, metric) if jacobian else charts.lens_heatmap(result, "logit", metric),
-            charts.lens_diff(result) if jacobian else gr.skip(),
+            pair,
+            diff_chart,
+            gr.Slider(minimum=0, maximum=max(1, len(result.input_ids) - len(cols)), value=cols.start,
+                      visible=len(cols) < len(result.input_ids)),
             lens_summary(result, shown),
             gr.Dropdown(choices=position_choices(result.input_tokens), value=last),
             top_k_tables(result, shown, last),
@@ -158,11 +183,11 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
             downloads.button(f"{tab.name}-lens", ".json", result.dumps()),
         )
 
-    def run(prompt, layers, k, targets, metric, chat, request: gr.Request = None):
-        return guard.ui(request, readout, prompt, layers, k, targets, metric, chat)
+    def run(prompt, layers, k, targets, metric, chat, raw, start, request: gr.Request = None):
+        return guard.ui(request, readout, prompt, layers, k, targets, metric, chat, raw, start)
 
-    outputs = [state, heatmap, diff, summary, position, table, curves, csv_file, json_file]
-    inputs = [prompt, layers, k, targets, metric, chat]
+    outputs = [state, heatmap, diff, window, summary, position, table, curves, csv_file, json_file]
+    inputs = [prompt, layers, k, targets, metric, chat, raw, start]
     run_button.click(run, inputs, outputs, **PRIVATE)
     prompt.submit(run, inputs, outputs, **PRIVATE)
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
@@ -172,12 +197,44 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
 
     position.input(show_position, [state, position], table, **PRIVATE)
 
-    def to_view(prompt, layers, k, targets, metric, chat) -> View:
-        return View(tab=tab.name, prompt=prompt or "", layers=layers or "all", k=int_or(k, d.k),
-                    targets=targets or "", metric=metric or d.metric, chat=bool(chat))
+    def move_window(result, metric, first):
+        """Redraw from the result in hand (no new readout); the link remembers the window."""
+        if result is None:
+            return gr.skip(), gr.skip(), gr.skip()
+        needs_target = charts.METRICS.get(metric, charts.METRICS["top1_prob"]).needs_target
+        if metric not in charts.METRICS or (needs_target and not result.lenses[shown[0]].targets):
+            metric = "top1_prob"
+        return (*draw(result, metric, int(first)), int(first))
 
-    fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat}
+    window.release(move_window, [state, metric, window], [heatmap, diff, start], **PRIVATE)
+
+    def show_code(result, form, chat):
+        if result is None:
+            return gr.skip()
+        return code_for(service, result, tab.lens, form, bool(chat))
+
+    state.change(show_code, [state, form, chat], code, **PRIVATE)
+    form.change(show_code, [state, form, chat], code, **PRIVATE)
+
+    def to_view(prompt, layers, k, targets, metric, chat, raw, start) -> View:
+        return View(tab=tab.name, prompt=prompt or "", layers=layers or "all", k=int_or(k, d.k),
+                    targets=targets or "", metric=metric or d.metric, chat=bool(chat), raw=bool(raw),
+                    start=None if start is None else int_or(start, 0))
+
+    fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat,
+              "raw": raw, "start": start}
     return TabParts(tab.name, fields, to_view, run, inputs, outputs, run_button)
+
+
+def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
+    """The view of `result` as a runnable nnsight script (snippets.py)."""
+    info = service.info
+    note = f"{info.name} as the app loads it" + (" (hub: HuggingFaceTB/SmolLM2-135M-Instruct)"
+                                                    if info.name == "SmolLM2-135M-Instruct" else "")
+    return lens_snippet(family=service.model.family, model=service.model.path, prompt=result.prompt,
+                        layers=result.layers, k=result.lenses[next(iter(result.lenses))].top_ids.shape[-1], lens=lens,
+                        jlens=service.jlens.source if service.jlens is not None else None,
+                        chat=chat, form="vllm" if form == "vllm" else "transformers", model_note=note)
 
 
 def top_k_tables(result, lenses: tuple[str, ...], position: int) -> pd.DataFrame:

@@ -19,10 +19,12 @@ from urllib.parse import parse_qsl, quote, urlencode
 from ..charts import METRICS
 from ..config import (
     LENS_CHOICES,
+    MAX_COMPARE_PROMPTS,
     MAX_GENERATE_TOKENS,
     MAX_K,
     MAX_LAYERS_CHARS,
     MAX_PROMPT_CHARS,
+    MAX_SEED,
     MAX_TARGET_CHARS,
     MAX_TARGETS,
     MAX_TEMPERATURE,
@@ -30,38 +32,50 @@ from ..config import (
 from ..service.requests import RequestError, parse_layers
 
 FORMAT_VERSION = 1
-TABS = ("logit", "jacobian", "generate")
+TABS = ("logit", "jacobian", "generate", "compare")
 LENSES = tuple(LENS_CHOICES)
 DEFAULT_PROMPT = "The capital of France is"
-# Which fields a tab's link carries (the rest are that tab's defaults).
+DEFAULT_COMPARE = ("The capital of France is", "The capital of Italy is")
+# Which fields a tab's link carries (the rest are that tab's defaults). Fields are only ever added:
+# a link of an earlier release still opens (what it does not name takes its default).
 TAB_FIELDS = {
-    "logit": ("prompt", "layers", "k", "targets", "metric", "chat"),
-    "jacobian": ("prompt", "layers", "k", "targets", "metric", "chat"),
-    "generate": ("prompt", "max_tokens", "temperature", "lens", "layers", "k", "chat"),
+    "logit": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start"),
+    "jacobian": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start"),
+    "generate": ("prompt", "max_tokens", "temperature", "seed", "lens", "layers", "k", "chat", "raw"),
+    "compare": ("prompts", "lens", "layers", "k", "targets", "metric", "chat", "raw"),
 }
 
 
 @dataclass(frozen=True)
 class View:
-    """Everything a tab needs to reproduce a readout."""
+    """Everything a tab needs to reproduce a readout. Empty means empty: targets default to none."""
 
     tab: str = "logit"
     prompt: str = DEFAULT_PROMPT
     layers: str = "all"
     k: int = 5
-    targets: str = "Paris"
+    targets: str = ""
     metric: str = "top1_prob"
     lens: str = "logit"
     max_tokens: int = 8
     temperature: float = 0.0
     chat: bool = False
+    seed: int | None = None          # sampling seed (generation with temperature > 0)
+    raw: bool = False                # raw logits: norm(h) @ W_U.T without the family's logit arithmetic
+    start: int | None = None         # first position drawn of a long prompt (None: the last ones)
+    prompts: tuple[str, ...] = DEFAULT_COMPARE     # the compare tab's prompts (prompt1, prompt2, ... in a link)
 
 
 def encode(view: View) -> dict[str, str]:
-    """The query parameters of a link to `view` (only the fields its tab uses)."""
+    """The query parameters of a link to `view` (only the fields its tab uses, and no empty optional ones)."""
     out = {"v": str(FORMAT_VERSION), "tab": view.tab}
     for name in TAB_FIELDS.get(view.tab, ()):
         value = getattr(view, name)
+        if name == "prompts":
+            out.update({f"prompt{i}": p for i, p in enumerate(value, 1)})
+            continue
+        if value is None:
+            continue
         if isinstance(value, bool):
             value = "1" if value else "0"
         elif isinstance(value, float):
@@ -103,7 +117,7 @@ def decode(query: Mapping[str, str] | str | None, *, n_layers: int | None = None
         notices.append(f"The link was made by a newer version of the app (v={int(version)}); "
                        "settings it does not understand are left at their defaults.")
 
-    for name in ("tab", "prompt", "layers", "k", "targets", "metric", "lens", "max_tokens", "temperature", "chat"):
+    for name in _PARSERS:
         if name not in params:
             continue
         raw = params[name]
@@ -115,6 +129,9 @@ def decode(query: Mapping[str, str] | str | None, *, n_layers: int | None = None
         except ValueError as e:
             fail(name, str(e))
 
+    prompts = _compare_prompts(params, notices)
+    if prompts:
+        values["prompts"] = prompts
     view = replace(d, **values)
     if "layers" in values and n_layers is not None:
         try:
@@ -209,6 +226,34 @@ def _targets(raw: str) -> str:
     return raw
 
 
+def _compare_prompts(params: dict[str, str], notices: list[str]) -> tuple[str, ...]:
+    """prompt1, prompt2, ... in order; () when the link names none (or too few: with a notice)."""
+    keys = [f"prompt{i}" for i in range(1, MAX_COMPARE_PROMPTS + 1) if f"prompt{i}" in params]
+    if not keys:
+        return ()
+    prompts = []
+    for key in keys:
+        raw = params[key]
+        try:
+            if "\ufffd" in raw:
+                raise ValueError("has bytes that are not UTF-8 text")
+            prompts.append(_prompt(raw))
+        except ValueError as e:
+            notices.append(f"The link's {key} {e}; it was left out.")
+    if len(prompts) < 2:
+        notices.append(f"The link compares fewer than two prompts; using the examples ({', '.join(DEFAULT_COMPARE)}).")
+        return ()
+    return tuple(prompts)
+
+
+def _optional_int(lo: int, hi: int):
+    whole = _int(lo, hi)
+
+    def parse(raw: str) -> int | None:
+        return None if not raw.strip() else whole(raw)
+    return parse
+
+
 def _bool(raw: str) -> bool:
     low = raw.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -221,9 +266,10 @@ def _bool(raw: str) -> bool:
 _PARSERS = {
     "tab": _choice(TABS), "prompt": _prompt, "layers": _layers, "k": _int(1, MAX_K), "targets": _targets,
     "metric": _choice(tuple(METRICS)), "lens": _choice(LENSES), "max_tokens": _int(1, MAX_GENERATE_TOKENS),
-    "temperature": _temperature, "chat": _bool,
+    "temperature": _temperature, "chat": _bool, "seed": _optional_int(0, MAX_SEED), "raw": _bool,
+    "start": _optional_int(0, 1 << 20),
 }
-assert set(_PARSERS) == {f.name for f in fields(View)}
+assert set(_PARSERS) | {"prompts"} == {f.name for f in fields(View)}
 
 
 def _short(text: str, n: int = 40) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import random
 import re
 import tempfile
 import time
@@ -33,9 +34,12 @@ class TabParts:
     run_inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
     run_button: gr.Button | None = None
+    from_view: Callable[[View], list] | None = None   # View -> input values, where they are not its fields 1:1
 
     def values(self, view: View) -> list:
         """Input values for `view`, in `fields` order."""
+        if self.from_view is not None:
+            return self.from_view(view)
         return [getattr(view, name) for name in self.fields]
 
 
@@ -53,6 +57,18 @@ def int_or(value, default: int) -> int:
         return int(value)
     except (TypeError, ValueError, OverflowError):
         return default
+
+
+def new_seed() -> int:
+    """A fresh seed to show in a seed box (the user sees it, so any sample can be had again)."""
+    return random.randrange(0, 1_000_000)
+
+
+def lens_choices(service) -> list[tuple[str, str]]:
+    """The lens radio's choices: the Jacobian lens only when one is loaded."""
+    if service.jlens is None:
+        return [("logit lens", "logit")]
+    return [("logit lens", "logit"), ("Jacobian lens", "jacobian"), ("both", "both")]
 
 
 def warn(message: str) -> None:

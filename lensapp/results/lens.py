@@ -1,24 +1,24 @@
-"""Result objects every surface shares: the CLI prints them, the UI renders them, the API returns them.
+"""One prompt's readout: every requested lens at every requested layer and position.
 
-`from_*` classmethods are the only code here that touches tensors (the engine's outputs);
-tokens are decoded and numbers rounded at this boundary, never inside a trace. Everything is a
-plain numpy array or list afterwards, so results pickle, compare and serialise cheaply. Exports
-(`to_json`, `to_csv`, `dumps`) live here too: the CLI, the API and the download buttons share them.
+`from_*` classmethods are the only code here that touches tensors (the engine's outputs); tokens
+are decoded and numbers rounded at this boundary, never inside a trace. Everything is a plain numpy
+array or list afterwards, so results pickle, compare and serialise cheaply.
 
 Shapes: L = requested layers, P = positions, k = top-k, n = targets.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pandas as pd
 
+from .export import dumps, round_floats
+
 if TYPE_CHECKING:
-    from .engine.protocol import ChatOutput, GenerationOutput, LensOutput, Readout
+    from ..engine.protocol import LensOutput, Readout
 
 Decode = Callable[[list[int]], list[str]]
 
@@ -60,10 +60,10 @@ class TargetScore:
     def to_json(self) -> dict:
         out = {
             "text": self.text, "token_ids": self.token_ids, "tokens": self.tokens, "scored_as": self.scored_as,
-            "prob": _round(self.probs), "rank": self.ranks.astype(int).tolist(),
+            "prob": round_floats(self.probs), "rank": self.ranks.astype(int).tolist(),
         }
         if self.continuation_logprob is not None:
-            out["continuation_prob"] = _round(np.exp(self.continuation_logprob))
+            out["continuation_prob"] = round_floats(np.exp(self.continuation_logprob))
         return out
 
 
@@ -116,8 +116,8 @@ class LensReadout:
 
     def to_json(self) -> dict:
         return {
-            "top_tokens": self.top_tokens, "top_ids": self.top_ids.tolist(), "top_probs": _round(self.top_probs),
-            "entropy": _round(self.entropy), "kl_to_final": _round(self.kl_to_final),
+            "top_tokens": self.top_tokens, "top_ids": self.top_ids.tolist(), "top_probs": round_floats(self.top_probs),
+            "entropy": round_floats(self.entropy), "kl_to_final": round_floats(self.kl_to_final),
             "targets": [t.to_json() for t in self.targets],
         }
 
@@ -207,114 +207,3 @@ class LensResult:
         if self.jlens:
             out["jlens"] = self.jlens
         return out
-
-
-@dataclass
-class GenerationStep:
-    """One generation step: the readout of the newest position (step 0: every prompt position)."""
-
-    token_id: int
-    token: str
-    readout: LensResult
-
-    def to_json(self) -> dict:
-        return {"token_id": self.token_id, "token": self.token, **self.readout.to_json()}
-
-
-@dataclass
-class GenerationResult:
-    prompt: str
-    text: str
-    token_ids: list[int]
-    tokens: list[str]
-    steps: list[GenerationStep]
-    model: str = ""
-    seed: int | None = None
-    temperature: float = 0.0
-
-    @classmethod
-    def from_output(cls, output: GenerationOutput, *, prompt: str, ids: list[int], layers: list[int],
-                    decode: Decode, text: str, model: str = "", seed: int | None = None,
-                    temperature: float = 0.0) -> GenerationResult:
-        """Step s reads the prompt's positions (s = 0) or the token generated at step s - 1."""
-        gen = output.token_ids
-        steps = []
-        for s, (raw, tok) in enumerate(zip(output.steps, gen)):
-            pos_ids = list(ids) if s == 0 else [gen[s - 1]]
-            readout = LensResult(prompt=prompt, input_ids=pos_ids, input_tokens=decode(pos_ids), layers=list(layers),
-                                 lenses={n: LensReadout.from_readout(r, decode) for n, r in raw.items()},
-                                 model_next_id=int(tok), model_next_token=decode([tok])[0], model=model)
-            steps.append(GenerationStep(token_id=int(tok), token=decode([tok])[0], readout=readout))
-        return cls(prompt=prompt, text=text, token_ids=[int(t) for t in gen], tokens=decode(gen), steps=steps,
-                   model=model, seed=seed, temperature=temperature)
-
-    def step_grid(self, lens: str = "logit") -> pd.DataFrame:
-        """Top-1 per layer (rows) x step (columns, the newest position of each step)."""
-        cols = {}
-        for s, step in enumerate(self.steps):
-            r = step.readout.lenses[lens]
-            cols[s] = [layer[-1][0] for layer in r.top_tokens]
-        layers = self.steps[0].readout.layers if self.steps else []
-        return pd.DataFrame(cols, index=layers)
-
-    def to_json(self) -> dict:
-        out = {"model": self.model, "prompt": self.prompt, "text": self.text, "token_ids": self.token_ids,
-               "tokens": self.tokens, "steps": [s.to_json() for s in self.steps]}
-        if self.temperature > 0:
-            out.update(temperature=self.temperature, seed=self.seed)
-        return out
-
-    def to_csv(self) -> str:
-        """One row per step x lens x layer x position x rank (step 0 covers every prompt position)."""
-        frames = [s.readout.long_frame().assign(step=i, generated_token=s.token) for i, s in enumerate(self.steps)]
-        if not frames:
-            return ""
-        df = pd.concat(frames, ignore_index=True)
-        first = ["step", "generated_token"]
-        return df[first + [c for c in df.columns if c not in first]].to_csv(index=False)
-
-    def dumps(self) -> str:
-        return dumps(self)
-
-
-@dataclass
-class ChatReply:
-    """One assistant turn and what one lens read at one layer while it was written.
-
-    readout[i]: the lens's top-k (token, probability) at the position that produced tokens[i].
-    dropped_turns: oldest messages left out so the conversation fits max_prompt_tokens.
-    """
-
-    text: str
-    token_ids: list[int]
-    tokens: list[str]
-    lens: str
-    layer: int
-    readout: list[list[tuple[str, float]]]
-    dropped_turns: int = 0
-
-    @classmethod
-    def from_output(cls, output: ChatOutput, *, decode: Decode, text: str, lens: str, layer: int,
-                    dropped_turns: int = 0) -> ChatReply:
-        readout = [list(zip(decode(ids), [float(p) for p in probs])) for ids, probs in
-                   zip(output.top_ids, output.top_probs)]
-        return cls(text=text, token_ids=[int(t) for t in output.token_ids], tokens=decode(output.token_ids), lens=lens,
-                   layer=layer, readout=readout[:len(output.token_ids)], dropped_turns=dropped_turns)
-
-    def to_json(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "tokens": self.tokens, "lens": self.lens,
-                "layer": self.layer, "dropped_turns": self.dropped_turns,
-                "readout": [[{"token": t, "prob": round(p, 5)} for t, p in step] for step in self.readout]}
-
-
-def _round(a: np.ndarray, digits: int = 5) -> list:
-    """Nested lists of floats with `digits` significant digits (tiny probabilities stay visible)."""
-    a = np.asarray(a, dtype=np.float64)
-    return np.vectorize(lambda x: float(f"{x:.{digits}g}"), otypes=[float])(a).tolist() if a.size else a.tolist()
-
-
-def dumps(obj) -> str:
-    """JSON text of a result (or list of results), UTF-8 kept readable."""
-    if isinstance(obj, list):
-        return json.dumps([o.to_json() for o in obj], ensure_ascii=False)
-    return json.dumps(obj.to_json(), ensure_ascii=False)

@@ -1,0 +1,19 @@
+"""Altair charts of lens results: layer x token heatmaps, both lenses side by side and their
+difference, target curves, generations, and several prompts compared.
+
+Each public function takes a `results` object and returns a finished Altair chart (what `gr.Plot`
+shows and `chart.to_dict()` tests). Display choices live in `DisplaySettings`. Nothing here runs a
+model or imports torch; it only arranges numbers already in a result.
+
+    tokens.py   token text made visible and unique     grid.py     the heatmap every chart draws
+    lens.py     one prompt's charts                     compare.py  several prompts side by side
+"""
+
+from .compare import compare_heatmaps, compare_targets
+from .grid import LENS_TITLES, METRICS, DisplaySettings, Grid, Metric, window_of
+from .lens import generation_heatmap, lens_diff, lens_heatmap, lens_pair, target_curves
+from .tokens import clip, column_labels, display_tokens, show_token
+
+__all__ = ["LENS_TITLES", "METRICS", "DisplaySettings", "Grid", "Metric", "clip", "column_labels", "compare_heatmaps",
+           "compare_targets", "display_tokens", "generation_heatmap", "lens_diff", "lens_heatmap", "lens_pair",
+           "show_token", "target_curves", "window_of"]

@@ -1,0 +1,20 @@
+"""Results as JSON and CSV text: what the CLI prints, the API returns and the download buttons serve."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+
+def round_floats(a: np.ndarray, digits: int = 5) -> list:
+    """Nested lists of floats with `digits` significant digits (tiny probabilities stay visible)."""
+    a = np.asarray(a, dtype=np.float64)
+    return np.vectorize(lambda x: float(f"{x:.{digits}g}"), otypes=[float])(a).tolist() if a.size else a.tolist()
+
+
+def dumps(obj) -> str:
+    """JSON text of a result (or list of results), UTF-8 kept readable."""
+    if isinstance(obj, list):
+        return json.dumps([o.to_json() for o in obj], ensure_ascii=False)
+    return json.dumps(obj.to_json(), ensure_ascii=False)

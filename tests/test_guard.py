@@ -1,0 +1,71 @@
+"""The one error path and fair use: one plain line for API clients, escaped text on the page, rate limits."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+
+from lensapp.engine import EngineBusy, EngineRestarted
+from lensapp.service.limits import RateLimited, RateLimiter
+from lensapp.service.requests import RequestError
+from lensapp.ui.guard import Guard, client_address
+
+
+def request(host: str, forwarded: str | None = None):
+    return SimpleNamespace(client=SimpleNamespace(host=host), headers={"x-forwarded-for": forwarded} if forwarded
+                           else {})
+
+
+@pytest.mark.parametrize("error, title", [
+    (RequestError("k must be a whole number; got '<b>five</b>'"), "Can't run that"),
+    (EngineBusy("the app is busy; try again in a moment"), "Busy"),
+    (EngineRestarted("the model restarted; please run again"), "The model"),
+])
+def test_expected_failures_are_one_line_logged_once(error, title, caplog):
+    guard = Guard(RateLimiter(0))
+
+    def fail():
+        raise error
+
+    with caplog.at_level(logging.INFO, logger="lensapp.ui.guard"), pytest.raises(gr.Error) as api:
+        guard.api(request("127.0.0.1"), fail)
+    assert api.value.message == str(error) and api.value.title == title and "&#" not in api.value.message
+    with pytest.raises(gr.Error) as page:
+        guard.ui(request("127.0.0.1"), fail)
+    assert "<b>" not in page.value.message                       # the page renders errors as HTML: escaped
+    records = [r for r in caplog.records if r.name == "lensapp.ui.guard"]
+    assert len(records) == 1 and records[0].exc_info is None and "\n" not in records[0].getMessage()
+
+
+def test_an_engine_fault_logs_its_traceback_and_says_one_line(caplog):
+    def fault():
+        raise ZeroDivisionError("division by zero\nand a second line")
+
+    with caplog.at_level(logging.INFO, logger="lensapp.ui.guard"), pytest.raises(gr.Error) as e:
+        Guard(RateLimiter(0)).api(None, fault)
+    assert e.value.message == "the engine failed (ZeroDivisionError: division by zero)"
+    assert any(r.exc_info for r in caplog.records)
+
+
+def test_rate_limit_per_address_with_bursts_and_loopback_free():
+    now = [0.0]
+    limiter = RateLimiter(per_minute=60, burst=3, clock=lambda: now[0])
+    for _ in range(3):
+        limiter.check("203.0.113.7")
+    with pytest.raises(RateLimited, match="try again in 1 s"):
+        limiter.check("203.0.113.7")
+    limiter.check("198.51.100.1")                                 # another address has its own bucket
+    now[0] += 1.0
+    limiter.check("203.0.113.7")                                  # a second later: one more
+    for _ in range(100):
+        limiter.check("127.0.0.1")                                # loopback is never limited
+    assert limiter.refused == 1
+
+
+def test_client_address_trusts_forwarding_only_from_a_private_proxy():
+    assert client_address(request("10.0.0.5", "203.0.113.9, 10.0.0.1")) == "203.0.113.9"
+    assert client_address(request("8.8.8.8", "1.2.3.4")) == "8.8.8.8"               # a forged header
+    assert client_address(None) is None

