@@ -4,7 +4,7 @@
   pip commands `make -n` prints are resolved by pip in `--dry-run`, with every pip config file and PIP_*
   variable ignored, from PyPI alone. PyTorch's CPU index (the only place torch 2.13.0+cpu is served) is
   stood in for by a PEP 503 index in a temp dir holding the local wheel, or is the real one where that
-  resolves. Each resolution takes about a minute (metadata only: nothing is downloaded or installed).
+  resolves. Each resolution takes under a minute (pip reads the packages' metadata; nothing is installed).
 - The package: a wheel built from a copy of the checkout, installed with --no-deps into a fresh venv that
   sees this venv's packages except vLLM (as `pip install .` without extras would have it), then run as
   `lensapp` from a directory outside the checkout.
