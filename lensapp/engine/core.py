@@ -175,6 +175,7 @@ class Engine:
                     backend = None
                 except Exception as e:  # noqa: BLE001 - close it off the loop below, as well as it can be
                     log.warning("closing the backend on its loop: %s", _one_line(e))
+            self._on_loop(self._cancel_tasks).result(timeout=30)     # the watchdog, calls left waiting
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
         if backend is not None:
@@ -194,6 +195,14 @@ class Engine:
             result = make()
             return await result if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future) else result
         return asyncio.run_coroutine_threadsafe(run(), self._loop)
+
+    @staticmethod
+    async def _cancel_tasks() -> None:
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     @staticmethod
     def _make_event() -> asyncio.Event:
