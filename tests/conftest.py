@@ -41,9 +41,11 @@ def tiny_model_dir(tmp_path_factory, embedded_dir) -> Path:
     return out
 
 
-# What every tiny family model shares: 3 layers, d_model 32, 2 heads of 16 (a test adds its family's settings).
+# What every tiny family model shares: 3 layers, d_model 32, 2 heads of 16 (a test adds its family's settings,
+# such as num_key_value_heads where the family has grouped-query attention: vLLM reads that key even where HF
+# ignores it, as GPT-NeoX's does).
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "max_position_embeddings": 128, "initializer_range": 0.2}
+        "max_position_embeddings": 128, "initializer_range": 0.2}
 
 
 @pytest.fixture(scope="session")

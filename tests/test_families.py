@@ -17,13 +17,15 @@ from lensapp import cli, config, fitting, jlens
 from lensapp.engine.families import FAMILIES, detect, find
 from lensapp.service import LensRequest, LensService
 
-# Each family's own settings turn its logit arithmetic on, hard enough that leaving it out shows.
+# Each family's own settings: grouped-query attention (one KV head) where it has it, and its logit arithmetic
+# on, hard enough that leaving it out shows.
+GQA = {"num_key_value_heads": 1}
 FAMILY_SETTINGS = {
-    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {"head_dim": 16}, "phi3": {}, "smollm3": {},
-    "gemma": {"head_dim": 16}, "gemma2": {"head_dim": 16, "final_logit_softcapping": 20.0},
-    "gemma3_text": {"head_dim": 16, "final_logit_softcapping": 20.0},
-    "olmo2": {}, "granite": {"logits_scaling": 4.0}, "cohere": {"logit_scale": 0.25}, "cohere2": {"logit_scale": 0.25},
-    "gpt2": {}, "gpt_neox": {},
+    "llama": GQA, "mistral": GQA, "qwen2": GQA, "qwen3": GQA | {"head_dim": 16}, "phi3": GQA, "smollm3": GQA,
+    "gemma": GQA | {"head_dim": 16}, "gemma2": GQA | {"head_dim": 16, "final_logit_softcapping": 20.0},
+    "gemma3_text": GQA | {"head_dim": 16, "final_logit_softcapping": 20.0}, "olmo2": GQA,
+    "granite": GQA | {"logits_scaling": 4.0}, "cohere": GQA | {"logit_scale": 0.25},
+    "cohere2": GQA | {"logit_scale": 0.25}, "gpt2": {}, "gpt_neox": {},
 }
 MODEL_TYPES = sorted(FAMILY_SETTINGS)
 PROMPT = "The capital of France is a city on the river"
