@@ -194,24 +194,36 @@ def test_fit_matches_brute_force_jacobian(family, tmp_path):
 
 # -- unknown layouts ------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def unknown_model(tmp_path_factory, embedded_dir):
-    """A tiny OPT (a causal LM whose layout the app does not know), saved with a tokenizer."""
-    from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
+def opt(folder):
+    """A tiny OPT: a causal LM whose layout the app does not know, saved with its weights."""
+    from transformers import OPTConfig, OPTForCausalLM
 
-    out = tmp_path_factory.mktemp("opt")
     OPTForCausalLM(OPTConfig(vocab_size=1000, hidden_size=16, ffn_dim=32, num_hidden_layers=2, num_attention_heads=2,
-                             word_embed_proj_dim=16, max_position_embeddings=64)).save_pretrained(out)
-    AutoTokenizer.from_pretrained(embedded_dir).save_pretrained(out)
-    return out
+                             word_embed_proj_dim=16, max_position_embeddings=64)).save_pretrained(folder)
 
 
+def gemma3_multimodal(folder):
+    """Gemma 3's image-text wrapper (model_type gemma3): its text config is gemma3_text, but its text model
+    lives under model.language_model, so it is not the gemma family's layout. Its config is all start reads."""
+    from transformers import Gemma3Config
+
+    Gemma3Config(text_config={"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 16},
+                 vision_config={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2},
+                 architectures=["Gemma3ForConditionalGeneration"]).save_pretrained(folder)
+
+
+@pytest.mark.parametrize("make, arch", [(opt, "OPTForCausalLM"), (gemma3_multimodal, "Gemma3ForConditionalGeneration")])
 @pytest.mark.parametrize("backend", ["transformers", "vllm"])
-def test_an_unknown_layout_fails_at_start_with_one_line(unknown_model, backend, capsys):
-    assert cli.main(["lens", "x", "--model", str(unknown_model), "--backend", backend]) == 2
+def test_an_unknown_layout_fails_at_start_with_one_line(make, arch, backend, embedded_dir, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    make(tmp_path)
+    AutoTokenizer.from_pretrained(embedded_dir).save_pretrained(tmp_path)
+    capsys.readouterr()                                        # the save's progress bar
+    assert cli.main(["lens", "x", "--model", str(tmp_path), "--backend", backend]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("error: ")
-    assert "OPTForCausalLM" in err and "llama" in err and "gpt_neox" in err, err
+    assert arch in err and "llama" in err and "gpt_neox" in err, err
 
 
 def test_a_missing_model_folder_fails_with_one_line(capsys):
