@@ -69,21 +69,21 @@ def plain_body(model, layout):
 
 def floor_body(model, layout, head, n, d, k):
     """The last layer's residual repeated for every layer, through the head in ROW_CHUNK rows, with top-k."""
-    from lensapp.engine.families import find
+    from lensapp.engine.families import final_norm
     from lensapp.engine.trace import read_residuals
     from lensapp.lenses import ROW_CHUNK
 
-    x = find(model, layout.norm)(read_residuals(model, layout, [n - 1], d)[0]).repeat(n, 1)
+    x = final_norm(model, layout)(read_residuals(model, layout, [n - 1], d)[0]).repeat(n, 1)
     return len([head(model, x[i:i + ROW_CHUNK]).topk(k, dim=-1).indices for i in range(0, len(x), ROW_CHUNK)])
 
 
 def naive_body(model, layout, head, n, d):
     """Every layer's full-vocab probabilities, shipped to the host."""
-    from lensapp.engine.families import find
+    from lensapp.engine.families import final_norm
     from lensapp.engine.trace import read_residuals
 
     h = read_residuals(model, layout, range(n), d)
-    return [head(model, find(model, layout.norm)(h[i])).float().softmax(-1) for i in range(n)]
+    return [head(model, final_norm(model, layout)(h[i])).float().softmax(-1) for i in range(n)]
 
 
 async def _saves(tracer):

@@ -24,6 +24,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -215,9 +216,12 @@ def _fingerprint(rows: torch.Tensor, shape: tuple) -> str:
     return h.hexdigest()[:16]
 
 
-def model_unembedding_fingerprint(model: str | Path) -> str | None:
+def model_unembedding_fingerprint(model: str | Path,
+                                  weights: Sequence[str] = ("lm_head.weight", "embed_tokens.weight")) -> str | None:
     """`unembedding_fingerprint` read from a model's safetensors files (a folder, or a hub id already
-    in the local cache), without loading the model; None where they cannot be read."""
+    in the local cache), without loading the model; None where they cannot be read. `weights` are the
+    key suffixes of the family's head, then of its input embedding (which a model with tied
+    embeddings stores instead of the head): the first found wins (families.Family.weights)."""
     try:
         from safetensors import safe_open
 
@@ -227,11 +231,10 @@ def model_unembedding_fingerprint(model: str | Path) -> str | None:
 
             folder = Path(snapshot_download(str(model), allow_patterns=["*.safetensors"], local_files_only=True))
         files = sorted(folder.glob("*.safetensors"))
-        # lm_head first; a model with tied embeddings stores only the input embedding.
-        for suffix in ("lm_head.weight", "embed_tokens.weight"):
+        for suffix in weights:
             for file in files:
                 with safe_open(file, "pt") as st:
-                    key = next((k for k in st.keys() if k.endswith(suffix)), None)
+                    key = next((k for k in st.keys() if k == suffix or k.endswith("." + suffix)), None)
                     if key is not None:
                         part = st.get_slice(key)
                         return _fingerprint(part[:FINGERPRINT_ROWS], tuple(part.get_shape()))

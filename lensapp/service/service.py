@@ -245,9 +245,10 @@ def load_configured_jlens(cfg: Config, model: ResolvedModel) -> tuple[jlens_file
 
 def load_jlens(spec: str, model: ResolvedModel, cfg: Config) -> jlens_files.JacobianLens:
     info = model.info
+    fingerprint = jlens_files.model_unembedding_fingerprint(model.path, model.family.weights)
     lens = jlens_files.load(spec, d_model=info.d_model, n_layers=info.n_layers, layers=cfg.jlens_layer_list,
                             dtype=torch.bfloat16, cache_dir=cfg.resolved_cache_dir / "hub", model_name=info.name,
-                            unembedding=jlens_files.model_unembedding_fingerprint(model.path))
+                            unembedding=fingerprint)
     for warning in lens.warnings:
         log.warning("lens %s: %s", spec, warning)
     return lens
