@@ -37,6 +37,9 @@ T = TypeVar("T")
 
 STATES = ("starting", "ready", "restarting", "down")
 RESTART_DELAYS = (0.0, 5.0, 15.0, 30.0, 60.0)     # seconds before the n-th restart in a row
+# Start failures that the same code and settings will meet again (a layout the model does not have, a bad
+# value): the engine is down at once instead of retrying. Others (memory, a process that died) are retried.
+PERMANENT = (ValueError, TypeError, AttributeError, KeyError, ImportError, NotImplementedError)
 
 
 class EngineError(RuntimeError):
@@ -295,9 +298,11 @@ class Engine:
             try:
                 await self._start_once()
                 return
-            except Exception as e:  # noqa: BLE001 - any failure to start is retried, then reported
+            except Exception as e:  # noqa: BLE001 - a failure to start is retried (when it can pass), then reported
                 log.exception("starting the backend failed (attempt %d)", attempt + 1)
                 self.reason = f"the model could not start: {_one_line(e)}"
+                if isinstance(e, PERMANENT):
+                    break                                # a wrong layout or setting: trying again cannot help
                 await asyncio.sleep(RESTART_DELAYS[min(attempt + 1, len(RESTART_DELAYS) - 1)])
         self._go_down(self.reason)
 
