@@ -31,6 +31,7 @@ from .requests import (
     GenerateRequest,
     LensRequest,
     RequestError,
+    show,
     span,
     validate_chat,
     validate_generate,
@@ -153,7 +154,7 @@ class LensService:
         pool = self.chat_layers(req.lens)
         layer = planning.default_chat_layer(pool, self.info.n_layers) if req.layer is None else req.layer
         if layer not in pool:
-            raise RequestError(f"the chat readout cannot read layer {layer}; choose one of {span(pool)}")
+            raise RequestError(f"the chat readout cannot read layer {show(layer)}; choose one of {span(pool)}")
         conversation = self.prompts.conversation(list(req.messages))
         ids, dropped = conversation.ids, conversation.dropped_turns
         spec = planning.lens_spec(ids, [layer], req.k, LENS_CHOICES[req.lens], self.info.n_layers, self.jlens_layers)
