@@ -21,7 +21,7 @@ from .. import jlens as jlens_files
 from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, Config
 from ..engine.core import Engine
 from ..engine.loading import ResolvedModel, backend_factory, describe_model
-from ..engine.protocol import Backend, JStack, Sampling
+from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
 from ..results import ChatReply, GenerationResult, LensResult, Target
 from . import planning
 from .cache import ResultCache
@@ -268,4 +268,4 @@ def _fingerprint(lens: jlens_files.JacobianLens | None) -> str:
 
 def _reproducible(temperature: float, seed: int | None) -> bool:
     """Greedy decoding, or sampling with an explicit seed: the same request gives the same answer."""
-    return float(temperature) == 0.0 or seed is not None
+    return float(temperature) < GREEDY_BELOW or seed is not None
