@@ -17,10 +17,10 @@ from .. import charts
 from ..config import MAX_K
 from ..service import LensRequest
 from ..service.planning import jlens_subset
-from ..service.requests import as_int, span, split_targets
+from ..service.requests import as_int, as_text, span, split_targets
 from .examples import lens_examples
 from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, int_or, md_text, warn
+from .tabs import PRIVATE, Downloads, TabParts, int_or, md_text, text_or, warn
 
 LOGIT_HOW_TO = """
 Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
@@ -131,12 +131,12 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
     shown = ("jacobian", "logit") if jacobian else ("logit",)
 
     def readout(prompt, layers, k, targets, metric, chat):
-        words = split_targets(targets)
-        if charts.METRICS.get(metric, charts.METRICS["top1_prob"]).needs_target and not words:
+        words = split_targets(as_text(targets, "targets"))
+        metric = metric if isinstance(metric, str) and metric in charts.METRICS else "top1_prob"
+        if charts.METRICS[metric].needs_target and not words:
             warn("That colour needs a target word; showing top-1 probability instead.")
             metric = "top1_prob"
-        metric = metric if metric in charts.METRICS else "top1_prob"
-        layers = (layers or "all").strip()
+        layers = (as_text(layers, "layers") or "all").strip()
         if jacobian:
             have, missing = jlens_subset(layers, info.n_layers, service.jlens_layers)
             if missing:
@@ -168,13 +168,16 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
 
     def show_position(result, pos):
-        return gr.skip() if result is None or pos is None else top_k_tables(result, shown, int(pos))
+        pos = int_or(pos, -1)
+        if result is None or not 0 <= pos < len(result.input_ids):     # none chosen, or not one of the choices
+            return gr.skip()
+        return top_k_tables(result, shown, pos)
 
     position.input(show_position, [state, position], table, **PRIVATE)
 
     def to_view(prompt, layers, k, targets, metric, chat) -> View:
-        return View(tab=tab.name, prompt=prompt or "", layers=layers or "all", k=int_or(k, d.k),
-                    targets=targets or "", metric=metric or d.metric, chat=bool(chat))
+        return View(tab=tab.name, prompt=text_or(prompt, ""), layers=text_or(layers, "all"), k=int_or(k, d.k),
+                    targets=text_or(targets, ""), metric=text_or(metric, d.metric), chat=bool(chat))
 
     fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat}
     return TabParts(tab.name, fields, to_view, run, inputs, outputs, run_button)
