@@ -168,7 +168,7 @@ def _int(lo: int, hi: int):
         except ValueError:
             raise ValueError(f"{_short(raw)!r} is not a whole number") from None
         if not lo <= value <= hi:
-            raise ValueError(f"{value} is outside {lo}..{hi}")
+            raise ValueError(f"{_short(str(value))} is outside {lo}..{hi}")
         return value
     return parse
 
