@@ -45,7 +45,7 @@ from hostile import (
     watch,
     words,
 )
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from lensapp import config, jlens
@@ -86,6 +86,8 @@ GENERATE_FIELDS = (
 
 @scaled(80)
 @given(kw=fields(*LENS_FIELDS))
+@example(kw={"prompts": ("Hi",), "lens": 10**5000})          # found: str() of the int raised
+@example(kw={"prompts": ("Hi",), "lens": [], "raw": []})      # found: unhashable
 def test_service_lens(tiny, kw):
     req = LensRequest(**kw)
     checked = watch(tiny.check, req)
@@ -98,6 +100,7 @@ def test_service_lens(tiny, kw):
 
 @scaled(60)
 @given(kw=fields(*GENERATE_FIELDS))
+@example(kw={"prompt": "0", "max_tokens": 4, "temperature": 3.6e-73})   # found: logits / 3.6e-73 -> inf
 def test_service_generate(tiny, kw):
     req = GenerateRequest(**kw)
     checked = watch(tiny.check, req)
@@ -162,6 +165,7 @@ LENS_TAB_FIELDS = (
 @scaled(24)
 @pytest.mark.parametrize("tab", ["logit", "jacobian"])
 @given(kw=fields(*LENS_TAB_FIELDS))
+@example(kw={"prompt": "Hi", "layers": 3, "k": 5, "targets": 7, "metric": [], "chat": False})   # found
 def test_lens_tab(handler, tab, kw):
     run = handler("build_lens_tab.<locals>.run", f"{tab}-prompt")
     out = page_outcome(run, *kw.values())
@@ -219,6 +223,7 @@ def test_restore_from_any_link(handler, query):
 @scaled(60)
 @pytest.mark.parametrize("tab", ["logit", "generate"])
 @given(values=st.lists(anything(), min_size=7, max_size=7))
+@example(values=["Hi", 10**5000, "x", "logit", "all", 5, False])       # found: str() of the int raised
 def test_the_link_box_follows_any_input(handler, tab, values):
     make_query = handler("_query_fn.<locals>.make_query", f"{tab}-prompt")
     n = 6 if tab == "logit" else 7
@@ -235,6 +240,8 @@ LINK_NAMES = st.sampled_from(sorted(pl._PARSERS) + ["v", "__theme", ""])
 @scaled(300)
 @given(params=st.dictionaries(LINK_NAMES, st.one_of(texts(), anything(), st.sampled_from(["1" * 5000, "-0"]))),
        checked=st.booleans())
+@example(params={"v": "1" * 5000, "k": "9" * 1000, "prompt": "a\ud800"}, checked=False)   # found
+@example(params={"v": "\n", "temperature": "5\n"}, checked=True)                         # found
 def test_decode_any_mapping(params, checked):
     where = {"n_layers": 30, "jlens_layers": [0, 4, 29]} if checked else {}
     view, notices = expect(watch(pl.decode, params, **where), tuple, errors=())
