@@ -101,6 +101,7 @@ def test_service_lens(tiny, kw):
 @scaled(60)
 @given(kw=fields(*GENERATE_FIELDS))
 @example(kw={"prompt": "0", "max_tokens": 4, "temperature": 3.6e-73})   # found: logits / 3.6e-73 -> inf
+@example(kw={"prompt": "0", "max_tokens": 1, "temperature": 10**200})   # found (dev): math.isfinite overflowed
 def test_service_generate(tiny, kw):
     req = GenerateRequest(**kw)
     checked = watch(tiny.check, req)

@@ -209,8 +209,9 @@ def _check_sampling(max_tokens, temperature, seed) -> None:
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_GENERATE_TOKENS:
         raise RequestError(f"max_tokens must be a whole number in 1..{MAX_GENERATE_TOKENS}; "
                            f"got {show(max_tokens)}")
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature)
-            or not 0.0 <= temperature <= MAX_TEMPERATURE):
+    # NaN fails the comparison; a huge int is compared exactly (math.isfinite would overflow converting it)
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not 0 <= temperature <= MAX_TEMPERATURE):
         raise RequestError(f"temperature must be a number in 0..{MAX_TEMPERATURE:g}; got {show(temperature)}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
         raise RequestError(f"seed must be a whole number in 0..{MAX_SEED}; got {show(seed)}")
