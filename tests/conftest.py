@@ -1,12 +1,21 @@
-"""Shared fixtures: the embedded model folder, a tiny random model, and one real vLLM service per session.
+"""Shared fixtures: the embedded model folder, a tiny random model, one real vLLM service and one running app
+per session, and the Hypothesis profiles.
 
 Markers: `engine` (starts vLLM on the embedded model, ~40 s), `browser` (Chromium + the running app).
-`make test-fast` runs everything else.
+`make test-fast` runs everything else. Hypothesis: the `ci` profile (derandomized, bounded) is loaded
+unless HYPOTHESIS_PROFILE names another (`dev`: random and ten times the examples).
 """
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
+import hypothesis
 import pytest
 
 from lensapp import config
@@ -14,6 +23,19 @@ from lensapp import config
 config.prepare_process_environment()
 
 CACHE = Path(os.environ.get("LENSAPP_CACHE_DIR") or config.Config().resolved_cache_dir)
+REPO = Path(__file__).resolve().parents[1]
+J_LAYERS = [0, 4, 8, 12, 16, 20, 24, 28]      # the running app's random Jacobian lens
+START_TIMEOUT = 360                           # s for `python app.py` to serve its page
+APP_LOG: list[Path] = []                      # the running app's log, quoted when a wait fails
+
+# Hypothesis's own deadline only reports a slow example after it returns (and torch.compile's first calls
+# on a new shape are slow by nature): the hostile tests bound every call with their own watchdog instead.
+_SLOW_OK = [hypothesis.HealthCheck.too_slow, hypothesis.HealthCheck.data_too_large,
+            hypothesis.HealthCheck.function_scoped_fixture]
+hypothesis.settings.register_profile("ci", derandomize=True, database=None, max_examples=40, deadline=None,
+                          suppress_health_check=_SLOW_OK, print_blob=True)
+hypothesis.settings.register_profile("dev", max_examples=400, deadline=None, suppress_health_check=_SLOW_OK)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +43,13 @@ def embedded_dir() -> Path:
     from lensapp.engine.embedded import embedded_model_dir
 
     return embedded_model_dir(CACHE / "models")
+
+
+@pytest.fixture(scope="session")
+def model_dims(embedded_dir) -> dict:
+    import json
+
+    return json.loads((embedded_dir / "config.json").read_text())
 
 
 @pytest.fixture(scope="session")
@@ -103,6 +132,71 @@ def hf_service(embedded_dir):
     service = start_service(backend="transformers", jlens="none")
     yield service
     service.close()
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory, model_dims):
+    """`python app.py --jlens <random lens>` on a free port, one for the session (the browser tests and the
+    API's hostile-input test share it); SIGTERM at the end leaves no vLLM process."""
+    import psutil
+    import torch
+
+    from lensapp import jlens
+
+    tmp = tmp_path_factory.mktemp("app")
+    d = model_dims["hidden_size"]
+    g = torch.Generator().manual_seed(0)
+    lens_path = jlens.save(tmp / "random_jlens.pt",
+                           {layer: torch.eye(d) + 0.05 * torch.randn(d, d, generator=g) for layer in J_LAYERS},
+                           n_prompts=0,
+                           provenance={"model": "a random test model", "corpus": "none: a random test lens"})
+    port = _free_port()
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+           "GRADIO_ANALYTICS_ENABLED": "False"}
+    log = open(tmp / "app.log", "w")
+    APP_LOG[:] = [tmp / "app.log"]
+    proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path)], cwd=REPO, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        _wait_for(url, proc, tmp / "app.log")
+        children = psutil.Process(proc.pid).children(recursive=True)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("app.py did not exit within 90 s of SIGTERM")
+        finally:
+            log.close()
+    _, alive = psutil.wait_procs(children, timeout=30)
+    for p in alive:
+        p.kill()
+    assert not alive, f"processes outlived the app: {[p.pid for p in alive]}"
+    assert proc.returncode == 0, (tmp / "app.log").read_text()[-3000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(url: str, proc, log: Path) -> None:
+    deadline = time.time() + START_TIMEOUT
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(2)
+    pytest.fail(f"app.py did not serve {url} within {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
 
 
 def pytest_collection_modifyitems(items):

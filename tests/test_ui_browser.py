@@ -1,6 +1,7 @@
 """The app in a real browser: `python app.py` on the embedded model, driven by headless Chromium.
 
-One app per module (starting vLLM on CPU takes about a minute), a fresh browser page per test.
+One app per session (conftest's `app_url`: starting vLLM on CPU takes about a minute; the API's hostile-input
+test shares it), a fresh browser page per test.
 Chromium is Debian's (`scripts/setup-test-deps.sh` installs it); Playwright drives it. Cells are
 read from the chart's SVG: Vega gives every mark an aria-label built from its tooltip fields.
 Screenshots of each tab land in artifacts/screenshots/ (git-ignored).
@@ -9,81 +10,21 @@ Screenshots of each tab land in artifacts/screenshots/ (git-ignored).
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
+from conftest import APP_LOG, J_LAYERS, REPO
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-REPO = Path(__file__).resolve().parents[1]
 SHOTS = REPO / "artifacts" / "screenshots"
 HOSTILE = "<img src=x onerror=alert(1)>"
-J_LAYERS = [0, 4, 8, 12, 16, 20, 24, 28]
-START_TIMEOUT = 360
 RUN_TIMEOUT = 90_000          # ms, one readout on a busy 2-core machine
-APP_LOG: list[Path] = []      # the running app's log, quoted when a wait fails
 
 
-
-# -- fixtures ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def model_dims(embedded_dir) -> dict:
-    return json.loads((embedded_dir / "config.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory, model_dims):
-    """`python app.py --jlens <random lens>` on a free port; SIGTERM at the end leaves no vLLM process."""
-    import psutil
-    import torch
-
-    from lensapp import jlens
-
-    tmp = tmp_path_factory.mktemp("app")
-    d = model_dims["hidden_size"]
-    g = torch.Generator().manual_seed(0)
-    lens_path = jlens.save(tmp / "random_jlens.pt",
-                           {layer: torch.eye(d) + 0.05 * torch.randn(d, d, generator=g) for layer in J_LAYERS},
-                           n_prompts=0,
-                           provenance={"model": "a random test model", "corpus": "none: a random test lens"})
-    port = _free_port()
-    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
-           "GRADIO_ANALYTICS_ENABLED": "False"}
-    log = open(tmp / "app.log", "w")
-    APP_LOG[:] = [tmp / "app.log"]
-    proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path)], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        _wait_for(url, proc, tmp / "app.log")
-        children = psutil.Process(proc.pid).children(recursive=True)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            pytest.fail("app.py did not exit within 90 s of SIGTERM")
-        finally:
-            log.close()
-    _, alive = psutil.wait_procs(children, timeout=30)
-    for p in alive:
-        p.kill()
-    assert not alive, f"processes outlived the app: {[p.pid for p in alive]}"
-    assert proc.returncode == 0, (tmp / "app.log").read_text()[-3000:]
-
+# -- fixtures (app_url, the running app, is conftest's: one per session) ---------------------------
 
 @pytest.fixture(scope="module")
 def browser():
@@ -109,27 +50,6 @@ def page(browser):
 
 
 # -- helpers -------------------------------------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(url: str, proc, log: Path) -> None:
-    deadline = time.time() + START_TIMEOUT
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(2)
-    pytest.fail(f"app.py did not serve {url} within {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
-
 
 def open_app(page, url: str, query: str = "") -> None:
     page.goto(url + (f"?{query}" if query else ""))

@@ -62,8 +62,8 @@ class TransformersBackend:
         model, d = self.model, self.info.d_model
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        how = ({"do_sample": True, "temperature": float(sampling.temperature)} if sampling.temperature > 0
-               else {"do_sample": False})
+        how = ({"do_sample": False} if sampling.greedy
+               else {"do_sample": True, "temperature": float(sampling.temperature)})
         with torch.no_grad(), model.generate(torch.tensor([spec.input_ids]), max_new_tokens=sampling.max_tokens,
                                              pad_token_id=self.tokenizer.eos_token_id, **how) as tracer:
             steps = nnsight.save([])

@@ -85,6 +85,15 @@ class Sampling:
     temperature: float = 0.0
     seed: int | None = None
 
+    @property
+    def greedy(self) -> bool:
+        """A temperature below vLLM's own threshold (1e-5) decodes greedily on every backend: logits divided
+        by 1e-73 overflow to inf, and sampling from them fails."""
+        return self.temperature < GREEDY_BELOW
+
+
+GREEDY_BELOW = 1e-5
+
 
 @dataclass
 class LensOutput:

@@ -175,7 +175,7 @@ async def _saves(tracer) -> dict:
 
 
 def _sampling(s: Sampling) -> dict:
-    kwargs = {"temperature": float(s.temperature), "max_tokens": int(s.max_tokens)}
+    kwargs = {"temperature": 0.0 if s.greedy else float(s.temperature), "max_tokens": int(s.max_tokens)}
     if s.seed is not None:
         kwargs["seed"] = int(s.seed)
     return kwargs

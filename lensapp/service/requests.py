@@ -128,6 +128,7 @@ def span(layers: list[int]) -> str:
 def validate_lens(req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> None:
     _check_lens(req.lens)
     _check_k(req.k)
+    _check_flags(raw=req.raw, chat=req.chat)
     if not req.prompts:
         raise RequestError("no prompt given")
     if len(req.prompts) > max_prompts:
@@ -147,17 +148,18 @@ def validate_lens(req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> N
 def validate_generate(req: GenerateRequest) -> None:
     _check_lens(req.lens)
     _check_k(req.k)
+    _check_flags(raw=req.raw, chat=req.chat)
     check_prompt(req.prompt)
     _check_sampling(req.max_tokens, req.temperature, req.seed)
 
 
 def validate_chat(req: ChatRequest) -> None:
-    if req.lens not in ("logit", "jacobian"):
-        raise RequestError(f"the chat readout is one lens, logit or jacobian; got {_short(str(req.lens))!r}")
+    if not isinstance(req.lens, str) or req.lens not in ("logit", "jacobian"):
+        raise RequestError(f"the chat readout is one lens, logit or jacobian; got {show(req.lens)}")
     _check_k(req.k)
     _check_sampling(req.max_tokens, req.temperature, req.seed)
     if req.layer is not None and (isinstance(req.layer, bool) or not isinstance(req.layer, int)):
-        raise RequestError(f"the chat layer must be a whole number; got {req.layer!r}")
+        raise RequestError(f"the chat layer must be a whole number; got {show(req.layer)}")
     msgs = req.messages
     if not isinstance(msgs, (list, tuple)) or not msgs:
         raise RequestError("the conversation is empty")
@@ -188,38 +190,53 @@ def _check_text(text: str, what: str) -> None:
 
 
 def _check_lens(lens) -> None:
-    if lens not in LENS_CHOICES:
-        raise RequestError(f"lens must be logit, jacobian or both; got {_short(str(lens))!r}")
+    if not isinstance(lens, str) or lens not in LENS_CHOICES:
+        raise RequestError(f"lens must be logit, jacobian or both; got {show(lens)}")
+
+
+def _check_flags(**flags) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise RequestError(f"{name} must be true or false; got {show(value)}")
 
 
 def _check_k(k) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-        raise RequestError(f"k must be a whole number in 1..{MAX_K}; got {_short(repr(k))}")
+        raise RequestError(f"k must be a whole number in 1..{MAX_K}; got {show(k)}")
 
 
 def _check_sampling(max_tokens, temperature, seed) -> None:
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_GENERATE_TOKENS:
         raise RequestError(f"max_tokens must be a whole number in 1..{MAX_GENERATE_TOKENS}; "
-                           f"got {_short(repr(max_tokens))}")
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature)
-            or not 0.0 <= temperature <= MAX_TEMPERATURE):
-        raise RequestError(f"temperature must be a number in 0..{MAX_TEMPERATURE:g}; got {_short(repr(temperature))}")
+                           f"got {show(max_tokens)}")
+    # NaN fails the comparison; a huge int is compared exactly (math.isfinite would overflow converting it)
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not 0 <= temperature <= MAX_TEMPERATURE):
+        raise RequestError(f"temperature must be a number in 0..{MAX_TEMPERATURE:g}; got {show(temperature)}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
-        raise RequestError(f"seed must be a whole number in 0..{MAX_SEED}; got {_short(repr(seed))}")
+        raise RequestError(f"seed must be a whole number in 0..{MAX_SEED}; got {show(seed)}")
 
 
 # -- coercion of typed values (form fields, API arguments) ------------------------------------------
 
 def as_int(value, what: str) -> int:
-    """A whole number from an int, a whole float or text ('7', '7.0'); RequestError otherwise."""
+    """A whole number from an int, a whole float or text ('7', '7.0'); RequestError otherwise.
+    An int, or text of one, is read exactly (a float would round 2**53 + 1)."""
     if isinstance(value, bool):
         raise RequestError(f"{what} must be a whole number; got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:          # '7.0', '1e3', or more digits than Python converts
+            pass
     try:
         f = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError, OverflowError):
-        raise RequestError(f"{what} must be a whole number; got {_short(repr(value))}") from None
+        raise RequestError(f"{what} must be a whole number; got {show(value)}") from None
     if not math.isfinite(f) or not f.is_integer():
-        raise RequestError(f"{what} must be a whole number; got {_short(repr(value))}")
+        raise RequestError(f"{what} must be a whole number; got {show(value)}")
     return int(f)
 
 
@@ -230,9 +247,9 @@ def as_float(value, what: str) -> float:
     try:
         f = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError, OverflowError):
-        raise RequestError(f"{what} must be a number; got {_short(repr(value))}") from None
+        raise RequestError(f"{what} must be a number; got {show(value)}") from None
     if not math.isfinite(f):
-        raise RequestError(f"{what} must be a finite number; got {_short(repr(value))}")
+        raise RequestError(f"{what} must be a finite number; got {show(value)}")
     return f
 
 
@@ -262,6 +279,17 @@ def as_text(value, what: str) -> str:
 
 def split_targets(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in (text or "").split(",") if t.strip())
+
+
+def show(value, n: int = 40) -> str:
+    """A value as a message quotes it: its repr, clipped to `n` characters; an integer too long to print
+    (Python refuses past 4300 digits) by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * n:
+        return f"a number of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    try:
+        return _short(repr(value), n)
+    except Exception:  # noqa: BLE001 - a value that cannot describe itself is named by its type
+        return f"a {type(value).__name__}"
 
 
 def _short(text: str, n: int = 40) -> str:

@@ -21,7 +21,7 @@ from .. import jlens as jlens_files
 from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, Config
 from ..engine.core import Engine
 from ..engine.loading import ResolvedModel, backend_factory, describe_model
-from ..engine.protocol import Backend, JStack, Sampling
+from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
 from ..results import ChatReply, Comparison, GenerationResult, LensResult, Target
 from . import planning
 from .cache import ResultCache
@@ -31,6 +31,7 @@ from .requests import (
     GenerateRequest,
     LensRequest,
     RequestError,
+    show,
     span,
     validate_chat,
     validate_generate,
@@ -160,7 +161,7 @@ class LensService:
         pool = self.chat_layers(req.lens)
         layer = planning.default_chat_layer(pool, self.info.n_layers) if req.layer is None else req.layer
         if layer not in pool:
-            raise RequestError(f"the chat readout cannot read layer {layer}; choose one of {span(pool)}")
+            raise RequestError(f"the chat readout cannot read layer {show(layer)}; choose one of {span(pool)}")
         conversation = self.prompts.conversation(list(req.messages))
         ids, dropped = conversation.ids, conversation.dropped_turns
         spec = planning.lens_spec(ids, [layer], req.k, LENS_CHOICES[req.lens], self.info.n_layers, self.jlens_layers)
@@ -275,4 +276,4 @@ def _fingerprint(lens: jlens_files.JacobianLens | None) -> str:
 
 def _reproducible(temperature: float, seed: int | None) -> bool:
     """Greedy decoding, or sampling with an explicit seed: the same request gives the same answer."""
-    return float(temperature) == 0.0 or seed is not None
+    return float(temperature) < GREEDY_BELOW or seed is not None

@@ -10,7 +10,7 @@ from .. import charts
 from ..config import MAX_GENERATE_TOKENS, MAX_SEED, MAX_TEMPERATURE
 from ..service import ChatRequest
 from ..service.planning import default_chat_layer
-from ..service.requests import as_float, as_int, as_seed
+from ..service.requests import as_float, as_int, as_seed, as_text
 from .examples import CHAT_EXAMPLES
 from .tabs import PRIVATE, new_seed, warn
 
@@ -49,8 +49,9 @@ def build_chat(service, guard) -> None:
     history = gr.State([])           # the real conversation; the Chatbot shows an escaped copy plus readouts
 
     def reply_to(text, history, shown, layer, lens, max_tokens, temperature, seed):
-        messages = history + [{"role": "user", "content": text}]
-        reply = service.chat(ChatRequest(messages=tuple(messages), layer=as_int(layer, "layer"), lens=lens,
+        messages = history + [{"role": "user", "content": as_text(text, "the message")}]
+        layer = None if layer is None else as_int(layer, "layer")           # None: the lens's default layer
+        reply = service.chat(ChatRequest(messages=tuple(messages), layer=layer, lens=lens,
                                          max_tokens=as_int(max_tokens, "max tokens"),
                                          temperature=as_float(temperature, "temperature"), seed=as_seed(seed)))
         if reply.dropped_turns:
@@ -66,7 +67,7 @@ def build_chat(service, guard) -> None:
         return "", messages + [{"role": "assistant", "content": reply.text}], shown
 
     def send(text, history, shown, layer, lens, max_tokens, temperature, seed, request: gr.Request = None):
-        if not (text or "").strip():
+        if text is None or isinstance(text, str) and not text.strip():
             return gr.skip(), gr.skip(), gr.skip()
         return guard.ui(request, reply_to, text, history, shown, layer, lens, max_tokens, temperature, seed)
 

@@ -7,10 +7,10 @@ import gradio as gr
 from .. import charts
 from ..config import MAX_COMPARE_PROMPTS, MAX_K
 from ..service import LensRequest
-from ..service.requests import as_int, split_targets
+from ..service.requests import as_int, as_text, split_targets
 from .examples import compare_examples
 from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, int_or, lens_choices, md_text, warn
+from .tabs import PRIVATE, Downloads, TabParts, int_or, lens_choices, md_text, text_or, warn
 
 HOW_TO = """
 What people do with a lens is contrast: "The capital of France is" against "… of Italy is", a sentence
@@ -62,16 +62,17 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
             json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
 
     def readout(*values):
-        prompts = tuple(p for p in values[:MAX_COMPARE_PROMPTS] if (p or "").strip())
+        prompts = tuple(p for p in (as_text(v, "a prompt") for v in values[:MAX_COMPARE_PROMPTS]) if p.strip())
         lens, layers, k, targets, metric, chat, raw = values[MAX_COMPARE_PROMPTS:]
-        words = split_targets(targets)
-        if charts.METRICS.get(metric, charts.METRICS["top1_prob"]).needs_target and not words:
+        words = split_targets(as_text(targets, "targets"))
+        metric = metric if isinstance(metric, str) and metric in charts.METRICS else "top1_prob"
+        if charts.METRICS[metric].needs_target and not words:
             warn("That colour needs a target word; showing top-1 probability instead.")
             metric = "top1_prob"
-        metric = metric if metric in charts.METRICS else "top1_prob"
-        if lens not in {value for _, value in choices}:
+        if not isinstance(lens, str) or lens not in {value for _, value in choices}:
             lens = "logit"
-        comparison = service.compare(LensRequest(prompts=prompts, lens=lens, layers=(layers or "all").strip(),
+        layers = (as_text(layers, "layers") or "all").strip()
+        comparison = service.compare(LensRequest(prompts=prompts, lens=lens, layers=layers,
                                                  k=as_int(k, "k"), targets=words, chat=bool(chat), raw=bool(raw)))
         shown = ("jacobian", "logit") if lens == "both" else (lens,)
         return (
@@ -94,11 +95,11 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
 
     def to_view(*values) -> View:
-        prompts = tuple(p for p in values[:MAX_COMPARE_PROMPTS] if p)
+        prompts = tuple(p for p in (text_or(v, "") for v in values[:MAX_COMPARE_PROMPTS]) if p)
         lens, layers, k, targets, metric, chat, raw = values[MAX_COMPARE_PROMPTS:]
-        return View(tab="compare", prompts=prompts, lens=lens or "logit", layers=layers or "all",
-                    k=int_or(k, d.k), targets=targets or "", metric=metric or d.metric, chat=bool(chat),
-                    raw=bool(raw))
+        return View(tab="compare", prompts=prompts, lens=text_or(lens, "logit"), layers=text_or(layers, "all"),
+                    k=int_or(k, d.k), targets=text_or(targets, ""), metric=text_or(metric, d.metric),
+                    chat=bool(chat), raw=bool(raw))
 
     def from_view(view: View) -> list:
         prompts = list(view.prompts)[:MAX_COMPARE_PROMPTS]

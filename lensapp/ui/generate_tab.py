@@ -6,13 +6,13 @@ import gradio as gr
 import pandas as pd
 
 from .. import charts
-from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
+from ..config import LENS_CHOICES, MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
 from ..service import GenerateRequest
-from ..service.requests import as_float, as_int, as_seed
+from ..service.requests import as_float, as_int, as_seed, as_text
 from .chat_tab import build_chat
 from .examples import generate_examples
 from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, int_or, lens_choices, new_seed, warn
+from .tabs import PRIVATE, Downloads, TabParts, float_or, int_or, lens_choices, new_seed, text_or, warn
 
 HOW_TO = """
 The model writes one token per **step**. Each **column** is a step, labelled by the token the model
@@ -70,11 +70,11 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
                 build_chat(service, guard)
 
     def readout(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw):
-        if lens not in {value for _, value in choices}:
+        if isinstance(lens, str) and lens in LENS_CHOICES and lens not in {value for _, value in choices}:
             warn("No Jacobian lens is loaded; using the logit lens.")
             lens = "logit"
         req = GenerateRequest(prompt=prompt, max_tokens=as_int(max_tokens, "max tokens"), lens=lens,
-                              layers=(layers or "all").strip(), k=as_int(k, "k"),
+                              layers=(as_text(layers, "layers") or "all").strip(), k=as_int(k, "k"),
                               temperature=as_float(temperature or 0, "temperature"), chat=bool(chat),
                               seed=as_seed(seed), raw=bool(raw))
         gen = service.generate(req)
@@ -102,14 +102,18 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
 
     def show_step(gen, s, lens):
-        return gr.skip() if gen is None or s is None else step_table(gen, int(s), lens)
+        s = int_or(s, -1)
+        if gen is None or not 0 <= s < len(gen.steps):       # none chosen, or not one of the choices
+            return gr.skip()
+        return step_table(gen, s, lens)
 
     gr.on([step.input, table_lens.input], show_step, [state, step, table_lens], table, **PRIVATE)
 
     def to_view(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw) -> View:
-        return View(tab="generate", prompt=prompt or "", max_tokens=int_or(max_tokens, d.max_tokens),
-                    temperature=float(temperature or 0), lens=lens or "logit", layers=layers or "all",
-                    k=int_or(k, d.k), chat=bool(chat), seed=None if seed is None else int_or(seed, 0), raw=bool(raw))
+        return View(tab="generate", prompt=text_or(prompt, ""), max_tokens=int_or(max_tokens, d.max_tokens),
+                    temperature=float_or(temperature, d.temperature), lens=text_or(lens, "logit"),
+                    layers=text_or(layers, "all"), k=int_or(k, d.k), chat=bool(chat),
+                    seed=None if seed is None else int_or(seed, 0), raw=bool(raw))
 
     def from_view(view: View) -> list:
         return [view.prompt, view.max_tokens, view.temperature, view.lens, view.layers, view.k, view.chat,
@@ -126,6 +130,6 @@ def step_choices(gen) -> list[tuple[str, int]]:
 
 def step_table(gen, s: int, lens: str) -> pd.DataFrame:
     readout = gen.steps[s].readout
-    if lens not in readout.lenses:
+    if not isinstance(lens, str) or lens not in readout.lenses:
         lens = next(iter(readout.lenses))
     return charts.display_tokens(readout.top_k_table(lens, -1))

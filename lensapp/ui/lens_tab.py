@@ -17,11 +17,11 @@ from .. import charts
 from ..config import MAX_K
 from ..service import LensRequest
 from ..service.planning import jlens_subset
-from ..service.requests import as_int, span, split_targets
+from ..service.requests import as_int, as_text, span, split_targets
 from ..snippets import lens_snippet
 from .examples import lens_examples
 from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, int_or, md_text, warn
+from .tabs import PRIVATE, Downloads, TabParts, int_or, md_text, text_or, warn
 
 LOGIT_HOW_TO = """
 Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
@@ -151,12 +151,12 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
         return charts.lens_heatmap(result, "logit", metric, start=first), gr.skip()
 
     def readout(prompt, layers, k, targets, metric, chat, raw, start):
-        words = split_targets(targets)
-        if charts.METRICS.get(metric, charts.METRICS["top1_prob"]).needs_target and not words:
+        words = split_targets(as_text(targets, "targets"))
+        metric = metric if isinstance(metric, str) and metric in charts.METRICS else "top1_prob"
+        if charts.METRICS[metric].needs_target and not words:
             warn("That colour needs a target word; showing top-1 probability instead.")
             metric = "top1_prob"
-        metric = metric if metric in charts.METRICS else "top1_prob"
-        layers = (layers or "all").strip()
+        layers = (as_text(layers, "layers") or "all").strip()
         if jacobian:
             have, missing = jlens_subset(layers, info.n_layers, service.jlens_layers)
             if missing:
@@ -193,7 +193,10 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
 
     def show_position(result, pos):
-        return gr.skip() if result is None or pos is None else top_k_tables(result, shown, int(pos))
+        pos = int_or(pos, -1)
+        if result is None or not 0 <= pos < len(result.input_ids):     # none chosen, or not one of the choices
+            return gr.skip()
+        return top_k_tables(result, shown, pos)
 
     position.input(show_position, [state, position], table, **PRIVATE)
 
@@ -201,10 +204,11 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
         """Redraw from the result in hand (no new readout); the link remembers the window."""
         if result is None:
             return gr.skip(), gr.skip(), gr.skip()
-        needs_target = charts.METRICS.get(metric, charts.METRICS["top1_prob"]).needs_target
-        if metric not in charts.METRICS or (needs_target and not result.lenses[shown[0]].targets):
+        metric = metric if isinstance(metric, str) and metric in charts.METRICS else "top1_prob"
+        if charts.METRICS[metric].needs_target and not result.lenses[shown[0]].targets:
             metric = "top1_prob"
-        return (*draw(result, metric, int(first)), int(first))
+        first = int_or(first, 0)
+        return (*draw(result, metric, first), first)
 
     window.release(move_window, [state, metric, window], [heatmap, diff, start], **PRIVATE)
 
@@ -217,8 +221,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
     form.change(show_code, [state, form, chat], code, **PRIVATE)
 
     def to_view(prompt, layers, k, targets, metric, chat, raw, start) -> View:
-        return View(tab=tab.name, prompt=prompt or "", layers=layers or "all", k=int_or(k, d.k),
-                    targets=targets or "", metric=metric or d.metric, chat=bool(chat), raw=bool(raw),
+        return View(tab=tab.name, prompt=text_or(prompt, ""), layers=text_or(layers, "all"), k=int_or(k, d.k),
+                    targets=text_or(targets, ""), metric=text_or(metric, d.metric), chat=bool(chat), raw=bool(raw),
                     start=None if start is None else int_or(start, 0))
 
     fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat,

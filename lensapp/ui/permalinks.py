@@ -85,7 +85,9 @@ def encode(view: View) -> dict[str, str]:
 
 
 def query_string(view: View) -> str:
-    return urlencode(encode(view), quote_via=quote)
+    # A lone surrogate (a browser can send one) is kept as the bytes it stands for: the link then opens
+    # with a notice that the field is not UTF-8 text, instead of this failing.
+    return urlencode(encode(view), quote_via=quote, errors="surrogatepass")
 
 
 class Decoded(NamedTuple):
@@ -111,8 +113,9 @@ def decode(query: Mapping[str, str] | str | None, *, n_layers: int | None = None
         notices.append(f"The link's {name} {why}; using the default ({_show(getattr(d, name))}).")
 
     version = params.get("v", str(FORMAT_VERSION))
-    if not (version.isascii() and version.isdigit()) or int(version) < 1:
-        notices.append(f"The link's format version v={_short(version)} is not one this app knows; reading it as v=1.")
+    if not (version.isascii() and version.isdigit() and len(version) <= 9) or int(version) < 1:
+        notices.append(f"The link's format version v={_printable(version)} is not one this app knows; "
+                       "reading it as v=1.")
     elif int(version) > FORMAT_VERSION:
         notices.append(f"The link was made by a newer version of the app (v={int(version)}); "
                        "settings it does not understand are left at their defaults.")
@@ -121,7 +124,8 @@ def decode(query: Mapping[str, str] | str | None, *, n_layers: int | None = None
         if name not in params:
             continue
         raw = params[name]
-        if "\ufffd" in raw:
+        # U+FFFD: bytes the web server could not decode; a lone surrogate: a raw query or mapping holding one
+        if any(ch == "\ufffd" or 0xD800 <= ord(ch) <= 0xDFFF for ch in raw):
             fail(name, "has bytes that are not UTF-8 text")
             continue
         try:
@@ -181,7 +185,7 @@ def _int(lo: int, hi: int):
         except ValueError:
             raise ValueError(f"{_short(raw)!r} is not a whole number") from None
         if not lo <= value <= hi:
-            raise ValueError(f"{value} is outside {lo}..{hi}")
+            raise ValueError(f"{_short(str(value))} is outside {lo}..{hi}")
         return value
     return parse
 
@@ -192,7 +196,7 @@ def _temperature(raw: str) -> float:
     except ValueError:
         raise ValueError(f"{_short(raw)!r} is not a number") from None
     if not math.isfinite(value) or not 0.0 <= value <= MAX_TEMPERATURE:
-        raise ValueError(f"{_short(raw)} is outside 0..{MAX_TEMPERATURE:g}")
+        raise ValueError(f"{value:g} is outside 0..{MAX_TEMPERATURE:g}")
     return value
 
 
@@ -274,6 +278,11 @@ assert set(_PARSERS) | {"prompts"} == {f.name for f in fields(View)}
 
 def _short(text: str, n: int = 40) -> str:
     return text if len(text) <= n else text[:n] + "…"
+
+
+def _printable(text: str) -> str:
+    """Clipped, and quoted with escapes when it holds a line break or another unprintable character."""
+    return _short(text) if text.isprintable() else repr(_short(text))
 
 
 def _show(value) -> str:

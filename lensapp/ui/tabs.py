@@ -54,9 +54,21 @@ def md_text(text: str) -> str:
 def int_or(value, default: int) -> int:
     """For building a View from inputs mid-edit (an emptied number box): never raises."""
     try:
-        return int(value)
+        n = int(value)
     except (TypeError, ValueError, OverflowError):
         return default
+    return n if abs(n) < 1 << 63 else default       # no link needs more (str() refuses past 4300 digits)
+
+
+def float_or(value, default: float) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def text_or(value, default: str) -> str:
+    return value if isinstance(value, str) and value else default
 
 
 def new_seed() -> int:
