@@ -200,10 +200,12 @@ def _wait_for(url: str, proc, log: Path) -> None:
 
 
 def pytest_collection_modifyitems(items):
-    """Mark tests by what they start: `engine` for the vLLM fixtures, `browser` for the app in Chromium."""
+    """Mark tests by what they start: `engine` for the vLLM fixtures (and the CLI's real engine), `browser`
+    for the app in Chromium. Tests marked `disruptive` (they kill the shared engine) run last."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        if names & {"vllm_service", "app_url"} or item.get_closest_marker("engine"):
+        if names & {"vllm_service", "app_url"} or item.get_closest_marker("engine") or "real_engine" in item.name:
             item.add_marker(pytest.mark.engine)
         if "app_url" in names or "page" in names:
             item.add_marker(pytest.mark.browser)
+    items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
