@@ -16,24 +16,13 @@ from dataclasses import dataclass, fields, replace
 from typing import Mapping, NamedTuple
 from urllib.parse import parse_qsl, quote, urlencode
 
+from .. import config
 from ..charts import METRICS
-from ..config import (
-    LENS_CHOICES,
-    MAX_COMPARE_PROMPTS,
-    MAX_GENERATE_TOKENS,
-    MAX_K,
-    MAX_LAYERS_CHARS,
-    MAX_PROMPT_CHARS,
-    MAX_SEED,
-    MAX_TARGET_CHARS,
-    MAX_TARGETS,
-    MAX_TEMPERATURE,
-)
 from ..service.requests import RequestError, parse_layers
 
 FORMAT_VERSION = 1
 TABS = ("logit", "jacobian", "generate", "compare")
-LENSES = tuple(LENS_CHOICES)
+LENSES = tuple(config.LENS_CHOICES)
 DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_COMPARE = ("The capital of France is", "The capital of Italy is")
 # Which fields a tab's link carries (the rest are that tab's defaults). Fields are only ever added:
@@ -195,14 +184,14 @@ def _temperature(raw: str) -> float:
         value = float(raw.strip())
     except ValueError:
         raise ValueError(f"{_short(raw)!r} is not a number") from None
-    if not math.isfinite(value) or not 0.0 <= value <= MAX_TEMPERATURE:
-        raise ValueError(f"{value:g} is outside 0..{MAX_TEMPERATURE:g}")
+    if not math.isfinite(value) or not 0.0 <= value <= config.MAX_TEMPERATURE:
+        raise ValueError(f"{value:g} is outside 0..{config.MAX_TEMPERATURE:g}")
     return value
 
 
 def _prompt(raw: str) -> str:
-    if len(raw) > MAX_PROMPT_CHARS:
-        raise ValueError(f"is {len(raw)} characters long; the limit is {MAX_PROMPT_CHARS}")
+    if len(raw) > config.MAX_PROMPT_CHARS:
+        raise ValueError(f"is {len(raw)} characters long; the limit is {config.MAX_PROMPT_CHARS}")
     if not raw.strip():
         raise ValueError("is empty")
     if any(ord(ch) < 0x20 and ch not in "\n\t\r" for ch in raw):
@@ -212,7 +201,7 @@ def _prompt(raw: str) -> str:
 
 def _layers(raw: str) -> str:
     text = raw.strip()
-    if len(text) > MAX_LAYERS_CHARS or not text:
+    if len(text) > config.MAX_LAYERS_CHARS or not text:
         raise ValueError("is empty" if not text else "is too long")
     if text.lower() != "all" and not set(text.lower()) <= set("0123456789,- last"):
         raise ValueError(f"{_short(text)!r} is not 'all', a list like 0,5,-1 or a range like 10-20")
@@ -220,11 +209,11 @@ def _layers(raw: str) -> str:
 
 
 def _targets(raw: str) -> str:
-    if len(raw) > MAX_TARGET_CHARS:
-        raise ValueError(f"are {len(raw)} characters long; the limit is {MAX_TARGET_CHARS}")
+    if len(raw) > config.MAX_TARGET_CHARS:
+        raise ValueError(f"are {len(raw)} characters long; the limit is {config.MAX_TARGET_CHARS}")
     parts = [t for t in raw.split(",") if t.strip()]
-    if len(parts) > MAX_TARGETS:
-        raise ValueError(f"are {len(parts)} words; the limit is {MAX_TARGETS}")
+    if len(parts) > config.MAX_TARGETS:
+        raise ValueError(f"are {len(parts)} words; the limit is {config.MAX_TARGETS}")
     if any(ord(ch) < 0x20 for ch in raw):
         raise ValueError("contain control characters")
     return raw
@@ -232,7 +221,7 @@ def _targets(raw: str) -> str:
 
 def _compare_prompts(params: dict[str, str], notices: list[str]) -> tuple[str, ...]:
     """prompt1, prompt2, ... in order; () when the link names none (or too few: with a notice)."""
-    keys = [f"prompt{i}" for i in range(1, MAX_COMPARE_PROMPTS + 1) if f"prompt{i}" in params]
+    keys = [f"prompt{i}" for i in range(1, config.MAX_COMPARE_PROMPTS + 1) if f"prompt{i}" in params]
     if not keys:
         return ()
     prompts = []
@@ -268,9 +257,9 @@ def _bool(raw: str) -> bool:
 
 
 _PARSERS = {
-    "tab": _choice(TABS), "prompt": _prompt, "layers": _layers, "k": _int(1, MAX_K), "targets": _targets,
-    "metric": _choice(tuple(METRICS)), "lens": _choice(LENSES), "max_tokens": _int(1, MAX_GENERATE_TOKENS),
-    "temperature": _temperature, "chat": _bool, "seed": _optional_int(0, MAX_SEED), "raw": _bool,
+    "tab": _choice(TABS), "prompt": _prompt, "layers": _layers, "k": _int(1, config.MAX_K), "targets": _targets,
+    "metric": _choice(tuple(METRICS)), "lens": _choice(LENSES), "max_tokens": _int(1, config.MAX_GENERATE_TOKENS),
+    "temperature": _temperature, "chat": _bool, "seed": _optional_int(0, config.MAX_SEED), "raw": _bool,
     "start": _optional_int(0, 1 << 20),
 }
 assert set(_PARSERS) | {"prompts"} == {f.name for f in fields(View)}
