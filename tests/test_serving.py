@@ -102,3 +102,27 @@ def test_killing_the_engine_under_load_heals_in_the_same_process(app_url):
     assert h["state"] == "ready" and h["restarts"] == restarts + 1
     assert h["forwards"]["lens"] == forwards + 1                      # the new engine computed it
     assert app.is_running() and not core.is_running()
+
+
+def test_a_login_guards_the_app_when_asked_for():
+    """LENSAPP_AUTH: Gradio's own login in front of the page and the API (no engine needed: a stand-in)."""
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    from lensapp.config import Config
+    from lensapp.engine import ModelInfo
+    from lensapp.server import make_app
+
+    service = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
+                              jlens_layers=[], jlens_error=None, chat_layers=lambda lens: [0, 1, 2, 3],
+                              model=SimpleNamespace(path="stand-in", family=None),
+                              health=lambda: {"state": "ready", "queue_depth": 0})
+    with TestClient(make_app(service, Config(auth="alice:secret"))) as client:
+        assert client.get("/config").status_code == 401                  # the app's config needs the login
+        assert client.post("/login", data={"username": "alice", "password": "wrong"}).status_code >= 400
+        assert client.post("/login", data={"username": "alice", "password": "secret"}).status_code == 200
+        assert client.get("/config").status_code == 200
+        assert client.get("/health").json()["state"] == "ready"           # health stays open to the platform
+    with TestClient(make_app(service, Config())) as client:
+        assert client.get("/config").status_code == 200                   # open by default

@@ -26,8 +26,9 @@ def load_transformers_model(path: str, *, device: str, dtype: torch.dtype):
 
 
 class TransformersBackend:
-    def __init__(self, path: str, info: ModelInfo, family: Family):
-        self.model = load_transformers_model(path, device=info.device, dtype=getattr(torch, info.dtype))
+    def __init__(self, path: str, info: ModelInfo, family: Family, model=None):
+        """`model`: an nnsight TransformersModel already built (a bench's random model); else loaded from `path`."""
+        self.model = model or load_transformers_model(path, device=info.device, dtype=getattr(torch, info.dtype))
         self.info = info
         self.layout = family.layout("transformers")
         self.tokenizer = self.model.tokenizer
