@@ -158,15 +158,16 @@ def handler(tiny) -> Handlers:
 LENS_TAB_FIELDS = (
     {"prompt": words(), "layers": st.sampled_from(LAYERS + ["0-3", "", None]), "k": st.integers(1, MAX_K) | st.none(),
      "targets": targets_text(), "metric": st.sampled_from(["top1_prob", "entropy", "kl", "target_prob", "target_rank"]),
-     "chat": st.booleans()},
+     "chat": st.booleans(), "raw": st.booleans(), "start": st.none() | st.integers(0, 60)},
     {"prompt": texts(), "layers": anything(), "k": numbers(), "targets": anything(), "metric": anything(),
-     "chat": anything()})
+     "chat": anything(), "raw": anything(), "start": numbers()})
 
 
 @scaled(24)
 @pytest.mark.parametrize("tab", ["logit", "jacobian"])
 @given(kw=fields(*LENS_TAB_FIELDS))
-@example(kw={"prompt": "Hi", "layers": 3, "k": 5, "targets": 7, "metric": [], "chat": False})   # found
+@example(kw={"prompt": "Hi", "layers": 3, "k": 5, "targets": 7, "metric": [], "chat": False, "raw": False,
+            "start": None})   # found
 def test_lens_tab(handler, tab, kw):
     run = handler("build_lens_tab.<locals>.run", f"{tab}-prompt")
     out = page_outcome(run, *kw.values())
@@ -179,9 +180,9 @@ def test_lens_tab(handler, tab, kw):
 GENERATE_TAB_FIELDS = (
     {"prompt": words(), "max_tokens": st.integers(1, 4), "temperature": st.floats(0, MAX_TEMPERATURE) | st.none(),
      "lens": st.sampled_from(LENSES), "layers": st.sampled_from(LAYERS + [""]), "k": st.integers(1, MAX_K),
-     "chat": st.booleans()},
+     "chat": st.booleans(), "seed": st.none() | st.integers(0, rq.MAX_SEED), "raw": st.booleans()},
     {"prompt": texts(), "max_tokens": numbers(), "temperature": numbers(), "lens": anything(), "layers": anything(),
-     "k": numbers(), "chat": anything()})
+     "k": numbers(), "chat": anything(), "seed": numbers(), "raw": anything()})
 
 
 @scaled(30)
@@ -198,9 +199,9 @@ CHAT_TAB_FIELDS = (
     {"text": words(), "history": st.just([]) | conversations().map(lambda c: list(c) + [
         {"role": "assistant", "content": "Hi."}]), "shown": st.just([]), "layer": st.none() | st.integers(0, 3),
      "lens": st.sampled_from(["logit", "jacobian"]), "max_tokens": st.integers(1, 4),
-     "temperature": st.floats(0, MAX_TEMPERATURE)},
+     "temperature": st.floats(0, MAX_TEMPERATURE), "seed": st.none() | st.integers(0, rq.MAX_SEED)},
     {"text": st.one_of(texts(), anything()), "layer": numbers(), "lens": anything(), "max_tokens": numbers(),
-     "temperature": numbers()})
+     "temperature": numbers(), "seed": numbers()})
 
 
 @scaled(30)
@@ -209,6 +210,22 @@ def test_chat_tab(handler, kw):
     out = page_outcome(handler("build_chat.<locals>.send"), *kw.values())
     if isinstance(out, tuple) and out[0] != gr.skip():          # a blank message is skipped
         assert out[0] == "" and out[1][-1]["role"] == "assistant"
+
+
+COMPARE_TAB_FIELDS = (
+    {"prompt1": words(), "prompt2": words(), "prompt3": st.just(""), "prompt4": st.just(""),
+     "lens": st.sampled_from(LENSES), "layers": st.sampled_from(LAYERS + ["0-3", ""]), "k": st.integers(1, MAX_K),
+     "targets": targets_text(), "metric": st.sampled_from(["top1_prob", "kl", "target_prob"]), "chat": st.booleans(),
+     "raw": st.booleans()},
+    {"prompt1": texts(), "prompt2": anything(), "prompt3": anything(), "prompt4": texts(), "lens": anything(),
+     "layers": anything(), "k": numbers(), "targets": anything(), "metric": anything(), "chat": anything(),
+     "raw": anything()})
+
+
+@scaled(24)
+@given(kw=fields(*COMPARE_TAB_FIELDS))
+def test_compare_tab(handler, kw):
+    page_outcome(handler("build_compare_tab.<locals>.run", "compare-prompt1"), *kw.values())
 
 
 @scaled(150)
@@ -223,11 +240,11 @@ def test_restore_from_any_link(handler, query):
 
 @scaled(60)
 @pytest.mark.parametrize("tab", ["logit", "generate"])
-@given(values=st.lists(anything(), min_size=7, max_size=7))
-@example(values=["Hi", 10**5000, "x", "logit", "all", 5, False])       # found: str() of the int raised
+@given(values=st.lists(anything(), min_size=9, max_size=9))
+@example(values=["Hi", 10**5000, "x", "logit", "all", 5, False, None, False])   # found: str() of the int raised
 def test_the_link_box_follows_any_input(handler, tab, values):
     make_query = handler("_query_fn.<locals>.make_query", f"{tab}-prompt")
-    n = 6 if tab == "logit" else 7
+    n = 8 if tab == "logit" else 9
     query = expect(watch(make_query, *values[:n]), str, errors=())
     view, _ = pl.decode(query)
     assert view.tab == tab
@@ -393,13 +410,15 @@ def test_api_still_serves_and_says_so_plainly(api, app_url):
 
 
 @pytest.mark.parametrize("endpoint, data, message", [
-    ("/lens", '["Hi", "logit", "all", NaN, ""]', "k must be a whole number; got nan"),
-    ("/lens", '["Hi", "logit", "all", -0.0, ""]', "k must be a whole number in 1..100; got 0"),
-    ("/generate", '["Hi", 2, "logit", "last", 5, Infinity]', "temperature must be a finite number; got inf"),
-    ("/generate", '["Hi", -Infinity, "logit", "last", 5, 0]', "max_tokens must be a whole number; got -inf"),
-    ("/lens", '["Hi\\ud800", "logit", "all", 5, ""]', "the prompt holds a lone surrogate"),
-    ("/lens", '["Hi", "logit", "all", 5, "Paris, \\udfff"]', "a target holds a lone surrogate"),
-    ("/lens", '["Hi", "logit", "all", 1' + "1" * 4400 + ', ""]', None),      # more digits than Python reads
+    ("/lens", '["Hi", "logit", "all", NaN, "", false, false]', "k must be a whole number; got nan"),
+    ("/lens", '["Hi", "logit", "all", -0.0, "", false, false]', "k must be a whole number in 1..100; got 0"),
+    ("/generate", '["Hi", 2, "logit", "last", 5, Infinity, null, false, false]',
+     "temperature must be a finite number; got inf"),
+    ("/generate", '["Hi", -Infinity, "logit", "last", 5, 0, null, false, false]',
+     "max_tokens must be a whole number; got -inf"),
+    ("/lens", '["Hi\\ud800", "logit", "all", 5, "", false, false]', "the prompt holds a lone surrogate"),
+    ("/lens", '["Hi", "logit", "all", 5, "Paris, \\udfff", false, false]', "a target holds a lone surrogate"),
+    ("/lens", '["Hi", "logit", "all", 1' + "1" * 4400 + ', "", false, false]', None),   # more digits than Python reads
 ], ids=["nan", "negative-zero", "infinity", "minus-infinity", "surrogate-prompt", "surrogate-target", "4401-digits"])
 def test_api_raw_json(api, app_url, endpoint, data, message):
     status, kind, out = post_raw(app_url, endpoint, '{"data": ' + data + "}")

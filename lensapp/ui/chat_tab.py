@@ -12,7 +12,7 @@ from ..service import ChatRequest
 from ..service.planning import default_chat_layer
 from ..service.requests import as_float, as_int, as_seed, as_text
 from .examples import CHAT_EXAMPLES
-from .tabs import PRIVATE, new_seed, warn
+from .tabs import PRIVATE, warn
 
 HOW_TO = """
 Chat with the model through its chat template. Under every reply, each token it wrote stands over
@@ -37,7 +37,7 @@ def build_chat(service, guard) -> None:
                             label="Readout layer", elem_id="chat-layer")
         max_tokens = gr.Slider(1, MAX_GENERATE_TOKENS, value=32, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature")
-        seed = gr.Number(label="Seed", value=new_seed, minimum=0, maximum=MAX_SEED, precision=0, elem_id="chat-seed")
+        seed = gr.Number(label="Seed", value=0, minimum=0, maximum=MAX_SEED, precision=0, elem_id="chat-seed")
     chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chat", sanitize_html=True,
                          placeholder=f"Ask something. {'J-lens' if has_j else 'Logit-lens'} readouts appear under "
                                      "each reply.")

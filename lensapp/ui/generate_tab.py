@@ -46,7 +46,7 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
                     layers = gr.Textbox(label=f"Layers (all, 10-20 or 0,5,-1; this model: 0..{n - 1})", value=d.layers,
                                         elem_id="generate-layers")
                     k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id="generate-k")
-                    seed = gr.Number(label="Seed (sampling: the same seed gives the same text)", value=new_seed,
+                    seed = gr.Number(label="Seed (sampling: the same seed gives the same text)", value=0,
                                      minimum=0, maximum=MAX_SEED, precision=0, elem_id="generate-seed")
                     reseed = gr.Button("New seed", size="sm", scale=0, min_width=100, elem_id="generate-new-seed")
                 with gr.Row():
@@ -117,7 +117,7 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
 
     def from_view(view: View) -> list:
         return [view.prompt, view.max_tokens, view.temperature, view.lens, view.layers, view.k, view.chat,
-                new_seed() if view.seed is None else view.seed, view.raw]
+                0 if view.seed is None else view.seed, view.raw]
 
     fields = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "lens": lens,
               "layers": layers, "k": k, "chat": chat, "seed": seed, "raw": raw}
