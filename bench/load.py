@@ -41,6 +41,12 @@ PROMPTS = ["The capital of France is", "Water boils at", "The Eiffel Tower is lo
            "La capitale de la France est", "12 + 7 =", "The opposite of hot is", "My favourite colour is",
            "The largest planet in the solar system is"]
 LINK = ("The Eiffel Tower is located in the city of", "logit", "all", 5, "Paris")
+RUN = f"{os.getpid() % 10_000}"      # in every prompt: nothing is served from a previous run's cache
+
+
+def fresh(prompt: str, tag: str) -> str:
+    """The prompt, made unique to this run and `tag`: the app computes it, no cache or twin can answer it."""
+    return f"({RUN}.{tag}) {prompt}"
 
 
 # -- the app ---------------------------------------------------------------------------------------
@@ -104,23 +110,26 @@ class Outcome:
         self.kind, self.seconds, self.error, self.done = kind, None, None, threading.Event()
 
 
-def call(c, kind: str, i: int):
-    p = PROMPTS[i % len(PROMPTS)]
+def call(c, kind: str, i: int, tag: str = ""):
+    p = fresh(PROMPTS[i % len(PROMPTS)], f"{tag}{i}")
     if kind == "logit":
         return c.predict(p, "logit", "all", 5, "", api_name="/lens")
     if kind == "both":
         return c.predict(p, "both", "all", 5, "", api_name="/lens")
     if kind == "generate":
         return c.predict(p, 8, "logit", "all", 5, 0.0, api_name="/generate")
+    if kind == "long":                              # ~60 tokens, every layer: about a second of work here
+        return c.predict(p + " " + " ".join(PROMPTS) + " " + PROMPTS[i % len(PROMPTS)], "logit", "all", 5, "",
+                         api_name="/lens")
     if kind == "chat":
         return c.predict([{"role": "user", "content": f"Say something about {p.split()[1]}."}], "logit", -1, 8,
                          0.0, 3, None, api_name="/chat")
-    if kind == "link":
-        return c.predict(*LINK, api_name="/lens")
+    if kind == "link":                              # the same link for everybody in this phase
+        return c.predict(fresh(LINK[0], tag), *LINK[1:], api_name="/lens")
     raise ValueError(kind)
 
 
-def run_all(url: str, kinds: list[str], timeout: float, stagger: float = 0.0) -> list[Outcome]:
+def run_all(url: str, kinds: list[str], timeout: float, tag: str = "all", stagger: float = 0.0) -> list[Outcome]:
     """Every request at once (one client each), each with an answer deadline; lost = none by then."""
     clients = [client(url) for _ in kinds]
     outcomes = [Outcome(k) for k in kinds]
@@ -129,7 +138,7 @@ def run_all(url: str, kinds: list[str], timeout: float, stagger: float = 0.0) ->
         o = outcomes[i]
         t = time.perf_counter()
         try:
-            call(clients[i], o.kind, i)
+            call(clients[i], o.kind, i, tag)
         except Exception as e:  # noqa: BLE001 - every failure is counted by its message
             o.error = " ".join(str(e).split())[:80] or type(e).__name__
         o.seconds = time.perf_counter() - t
@@ -145,11 +154,11 @@ def run_all(url: str, kinds: list[str], timeout: float, stagger: float = 0.0) ->
     return outcomes
 
 
-def sequential(url: str, kinds: list[str]) -> float:
+def sequential(url: str, kinds: list[str], tag: str = "seq") -> float:
     c = client(url)
     t = time.perf_counter()
     for i, kind in enumerate(kinds):
-        call(c, kind, i)
+        call(c, kind, i, tag)
     return time.perf_counter() - t
 
 
@@ -176,7 +185,7 @@ def mix(app: App, users: int, timeout: float) -> dict:
     seq = sequential(app.url, kinds)
     before = app.health()
     t = time.perf_counter()
-    outcomes = run_all(app.url, kinds, timeout)
+    outcomes = run_all(app.url, kinds, timeout, tag="mix")
     wall = time.perf_counter() - t
     after = app.health()
     return {"users": users, "sequential_s": round(seq, 2), "concurrent_s": round(wall, 2),
@@ -186,7 +195,7 @@ def mix(app: App, users: int, timeout: float) -> dict:
 def link(app: App, users: int = 16, timeout: float = 300) -> dict:
     before = app.health()
     t = time.perf_counter()
-    outcomes = run_all(app.url, ["link"] * users, timeout)
+    outcomes = run_all(app.url, ["link"] * users, timeout, tag="link")
     wall = time.perf_counter() - t
     after = app.health()
     forwards = after["forwards"].get("lens", 0) - before["forwards"].get("lens", 0)
@@ -196,19 +205,22 @@ def link(app: App, users: int = 16, timeout: float = 300) -> dict:
 
 def hol(app: App, timeout: float = 300) -> dict:
     c = client(app.url)
-    req = ("The capital of France is", "logit", "all", 5, "")
-    c.predict(*req, api_name="/lens")
-    alone = statistics.median(_timed(lambda: c.predict(*req, api_name="/lens")) for _ in range(5))
+
+    def short_lens(tag):
+        return _timed(lambda: c.predict(fresh("The capital of France is", tag), "logit", "all", 5, "",
+                                        api_name="/lens"))
+    short_lens("warm")
+    alone = statistics.median(short_lens(f"alone{i}") for i in range(5))
     gen_client = client(app.url)
     done = {}
 
     def generate():
-        done["gen_s"] = _timed(lambda: gen_client.predict("Once upon a time, in a land far away,", 32, "both", "all", 5,
-                                                          0.0, api_name="/generate"))
+        done["gen_s"] = _timed(lambda: gen_client.predict(fresh("Once upon a time, in a land far away,", "gen"), 32,
+                                                          "both", "all", 5, 0.0, api_name="/generate"))
     th = threading.Thread(target=generate)
     th.start()
     time.sleep(2.0)
-    during = _timed(lambda: c.predict(*req, api_name="/lens"))
+    during = short_lens("during")
     th.join(timeout)
     return {"lens_alone_s": round(alone, 3), "lens_during_generation_s": round(during, 3),
             "ratio": round(during / alone, 2), "generation_s": round(done.get("gen_s", float("nan")), 2)}
@@ -218,28 +230,30 @@ def generate(app: App, users: int = 8, timeout: float = 300) -> dict:
     prompts = [f"Story number {i}: once upon a time" for i in range(users)]
     c = client(app.url)
     t = time.perf_counter()
-    for p in prompts:
-        c.predict(p, 16, "logit", "all", 5, 0.0, api_name="/generate")
+    for i, p in enumerate(prompts):
+        c.predict(fresh(p, f"seq{i}"), 16, "logit", "all", 5, 0.0, api_name="/generate")
     seq = time.perf_counter() - t
     clients = [client(app.url) for _ in prompts]
     t = time.perf_counter()
     with ThreadPoolExecutor(users) as pool:
-        list(pool.map(lambda a: a[0].predict(a[1] + " ", 16, "logit", "all", 5, 0.0, api_name="/generate"),
-                      zip(clients, prompts)))
+        list(pool.map(lambda a: a[0].predict(fresh(a[1], f"conc{a[2]}"), 16, "logit", "all", 5, 0.0,
+                                             api_name="/generate"), zip(clients, prompts, range(users))))
     conc = time.perf_counter() - t
     return {"users": users, "tokens": 16, "sequential_s": round(seq, 2), "concurrent_s": round(conc, 2),
             "throughput_x": round(seq / conc, 2)}
 
 
 def flood(url: str | None, users: int = 48, timeout: float = 300) -> dict:
-    """Against its own app with a small queue (8 at once, 8 waiting): the rest must hear 'busy' at once."""
+    """Against its own app with a small queue (8 at once, 8 waiting), 48 users each asking for a different,
+    longer readout: those beyond what the app holds must hear 'busy' at once; none may be lost."""
     app = App(url, extra=["--max-batch", "8", "--queue-size", "8", "--cache-entries", "0"])
     try:
-        kinds = ["logit"] * users
-        outcomes = run_all(app.url, kinds, timeout)
-        busy = [o.seconds for o in outcomes if o.error and "busy" in o.error]
-        return {"users": users, "queue": "8 running + 8 waiting", **summarise(outcomes),
-                "busy_answer_p95_s": round(sorted(busy)[int(0.95 * (len(busy) - 1))], 3) if busy else None}
+        kinds = ["long"] * users
+        outcomes = run_all(app.url, kinds, timeout, tag="flood")
+        busy = sorted(o.seconds for o in outcomes if o.error and ("busy" in o.error or "queue is full" in
+                                                                   o.error.lower()))
+        return {"users": users, "queue": "8 running + 8 waiting", **summarise(outcomes), "told_busy": len(busy),
+                "busy_answer_p95_s": round(busy[int(0.95 * (len(busy) - 1))], 3) if busy else None}
     finally:
         app.close()
 
