@@ -9,9 +9,13 @@ scenarios, each bounded in users and time, and prints a table per scenario and o
   link      the same link opened by 16 users at once: engine forwards spent (from /health).
   hol       a short lens request sent 2 s into another user's 32-token generation (both lenses, all
             layers), against the same lens request alone.
-  generate  8 users generating 16 tokens at once, against one after another.
+  generate  8 users generating 16 tokens at once, against one after another (every layer read at
+            every step; then the last layer only).
   flood     48 users at once against an app whose queue holds fewer: every one answered or told
             "busy" at once; none lost.
+  heal      8 users at work (generations and lenses) when vLLM's EngineCore is killed (SIGKILL, as an
+            out-of-memory kill would): what each user heard, and seconds until the same web process
+            answers a new request normally. Needs its own app (not --url).
 
     python bench/load.py                          # all scenarios on the embedded model (a few minutes)
     python bench/load.py --scenario link --scenario hol
@@ -36,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCENARIOS = ("mix", "link", "hol", "generate", "flood")
+SCENARIOS = ("mix", "link", "hol", "generate", "flood", "heal")
 PROMPTS = ["The capital of France is", "Water boils at", "The Eiffel Tower is located in the city of",
            "La capitale de la France est", "12 + 7 =", "The opposite of hot is", "My favourite colour is",
            "The largest planet in the solar system is"]
@@ -227,20 +231,28 @@ def hol(app: App, timeout: float = 300) -> dict:
 
 
 def generate(app: App, users: int = 8, timeout: float = 300) -> dict:
+    """Every layer read at every step (the Generate tab's default), and the last layer only: the
+    second shows what batching does when the per-user readout is not most of the work."""
+    out = _generate(app, users, "all")
+    out["last_layer_only"] = _generate(app, users, "last")
+    return out
+
+
+def _generate(app: App, users: int, layers: str) -> dict:
     prompts = [f"Story number {i}: once upon a time" for i in range(users)]
     c = client(app.url)
     t = time.perf_counter()
     for i, p in enumerate(prompts):
-        c.predict(fresh(p, f"seq{i}"), 16, "logit", "all", 5, 0.0, api_name="/generate")
+        c.predict(fresh(p, f"seq{layers}{i}"), 16, "logit", layers, 5, 0.0, api_name="/generate")
     seq = time.perf_counter() - t
     clients = [client(app.url) for _ in prompts]
     t = time.perf_counter()
     with ThreadPoolExecutor(users) as pool:
-        list(pool.map(lambda a: a[0].predict(fresh(a[1], f"conc{a[2]}"), 16, "logit", "all", 5, 0.0,
+        list(pool.map(lambda a: a[0].predict(fresh(a[1], f"conc{layers}{a[2]}"), 16, "logit", layers, 5, 0.0,
                                              api_name="/generate"), zip(clients, prompts, range(users))))
     conc = time.perf_counter() - t
-    return {"users": users, "tokens": 16, "sequential_s": round(seq, 2), "concurrent_s": round(conc, 2),
-            "throughput_x": round(seq / conc, 2)}
+    return {"users": users, "tokens": 16, "layers": layers, "sequential_s": round(seq, 2),
+            "concurrent_s": round(conc, 2), "throughput_x": round(seq / conc, 2)}
 
 
 def flood(url: str | None, users: int = 48, timeout: float = 300) -> dict:
@@ -254,6 +266,37 @@ def flood(url: str | None, users: int = 48, timeout: float = 300) -> dict:
                                                                    o.error.lower()))
         return {"users": users, "queue": "8 running + 8 waiting", **summarise(outcomes), "told_busy": len(busy),
                 "busy_answer_p95_s": round(busy[int(0.95 * (len(busy) - 1))], 3) if busy else None}
+    finally:
+        app.close()
+
+
+def heal(users: int = 8, timeout: float = 300) -> dict:
+    import psutil
+
+    app = App(None)
+    try:
+        core = next(p for p in psutil.Process(app.proc.pid).children(recursive=True) if "EngineCore" in p.name())
+        restarts = app.health()["restarts"]
+        kinds = ["generate" if i % 2 else "both" for i in range(users)]
+        got: dict = {}
+        runner = threading.Thread(target=lambda: got.update(outcomes=run_all(app.url, kinds, timeout, tag="heal")))
+        runner.start()
+        time.sleep(2.0)
+        core.kill()
+        killed = time.perf_counter()
+        runner.join()
+        c, back = client(app.url), None
+        while back is None and time.perf_counter() - killed < timeout:
+            try:
+                c.predict(fresh("The capital of France is", f"heal{time.time()}"), "logit", "all", 5, "",
+                          api_name="/lens")
+                back = time.perf_counter() - killed
+            except Exception:  # noqa: BLE001 - still restarting: ask again
+                time.sleep(1.0)
+        h = app.health()
+        return {"users": users, **summarise(got["outcomes"]),
+                "answered_again_after_s": round(back, 1) if back else None, "restarts": h["restarts"] - restarts,
+                "state": h["state"], "same_web_process": app.proc.poll() is None}
     finally:
         app.close()
 
@@ -279,7 +322,9 @@ def main(argv=None) -> int:
         parser.error("--users must be in 1..64")
     scenarios = args.scenario or list(SCENARIOS)
     results = {}
-    app = App(args.url) if set(scenarios) - {"flood"} else None
+    if args.url and "heal" in scenarios:
+        parser.error("the heal scenario kills the engine of an app it starts itself; it cannot use --url")
+    app = App(args.url) if set(scenarios) - {"flood", "heal"} else None
     try:
         for name in scenarios:
             t = time.perf_counter()
@@ -291,8 +336,10 @@ def main(argv=None) -> int:
                 results[name] = hol(app, args.timeout)
             elif name == "generate":
                 results[name] = generate(app, timeout=args.timeout)
-            else:
+            elif name == "flood":
                 results[name] = flood(None, timeout=args.timeout)
+            else:
+                results[name] = heal(timeout=args.timeout)
             results[name]["scenario_s"] = round(time.perf_counter() - t, 1)
             print(f"\n[{name}]")
             for key, value in results[name].items():

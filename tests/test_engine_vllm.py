@@ -125,6 +125,12 @@ def test_generation_matches_plain_greedy_and_has_the_seed_shape(vllm_service, hf
         ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
     assert g.token_ids == ref
     assert [s.readout.lenses["logit"].top_ids[-1, -1, 0] for s in g.steps] == g.token_ids
+    # After the first step the final distribution is vLLM's own sampling logits, not a second
+    # unembedding: the last layer's lens must still be that distribution (KL 0, same entropy).
+    for s in g.steps:
+        r = s.readout.lenses["logit"]
+        assert abs(float(r.kl_to_final[-1, -1])) < 1e-4 and 0.0 < float(r.entropy[-1, -1]) < 11.0
+        assert float(r.kl_to_final[0, -1]) > 0.1
 
 
 def test_bad_input_is_refused_and_the_engine_keeps_serving(vllm_service):

@@ -93,7 +93,7 @@ class VLLMBackend:
             steps = nnsight.save([])
             jl = getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
             for _ in tracer.iter[:sampling.max_tokens]:
-                step = lens_body(model, spec, layout, head, jl, d)
+                step = lens_body(model, spec, layout, head, jl, d, own_logits=True)
                 step.pop("model_next_id")
                 steps.append(step)
         last = await tracer.backend
