@@ -66,8 +66,11 @@ def make_app(service, cfg):
     from . import ui
 
     demo = ui.build_app(service, cfg)
-    # Everything admitted reaches the engine, which bounds what runs and what waits (max_batch +
-    # queue_size) and tells the rest at once that the app is busy; Gradio's own queue holds little.
+    # Gradio runs as many handlers as the engine admits (max_batch running + queue_size waiting) and
+    # holds a bounded number more in its own queue; beyond that it refuses at once ("Queue is full!
+    # Please try again."), which is what a flood of users hears (bench/load.py's flood). The engine's
+    # own admission ("the app is busy; try again in a moment") is the net under it, and the bound for
+    # callers of the service that do not go through Gradio (scripts, the CLI).
     demo.queue(default_concurrency_limit=cfg.max_batch + cfg.queue_size, max_size=max(cfg.queue_size, 16))
     app = FastAPI(title="Lens Explorer")
 
