@@ -1,9 +1,13 @@
 import json
 
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from lensapp.results import GenerationResult, GenerationStep, LensReadout, LensResult, TargetScore, dumps
+from lensapp.results.export import round_floats
 
 
 def make_result(P=3, L=2, k=2, prompt="a b c"):
@@ -46,3 +50,14 @@ def test_generation_grid_has_one_column_per_step():
     g = GenerationResult(prompt="p", text="abc", token_ids=[1, 1, 1], tokens=list("abc"), steps=steps)
     assert g.step_grid().shape == (2, 3)
     assert len(json.loads(dumps(g))["steps"]) == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(st.sampled_from([np.float32, np.float64]), hnp.array_shapes(min_dims=0, max_dims=3, min_side=0,
+                                                                               max_side=4)))
+def test_round_floats_keeps_five_significant_digits_and_the_nesting(a):
+    """The JSON's numbers: each value as '%.5g' reads back, in the array's own nesting (byte-stable output)."""
+    def reference(x):
+        return [reference(v) for v in x] if isinstance(x, np.ndarray) and x.ndim else float(f"{float(x):.5g}")
+    got, want = round_floats(a), reference(np.asarray(a, dtype=np.float64))
+    assert json.dumps(got) == json.dumps(want)

@@ -10,7 +10,12 @@ import numpy as np
 def round_floats(a: np.ndarray, digits: int = 5) -> list:
     """Nested lists of floats with `digits` significant digits (tiny probabilities stay visible)."""
     a = np.asarray(a, dtype=np.float64)
-    return np.vectorize(lambda x: float(f"{x:.{digits}g}"), otypes=[float])(a).tolist() if a.size else a.tolist()
+    if a.ndim == 0:
+        return float(f"{a:.{digits}g}")
+    # One pass over a flat Python list (np.vectorize costs ~0.3 ms a call even on 150 values, and a
+    # generation converts three arrays per step), then the nesting back through an object array.
+    flat = [float(f"{x:.{digits}g}") for x in a.ravel().tolist()]
+    return np.array(flat, dtype=object).reshape(a.shape).tolist()
 
 
 def dumps(obj) -> str:
