@@ -110,6 +110,27 @@ def make_tiny_model(tmp_path_factory, embedded_dir):
     return make
 
 
+def random_jacobians(d: int, layers, seed: int = 0) -> dict:
+    """{layer: J} in bf16, as lens files hold them: half the identity plus a random, non-symmetric
+    part, so a readout through J.T can be told from one through J (an identity could not)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {layer: (0.5 * torch.eye(d) + torch.randn(d, d, generator=g) / d ** 0.5).to(torch.bfloat16)
+            for layer in layers}
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and on a busy machine they lose a lot to them."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def start_service(**settings):
     from lensapp.service import LensService
 

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from conftest import random_jacobians
 from transformers import AutoModelForCausalLM
 
 from lensapp import jlens
@@ -79,8 +80,7 @@ def test_jacobian_lens_reads_norm_of_h_times_J_transposed(vllm_service, hf_model
     """A random, non-symmetric J (identity cannot tell J from J.T), against the readout computed
     directly from HF's hidden states: lm_head(norm(h_l @ J_l.T)). Same tolerance as the backend test."""
     d, layers = vllm_service.info.d_model, [5, 20]
-    g = torch.Generator().manual_seed(0)
-    J = {layer: (0.5 * torch.eye(d) + torch.randn(d, d, generator=g) / d ** 0.5).to(torch.bfloat16) for layer in layers}
+    J = random_jacobians(d, layers)
     vllm_service.install_jlens(jlens.JacobianLens(J=J, n_prompts=0, d_model=d))
     try:
         r = vllm_service.lens(LensRequest(prompts=PROMPTS[1:2], lens="jacobian", layers="5,20", k=2))[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import random_jacobians
 from transformers import AutoModelForCausalLM
 
 from lensapp import cli, config, fitting, jlens
@@ -48,12 +49,8 @@ def family_logits(cfg, logits: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny tensors gain nothing from threads, and on a busy machine they lose a lot to them.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here on one torch thread (conftest's `one_thread`)."""
 
 
 @pytest.fixture(scope="module", params=MODEL_TYPES)
@@ -118,9 +115,7 @@ def test_logit_lens_reads_the_models_own_hidden_states(family, service):
 def test_jacobian_lens_reads_norm_of_h_times_J_transposed(family, service):
     model_type, _, hf = family
     d, n = service.info.d_model, service.info.n_layers
-    g = torch.Generator().manual_seed(0)
-    J = {layer: (0.5 * torch.eye(d) + torch.randn(d, d, generator=g) / d ** 0.5).to(torch.bfloat16)
-         for layer in range(n - 1)}
+    J = random_jacobians(d, range(n - 1))
     service.install_jlens(jlens.JacobianLens(J=J, n_prompts=0, d_model=d))
     try:
         r = service.lens(LensRequest(prompts=(PROMPT,), lens="jacobian", k=5))[0]

@@ -9,6 +9,7 @@ test_engine_vllm.py.
 
 import pytest
 import torch
+from conftest import random_jacobians
 from test_families import references
 from transformers import AutoModelForCausalLM
 
@@ -66,9 +67,7 @@ def test_logit_lens_reads_the_models_own_hidden_states(service, gpt2):
 
 def test_jacobian_lens_reads_norm_of_h_times_J_transposed(service, gpt2):
     d, n = service.info.d_model, service.info.n_layers
-    g = torch.Generator().manual_seed(0)
-    J = {layer: (0.5 * torch.eye(d) + torch.randn(d, d, generator=g) / d ** 0.5).to(torch.bfloat16)
-         for layer in range(n - 1)}
+    J = random_jacobians(d, range(n - 1))
     service.install_jlens(jlens.JacobianLens(J=J, n_prompts=0, d_model=d))
     try:
         r = service.lens(LensRequest(prompts=PROMPTS[:1], lens="jacobian", k=2))[0]

@@ -16,12 +16,8 @@ N_LAYERS, D_MODEL, T, SKIP = 4, 32, 24, 4
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny tensors gain nothing from threads, and on a busy machine they lose a lot to them.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here on one torch thread (conftest's `one_thread`)."""
 
 
 @pytest.fixture(scope="module")
