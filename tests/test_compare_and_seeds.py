@@ -38,6 +38,8 @@ def test_a_seed_gives_the_same_sample_and_readout(vllm_service):
     assert first.text == again.text and first.token_ids == again.token_ids
     for s, t in zip(first.steps, again.steps):
         assert (s.readout.lenses["logit"].top_ids == t.readout.lenses["logit"].top_ids).all()
+        # The final distribution is the model's own, untempered: the last layer's lens is it (KL 0).
+        assert abs(float(s.readout.lenses["logit"].kl_to_final[-1, -1])) < 1e-4
     others = {vllm_service.generate(GenerateRequest(prompt="Once upon a time", max_tokens=12, temperature=0.8,
                                                     seed=seed)).text for seed in (8, 9, 10)}
     assert others - {first.text}, "three other seeds all sampled the same text"
