@@ -133,6 +133,15 @@ def test_generation_matches_plain_greedy_and_has_the_seed_shape(vllm_service, hf
         assert float(r.kl_to_final[0, -1]) > 0.1
 
 
+def test_a_generation_that_stops_at_eos_has_a_readout_for_every_token(vllm_service):
+    """An EOS ends the step loop early (nnsight cuts it short): every step that ran is still read out."""
+    g = vllm_service.generate(GenerateRequest(prompt="Reply with the single word yes.", chat=True, max_tokens=40,
+                                              layers="0,29", lens="logit"))
+    assert len(g.token_ids) < 40, "the reply did not stop before max_tokens: the EOS path went untested"
+    assert len(g.steps) == len(g.token_ids)
+    assert [s.readout.lenses["logit"].top_ids[-1, -1, 0] for s in g.steps] == g.token_ids
+
+
 def test_bad_input_is_refused_and_the_engine_keeps_serving(vllm_service):
     for req, msg in [(LensRequest(prompts=("x",), layers="30"), "outside"), (LensRequest(prompts=("",)), "empty"),
                      (LensRequest(prompts=("x",), k=101), "k must"),
