@@ -90,14 +90,31 @@ def layer_readouts(
     group = max(1, ROW_CHUNK // max(P, 1))
     parts = []
     for a in range(0, L, group):
-        x = h[a:a + group]
-        if J is not None:
-            x = torch.einsum("lpd,led->lpe", x, J[a:a + group].to(x.dtype))   # h @ J.T per layer
-        n = x.shape[0]
-        logits = unembed(norm(x.reshape(n * P, d))).float().reshape(n, P, -1)
-        _check_k(k, logits.shape[-1])
-        parts.append(_readout_chunk(logits, k, final, target_ids))
+        x = lens_inputs(h[a:a + group], norm, None if J is None else J[a:a + group])
+        logits = unembed(x).float().reshape(x.shape[0] // P, P, -1)
+        parts.append(readouts_from_logits(logits, k, final=final, target_ids=target_ids))
     return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+
+
+def lens_inputs(h: torch.Tensor, norm: Unembed, J: torch.Tensor | None = None) -> torch.Tensor:
+    """h [L, P, d_model] -> [L * P, d_model]: what the unembedding reads for each layer and position,
+    transported first when J [L, d_model, d_model] is given (the Jacobian lens), then normed."""
+    L, P, d = h.shape
+    if J is not None:
+        h = torch.einsum("lpd,led->lpe", h, J.to(h.dtype))   # h @ J.T per layer
+    return norm(h.reshape(L * P, d))
+
+
+def readouts_from_logits(
+    logits: torch.Tensor,
+    k: int,
+    *,
+    final: FinalDistribution | None = None,
+    target_ids: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """logits [L, P, vocab] (one unembedded row per layer and position) -> readout fields [L, P, ...]."""
+    _check_k(k, logits.shape[-1])
+    return _readout_chunk(logits.float(), k, final, target_ids)
 
 
 def continuation_logprob(

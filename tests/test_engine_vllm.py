@@ -161,3 +161,44 @@ def test_concurrent_callers_are_batched_and_all_answered(vllm_service):
     assert [r.prompt for r in got] == prompts
     alone = vllm_service.lens(LensRequest(prompts=(prompts[3],), layers="-1", k=1))[0]
     assert alone.lenses["logit"].top_ids.tolist() == got[3].lenses["logit"].top_ids.tolist()
+
+
+async def _pool_counts(backend) -> tuple[int, int]:
+    """(matmuls, requests served) of the worker's unembedding pool, read in a trace of its own."""
+    import nnsight
+
+    from lensapp.engine.unembed_pool import worker_pool
+
+    model = backend.model
+    with model.trace([0], temperature=0.0, max_tokens=1, edits=[]) as tracer:
+        pool = worker_pool(model._module)
+        counts = nnsight.save([pool.rounds, pool.requests])    # noqa: F841 - read back from the saves
+    last = await tracer.backend
+    return tuple(last.saves["counts"])
+
+
+def test_concurrent_generations_share_each_steps_unembedding_and_read_as_they_would_alone(vllm_service):
+    from concurrent.futures import ThreadPoolExecutor
+
+    d, layers = vllm_service.info.d_model, [5, 20, 28]
+    prompts = [f"Pool test {i}: the colour of the sky is" for i in range(4)]
+    req = {"max_tokens": 6, "lens": "both", "layers": "5,20,28"}
+    vllm_service.install_jlens(jlens.JacobianLens(J=random_jacobians(d, layers), n_prompts=0, d_model=d))
+    try:
+        before = vllm_service.engine.call("lens", _pool_counts)
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda p: vllm_service.generate(GenerateRequest(prompt=p, **req)), prompts))
+        after = vllm_service.engine.call("lens", _pool_counts)
+        alone = [vllm_service.generate(GenerateRequest(prompt=p, **req)) for p in prompts]
+    finally:
+        vllm_service.install_jlens(None)
+    rounds, served = after[0] - before[0], after[1] - before[1]
+    assert served == 4 * 5                      # every decode step of every request went through the pool
+    assert rounds < served * 0.6, (rounds, served)   # ... and most shared their matmul with another request
+    for g, a in zip(together, alone):
+        assert g.token_ids == a.token_ids
+        for s_together, s_alone in zip(g.steps, a.steps):
+            for name in ("logit", "jacobian"):
+                x, y = s_together.readout.lenses[name], s_alone.readout.lenses[name]
+                np.testing.assert_allclose(x.top_probs, y.top_probs, atol=1e-4)   # ids may swap on near-ties
+                np.testing.assert_allclose(x.kl_to_final, y.kl_to_final, atol=1e-3)

@@ -14,6 +14,7 @@ import torch
 from .. import lenses
 from .families import Layout, final_norm, find, residual
 from .protocol import LensSpec
+from .unembed_pool import UnembedPool
 
 
 def read_residuals(model, layout: Layout, layers, d_model: int) -> torch.Tensor:
@@ -23,28 +24,36 @@ def read_residuals(model, layout: Layout, layers, d_model: int) -> torch.Tensor:
 
 
 def lens_body(model, spec: LensSpec, layout: Layout, head, jlens: dict | None, d_model: int,
-              own_logits: bool = False) -> dict:
+              own_logits: bool = False, pool: UnembedPool | None = None) -> dict:
     """{lens: readout fields [L, P, ...], "model_next_id": int} for one prompt. The last layer is always
     read: its lens is the model's own distribution, the reference for KL.
 
     `own_logits`: the trace computes the model's logits at the last position anyway (vLLM, to sample);
     for a one-position step (every generated token after the first) they are the final distribution,
     which saves one full-vocab unembedding per step (~7 ms of ~60 for SmolLM2 on this CPU).
+    `pool`: on such steps, unembed together with every other generation in the same step
+    (see `unembed_pool`).
     """
     h = read_residuals(model, layout, spec.read_layers, d_model)
     norm = final_norm(model, layout)
     unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
-    if own_logits and not spec.raw and h.shape[1] == 1:
-        final_logits = model.logits[-1:].float()
-    else:
-        final_logits = unembed(norm(h[-1])).float()
-    final = lenses.FinalDistribution.from_logits(final_logits)
     hs = h.index_select(0, torch.tensor(spec.rows, device=h.device))
     target_ids = torch.tensor(spec.target_ids, dtype=torch.long, device=h.device) if spec.target_ids else None
-    out = {}
-    for name in spec.lenses:
-        J = select_rows(jlens["J"], spec.jlens_rows) if name == "jacobian" else None
-        out[name] = lenses.layer_readouts(hs, norm, unembed, spec.k, final=final, J=J, target_ids=target_ids)
+    Js = {name: select_rows(jlens["J"], spec.jlens_rows) if name == "jacobian" else None for name in spec.lenses}
+    one_step = own_logits and not spec.raw and h.shape[1] == 1
+    if one_step and pool is not None:
+        # submit before waiting on the logits: every request in this step submits before any takes
+        ticket = pool.submit(torch.cat([lenses.lens_inputs(hs, norm, Js[name]) for name in spec.lenses]))
+        final_logits = model.logits[-1:].float()
+        logits = pool.take(ticket, unembed).reshape(len(spec.lenses), hs.shape[0], 1, -1)
+        final = lenses.FinalDistribution.from_logits(final_logits)
+        out = {name: lenses.readouts_from_logits(logits[i], spec.k, final=final, target_ids=target_ids)
+               for i, name in enumerate(spec.lenses)}
+    else:
+        final_logits = model.logits[-1:].float() if one_step else unembed(norm(h[-1])).float()
+        final = lenses.FinalDistribution.from_logits(final_logits)
+        out = {name: lenses.layer_readouts(hs, norm, unembed, spec.k, final=final, J=Js[name], target_ids=target_ids)
+               for name in spec.lenses}
     out["model_next_id"] = int(final_logits[-1].argmax())
     return out
 

@@ -20,6 +20,7 @@ import logging
 from .families import Family, find
 from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
 from .trace import chat_readout, continuation_body, lens_body
+from .unembed_pool import worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,9 @@ class VLLMBackend:
         with model.trace(list(spec.input_ids), edits=[], **_sampling(sampling)) as tracer:
             steps = nnsight.save([])
             jl = getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
+            pool = worker_pool(model._module)
             for _ in tracer.iter[:sampling.max_tokens]:
-                step = lens_body(model, spec, layout, head, jl, d, own_logits=True)
+                step = lens_body(model, spec, layout, head, jl, d, own_logits=True, pool=pool)
                 step.pop("model_next_id")
                 steps.append(step)
         last = await tracer.backend
