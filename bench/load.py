@@ -239,20 +239,30 @@ def generate(app: App, users: int = 8, timeout: float = 300) -> dict:
 
 
 def _generate(app: App, users: int, layers: str) -> dict:
+    """Throughput in generated tokens per second (a reply may stop at EOS before 16, and which ones do
+    depends on the prompt), at steady state: one untimed round of `users` at once first, as a
+    workshop's first minute would be (a batch this size compiles its shapes once per process)."""
     prompts = [f"Story number {i}: once upon a time" for i in range(users)]
-    c = client(app.url)
-    t = time.perf_counter()
-    for i, p in enumerate(prompts):
-        c.predict(fresh(p, f"seq{layers}{i}"), 16, "logit", layers, 5, 0.0, api_name="/generate")
-    seq = time.perf_counter() - t
     clients = [client(app.url) for _ in prompts]
+
+    def one(c, prompt: str, tag: str) -> int:
+        out = c.predict(fresh(prompt, tag), 16, "logit", layers, 5, 0.0, api_name="/generate")
+        return len(out["token_ids"])
+
+    def together(tag: str) -> tuple[float, int]:
+        t = time.perf_counter()
+        with ThreadPoolExecutor(users) as pool:
+            n = sum(pool.map(lambda a: one(a[0], a[1], f"{tag}{layers}{a[2]}"), zip(clients, prompts, range(users))))
+        return time.perf_counter() - t, n
+
+    together("warm")
     t = time.perf_counter()
-    with ThreadPoolExecutor(users) as pool:
-        list(pool.map(lambda a: a[0].predict(fresh(a[1], f"conc{layers}{a[2]}"), 16, "logit", layers, 5, 0.0,
-                                             api_name="/generate"), zip(clients, prompts, range(users))))
-    conc = time.perf_counter() - t
+    seq_tokens = sum(one(clients[0], p, f"seq{layers}{i}") for i, p in enumerate(prompts))
+    seq = time.perf_counter() - t
+    conc, conc_tokens = together("conc")
     return {"users": users, "tokens": 16, "layers": layers, "sequential_s": round(seq, 2),
-            "concurrent_s": round(conc, 2), "throughput_x": round(seq / conc, 2)}
+            "sequential_tokens": seq_tokens, "concurrent_s": round(conc, 2), "concurrent_tokens": conc_tokens,
+            "throughput_x": round((conc_tokens / conc) / (seq_tokens / seq), 2)}
 
 
 def flood(url: str | None, users: int = 48, timeout: float = 300) -> dict:

@@ -17,6 +17,7 @@ import asyncio
 import functools
 import logging
 
+from ..config import prepare_vllm_cpu_environment
 from .families import Family, find
 from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
 from .trace import chat_readout, continuation_body, lens_body
@@ -47,6 +48,8 @@ class VLLMBackend:
 
         if cpu:
             from .vllm_cpu import CPUVLLM as VLLM
+
+            prepare_vllm_cpu_environment(tensor_parallel_size * pipeline_parallel_size)
         else:
             from nnsight.modeling.vllm import VLLM
         extra = {"distributed_executor_backend": distributed_executor_backend} if distributed_executor_backend else {}
