@@ -82,6 +82,7 @@ class Engine:
         self.restart_times: list[float] = []
         self.counts: Counter = Counter()        # served, failed, busy, timeouts, restarted, forwards:<kind>
         self._in_flight = 0
+        self._running: set[asyncio.Task] = set()    # requests on the current backend, failed fast if it dies
         self._last_completion = 0.0
         self._closed = False
         self._starting: concurrent.futures.Future | None = None     # a backend being built, off the loop
@@ -242,8 +243,15 @@ class Engine:
         started = loop.time()
         self._in_flight += 1
         self.counts[f"forwards:{kind}"] += 1
+        task = asyncio.ensure_future(fn(backend))
+        self._running.add(task)
         try:
-            result = await asyncio.wait_for(fn(backend), max(0.0, deadline - loop.time()))
+            result = await asyncio.wait_for(task, max(0.0, deadline - loop.time()))
+        except asyncio.CancelledError:
+            if generation == self._generation:
+                raise                                    # cancelled from outside (the app is closing)
+            self.counts["restarted"] += 1                # its backend died under it: see _restart_soon
+            raise EngineRestarted("the model restarted; please run again") from None
         except asyncio.TimeoutError:
             if self._last_completion < started:          # nothing finished meanwhile: the backend is stuck
                 self._restart_soon(generation, f"a request made no progress for {loop.time() - started:.0f} s")
@@ -259,6 +267,7 @@ class Engine:
             raise EngineRestarted("the model restarted; please run again") from None
         finally:
             self._in_flight -= 1
+            self._running.discard(task)
         self._last_completion = loop.time()
         self.counts["served"] += 1
         return result
@@ -275,6 +284,11 @@ class Engine:
             return                                       # another caller saw the same death first
         log.error("the backend is dead (%s); restarting it", reason)
         self._generation += 1
+        # Most requests on a dead vLLM get EngineDeadError at once, but one caught mid-submission can
+        # wait forever for an output that never comes (seen: 1 in 8 at a SIGKILL, held to its 120 s deadline).
+        for task in self._running:
+            task.cancel()
+        self._running.clear()
         self.state, self.reason = "restarting", reason
         asyncio.get_running_loop().create_task(self._restart())
 
