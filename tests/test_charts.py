@@ -231,3 +231,18 @@ def test_charts_do_not_import_torch():
 
     code = "import sys, lensapp.charts; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_the_page_gets_the_same_spec_built_without_validation():
+    """The UI builds and serialises charts with Altair's validation off (`ui.tabs.build_chart`, for
+    speed); what reaches the page must be the spec the validated path gives."""
+    import json
+
+    from lensapp.ui.tabs import build_chart
+
+    result = lens_result(L=6, P=5, lenses=("logit", "jacobian"), with_target=True)
+    for make, args in [(charts.lens_heatmap, (result,)), (charts.lens_pair, (result,)), (charts.lens_diff, (result,)),
+                       (charts.target_curves, (result,))]:
+        fast = build_chart(make, *args)
+        assert fast.type == "altair"
+        assert json.loads(fast.plot) == spec(make(*args))

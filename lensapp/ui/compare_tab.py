@@ -10,7 +10,7 @@ from ..service import LensRequest
 from ..service.requests import as_int, as_text, split_targets
 from .examples import compare_examples
 from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, int_or, lens_choices, md_text, text_or, warn
+from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, lens_choices, md_text, text_or, warn
 
 HOW_TO = """
 What people do with a lens is contrast: "The capital of France is" against "… of Italy is", a sentence
@@ -77,8 +77,9 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
         shown = ("jacobian", "logit") if lens == "both" else (lens,)
         return (
             part_ways_summary(comparison, shown),
-            charts.compare_heatmaps(comparison, shown, metric),
-            gr.Plot(value=charts.compare_targets(comparison, shown) if words else None, visible=bool(words)),
+            build_chart(charts.compare_heatmaps, comparison, shown, metric),
+            gr.Plot(value=build_chart(charts.compare_targets, comparison, shown) if words else None,
+                    visible=bool(words)),
             # "#n" columns: display_tokens makes their whitespace visible
             charts.display_tokens(comparison.last_position_table(shown[0]).rename(
                 columns=lambda c: c.replace("prompt ", "#") if c.startswith("prompt ") else c)),

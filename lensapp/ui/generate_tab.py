@@ -12,7 +12,7 @@ from ..service.requests import as_float, as_int, as_seed, as_text
 from .chat_tab import build_chat
 from .examples import generate_examples
 from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, float_or, int_or, lens_choices, new_seed, text_or, warn
+from .tabs import PRIVATE, Downloads, TabParts, build_chart, float_or, int_or, lens_choices, new_seed, text_or, warn
 
 HOW_TO = """
 The model writes one token per **step**. Each **column** is a step, labelled by the token the model
@@ -83,7 +83,7 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
         return (
             gen,
             gen.text,
-            charts.generation_heatmap(gen, lens),
+            build_chart(charts.generation_heatmap, gen, lens),
             gr.Dropdown(choices=step_choices(gen), value=last),
             gr.Radio(value=shown),
             step_table(gen, last, shown),

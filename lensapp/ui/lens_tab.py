@@ -21,7 +21,7 @@ from ..service.requests import as_int, as_text, span, split_targets
 from ..snippets import lens_snippet
 from .examples import lens_examples
 from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, int_or, md_text, text_or, warn
+from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, md_text, text_or, warn
 
 LOGIT_HOW_TO = """
 Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
@@ -147,8 +147,9 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
     def draw(result, metric, first):
         """The heatmap(s) of `result` from position `first` (None: the last ones)."""
         if jacobian:
-            return charts.lens_pair(result, metric, start=first), charts.lens_diff(result, start=first)
-        return charts.lens_heatmap(result, "logit", metric, start=first), gr.skip()
+            return (build_chart(charts.lens_pair, result, metric, start=first),
+                    build_chart(charts.lens_diff, result, start=first))
+        return build_chart(charts.lens_heatmap, result, "logit", metric, start=first), gr.skip()
 
     def readout(prompt, layers, k, targets, metric, chat, raw, start):
         words = split_targets(as_text(targets, "targets"))
@@ -178,7 +179,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
             lens_summary(result, shown),
             gr.Dropdown(choices=position_choices(result.input_tokens), value=last),
             top_k_tables(result, shown, last),
-            gr.Plot(value=charts.target_curves(result, shown) if words else None, visible=bool(words)),
+            gr.Plot(value=build_chart(charts.target_curves, result, shown) if words else None, visible=bool(words)),
             downloads.button(f"{tab.name}-lens", ".csv", result.to_csv()),
             downloads.button(f"{tab.name}-lens", ".json", result.dumps()),
         )
