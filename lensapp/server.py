@@ -73,6 +73,14 @@ def make_app(service, cfg):
     # callers of the service that do not go through Gradio (scripts, the CLI).
     demo.queue(default_concurrency_limit=cfg.max_batch + cfg.queue_size, max_size=max(cfg.queue_size, 16))
     app = FastAPI(title="Lens Explorer")
+    prefetch = ui.LinkPrefetch(service, enabled=not cfg.auth_pairs)
+
+    @app.middleware("http")
+    async def prefetch_shared_links(request, call_next):
+        """A link's readout starts when its page is first asked for (see `ui.prefetch`)."""
+        if request.method == "GET" and request.url.path == "/" and request.url.query:
+            prefetch(request.url.query)
+        return await call_next(request)
 
     @app.get("/health")
     def health():

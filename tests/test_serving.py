@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 
 import psutil
 import pytest
@@ -27,6 +28,14 @@ def health(url: str) -> dict:
         return json.loads(e.read())
 
 
+def ready(url: str, timeout: float = 600) -> dict:
+    """/health once the engine serves (the app's page is up seconds before its model is)."""
+    deadline = time.monotonic() + timeout
+    while (h := health(url))["state"] != "ready" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return h
+
+
 def clients(url: str, n: int):
     from gradio_client import Client
 
@@ -34,7 +43,7 @@ def clients(url: str, n: int):
 
 
 def test_health_is_plain_json(app_url):
-    h = health(app_url)
+    h = ready(app_url)
     assert h["state"] == "ready" and h["model"] == "SmolLM2-135M-Instruct" and h["backend"] == "vllm-cpu"
     for key in ("device", "dtype", "uptime_s", "restarts", "queue_depth", "served", "cache", "forwards"):
         assert key in h, key
@@ -58,6 +67,29 @@ def test_one_link_opened_by_sixteen_costs_at_most_two_forwards(app_url):
     assert all(r is not None and r == results[0] for r in results)           # everyone got the same answer ...
     forwards = after["forwards"].get("lens", 0) - before["forwards"].get("lens", 0)
     assert 1 <= forwards <= 2, forwards                                          # ... computed at most twice
+
+
+def test_a_shared_link_starts_its_readout_when_its_page_is_asked_for(app_url):
+    """GET /?<link> (what a browser, or a chat app unfurling the link, asks first) starts the readout;
+    the page's own request, built the same way, then finds it: one engine forward for both."""
+    from urllib.parse import quote
+
+    prompt = f"Prefetched {time.time()}: the river runs through the old town"
+    before = ready(app_url)
+    with urllib.request.urlopen(f"{app_url}?v=1&tab=logit&prompt={quote(prompt)}&layers=all&k=5", timeout=30) as r:
+        assert r.status == 200
+    for _ in range(300):
+        now = health(app_url)
+        if now["cache"]["misses"] > before["cache"]["misses"] and now["in_flight"] == 0:
+            break
+        time.sleep(0.1)
+    (user,) = clients(app_url, 1)
+    out = user.predict(prompt, "logit", "all", 5, "", api_name="/lens")
+    after = health(app_url)
+    assert out["layers"] == list(range(30))
+    assert after["forwards"].get("lens", 0) - before["forwards"].get("lens", 0) == 1
+    assert after["cache"]["hits"] + after["cache"]["shared_in_flight"] > \
+        before["cache"]["hits"] + before["cache"]["shared_in_flight"]
 
 
 def test_api_errors_are_one_plain_line(app_url):

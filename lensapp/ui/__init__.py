@@ -19,6 +19,7 @@ from .compare_tab import build_compare_tab
 from .generate_tab import build_generate_tab
 from .guard import Guard
 from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, build_lens_tab
+from .prefetch import LinkPrefetch
 from .tabs import PRIVATE, Downloads, TabParts, md_text
 
 CSS = """
@@ -147,4 +148,4 @@ def _header(service) -> str:
             f"{md_text(info.backend)} ({info.dtype}) · {lens}")
 
 
-__all__ = ["CSS", "HEAD", "build_app"]
+__all__ = ["CSS", "HEAD", "LinkPrefetch", "build_app"]

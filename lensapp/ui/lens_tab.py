@@ -85,6 +85,18 @@ JACOBIAN_TAB = LensTab("jacobian", "Jacobian lens", "What each layer is disposed
                        "Run both lenses")
 
 
+def lens_request(tab: LensTab, service, prompt, layers, k, words: tuple[str, ...], chat, raw
+                 ) -> tuple[LensRequest, list[int]]:
+    """The request `tab` sends for these inputs, and the asked-for layers left out for having no J
+    (the page and a link's prefetch, `ui.prefetch`, must send the same one)."""
+    layers, missing = (as_text(layers, "layers") or "all").strip(), []
+    if tab.lens != "logit":
+        have, missing = jlens_subset(layers, service.info.n_layers, service.jlens_layers)
+        layers = ",".join(map(str, have))
+    return LensRequest(prompts=(prompt,), lens=tab.lens, layers=layers, k=as_int(k, "k"), targets=words,
+                       chat=bool(chat), raw=bool(raw)), missing
+
+
 def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabParts:
     d = View()
     info = service.info
@@ -157,14 +169,9 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
         if charts.METRICS[metric].needs_target and not words:
             warn("That colour needs a target word; showing top-1 probability instead.")
             metric = "top1_prob"
-        layers = (as_text(layers, "layers") or "all").strip()
-        if jacobian:
-            have, missing = jlens_subset(layers, info.n_layers, service.jlens_layers)
-            if missing:
-                warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
-            layers = ",".join(map(str, have))
-        req = LensRequest(prompts=(prompt,), lens=tab.lens, layers=layers, k=as_int(k, "k"), targets=words,
-                          chat=bool(chat), raw=bool(raw))
+        req, missing = lens_request(tab, service, prompt, layers, k, words, chat, raw)
+        if missing:
+            warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
         result = service.lens(req)[0]
         last = len(result.input_ids) - 1
         cols = charts.window_of(len(result.input_ids), None if start is None else as_int(start, "start"),
