@@ -73,7 +73,7 @@ def make_app(service, cfg):
     # callers of the service that do not go through Gradio (scripts, the CLI).
     demo.queue(default_concurrency_limit=cfg.max_batch + cfg.queue_size, max_size=max(cfg.queue_size, 16))
     app = FastAPI(title="Lens Explorer")
-    prefetch = ui.LinkPrefetch(service, enabled=not cfg.auth_pairs)
+    prefetch = ui.LinkPrefetch(service, enabled=not cfg.auth_pairs and cfg.cache_entries > 0)
 
     @app.middleware("http")
     async def prefetch_shared_links(request, call_next):

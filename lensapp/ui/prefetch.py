@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class LinkPrefetch:
     def __init__(self, service, enabled: bool = True):
         self.service = service
-        self.enabled = enabled and service.cfg.cache_entries > 0
+        self.enabled = enabled
         self.started = 0
         self._one = threading.Lock()                 # held while a prefetch runs
         self._runner = ThreadPoolExecutor(1, thread_name_prefix="lens-prefetch")
@@ -60,8 +60,8 @@ class LinkPrefetch:
         return req
 
     def _idle(self) -> bool:
-        h = self.service.engine.health()
-        return h["state"] == "ready" and h["in_flight"] == 0 and h["queue_depth"] == 0
+        h = self.service.health()
+        return h.get("state") == "ready" and not h.get("in_flight") and not h.get("queue_depth")
 
     def _run(self, req) -> None:
         try:

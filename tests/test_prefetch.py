@@ -1,0 +1,67 @@
+"""Which links start their readout when their page is asked for (`ui.prefetch`), on a stand-in service:
+lens links, into an idle engine, one at a time; nothing else."""
+
+import threading
+from urllib.parse import quote
+
+from lensapp.engine import ModelInfo
+from lensapp.ui.lens_tab import LOGIT_TAB, lens_request
+from lensapp.ui.prefetch import LinkPrefetch
+
+
+class StandIn:
+    def __init__(self, state="ready", in_flight=0, queue_depth=0):
+        self.info = ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32")
+        self.jlens, self.jlens_layers = None, []
+        self.h = {"state": state, "in_flight": in_flight, "queue_depth": queue_depth}
+        self.asked, self.release = [], threading.Event()
+
+    def health(self):
+        return self.h
+
+    def lens(self, req):
+        self.asked.append(req)
+        self.release.wait(10)
+        return []
+
+
+def link(**fields) -> str:
+    return "&".join(f"{k}={quote(str(v))}" for k, v in {"v": 1, **fields}.items())
+
+
+def test_a_lens_link_prefetches_the_request_its_page_will_send():
+    service = StandIn()
+    prefetch = LinkPrefetch(service)
+    assert prefetch(link(tab="logit", prompt="The capital of France is", layers="1-3", k=7, targets="Paris"))
+    service.release.set()
+    prefetch._runner.shutdown(wait=True)
+    want, _ = lens_request(LOGIT_TAB, service, "The capital of France is", "1-3", 7, ("Paris",), False, False)
+    assert service.asked == [want]
+
+
+def test_only_into_an_idle_engine_and_one_at_a_time():
+    busy = StandIn(in_flight=1)
+    assert not LinkPrefetch(busy)(link(tab="logit", prompt="x"))
+    assert not LinkPrefetch(StandIn(queue_depth=2))(link(tab="logit", prompt="x"))
+    assert not LinkPrefetch(StandIn(state="restarting"))(link(tab="logit", prompt="x"))
+    service = StandIn()
+    prefetch = LinkPrefetch(service)
+    assert prefetch(link(tab="logit", prompt="first"))
+    assert not prefetch(link(tab="logit", prompt="second"))       # the first is still running
+    service.release.set()
+    prefetch._runner.shutdown(wait=True)
+    assert [r.prompts for r in service.asked] == [("first",)] and busy.asked == []
+
+
+def test_other_links_start_nothing_and_a_bad_field_falls_back_as_on_the_page():
+    service = StandIn()
+    prefetch = LinkPrefetch(service)
+    for query in ["", link(tab="generate", prompt="x"), link(tab="compare", prompt1="a", prompt2="b"),
+                  link(tab="jacobian", prompt="x")]:                 # this app has no Jacobian lens
+        assert not prefetch(query), query
+    assert not LinkPrefetch(service, enabled=False)(link(tab="logit", prompt="x"))
+    assert prefetch(link(tab="logit", prompt="x", k="many", layers="\x00"))   # the page uses k=5, all layers
+    service.release.set()
+    prefetch._runner.shutdown(wait=True)
+    (req,) = service.asked
+    assert (req.prompts, req.k, req.layers) == (("x",), 5, "all")
