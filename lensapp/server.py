@@ -63,7 +63,8 @@ def serve(args) -> int:
 # allocates by the thousand; each collection holds the GIL, and with it the engine's event loop that feeds
 # vLLM. With young collections 70x rarer, 8 concurrent generations through the app took 2.9-3.2 s instead
 # of 3.6-3.8 s (bench/load.py generate). Freezing what start-up made (torch, transformers, Gradio: never
-# garbage) keeps the now rarer full collections from scanning it.
+# garbage) keeps the now rarer full collections from scanning it. Frozen objects are never collected,
+# so the first engine's client objects made before the freeze stay after a restart: a one-off cost.
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
