@@ -259,10 +259,43 @@ def _generate(app: App, users: int, layers: str) -> dict:
     t = time.perf_counter()
     seq_tokens = sum(one(clients[0], p, f"seq{layers}{i}") for i, p in enumerate(prompts))
     seq = time.perf_counter() - t
+    account = CpuAccount(app)
     conc, conc_tokens = together("conc")
     return {"users": users, "tokens": 16, "layers": layers, "sequential_s": round(seq, 2),
             "sequential_tokens": seq_tokens, "concurrent_s": round(conc, 2), "concurrent_tokens": conc_tokens,
-            "throughput_x": round((conc_tokens / conc) / (seq_tokens / seq), 2)}
+            "throughput_x": round((conc_tokens / conc) / (seq_tokens / seq), 2),
+            "concurrent_cpu_s": account.spent()}
+
+
+class CpuAccount:
+    """CPU seconds each process spent from now on: the web process, vLLM's EngineCore and worker, this
+    bench's clients. On a small machine they share the same cores, so this says where a round's time went.
+    Only for an app this bench started (its processes are known); empty with --url."""
+
+    def __init__(self, app: App):
+        self.procs = {}
+        if app.proc is None:
+            return
+        import psutil
+
+        web = psutil.Process(app.proc.pid)
+        self.procs = {"web": web, "bench": psutil.Process()}
+        for child in web.children(recursive=True):
+            name = child.name().removeprefix("VLLM::").lower()
+            self.procs[name if name not in self.procs else f"{name}-{child.pid}"] = child
+        self.start = {name: self._cpu(p) for name, p in self.procs.items()}
+
+    @staticmethod
+    def _cpu(p) -> float:
+        try:
+            t = p.cpu_times()
+            return t.user + t.system
+        except Exception:  # noqa: BLE001 - a process that is gone counts what it had
+            return 0.0
+
+    def spent(self) -> dict:
+        spent = {name: round(self._cpu(p) - self.start[name], 2) for name, p in self.procs.items()}
+        return {name: s for name, s in spent.items() if s > 0}     # not the idle helpers (resource tracker)
 
 
 def flood(url: str | None, users: int = 48, timeout: float = 300) -> dict:
