@@ -10,9 +10,11 @@ main module. It is closed on exit, on SIGTERM and on Ctrl-C, so no engine proces
 from __future__ import annotations
 
 import atexit
+import errno
 import gc
 import logging
 import signal
+import socket
 import sys
 import threading
 
@@ -26,6 +28,9 @@ def serve(args) -> int:
         cfg = config.from_args(args)
     except config.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if problem := listen_problem(cfg.host, cfg.port):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     config.prepare_process_environment()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -57,6 +62,24 @@ def serve(args) -> int:
         signal.signal(signal.SIGTERM, previous)
         shutdown()
     return 0
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port, or None. Checked before the engine starts: uvicorn
+    finds out only once vLLM has loaded (half a minute here), then exits with its own traceback noise."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError) as e:
+        return f"cannot listen on {host!r}: {getattr(e, 'strerror', None) or e}"
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)       # as uvicorn binds: a closing socket is fine
+        try:
+            s.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use (another app?); choose another with --port"
+            return f"cannot listen on {host}:{port}: {e.strerror or e}"
+    return None
 
 
 # Python's collector runs a young collection every 700 allocations by default, and assembling a readout

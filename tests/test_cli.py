@@ -87,3 +87,23 @@ def test_json_on_stdout_is_only_json_with_the_real_engine(embedded_dir):
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
     assert r["model_next_token"] == " Paris" and r["layers"] == [28, 29]
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line_before_starting_the_engine(capsys):
+    """A second app on the same port: one line and exit 2 at once, not vLLM's half-minute start then
+    uvicorn's bind error and a traceback."""
+    import socket
+    import time
+
+    from lensapp import server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        t = time.perf_counter()
+        code, out, err = run(capsys, ["serve", "--host", "127.0.0.1", "--port", str(port)])
+        assert time.perf_counter() - t < 10
+        assert code == 2 and out == ""
+        assert err.strip() == f"error: port {port} on 127.0.0.1 is in use (another app?); choose another with --port"
+    assert server.listen_problem("127.0.0.1", port) is None       # free again once its owner closed it
