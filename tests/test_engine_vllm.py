@@ -202,3 +202,23 @@ def test_concurrent_generations_share_each_steps_unembedding_and_read_as_they_wo
                 x, y = s_together.readout.lenses[name], s_alone.readout.lenses[name]
                 np.testing.assert_allclose(x.top_probs, y.top_probs, atol=1e-4)   # ids may swap on near-ties
                 np.testing.assert_allclose(x.kl_to_final, y.kl_to_final, atol=1e-3)
+
+
+def test_the_workers_readouts_land_on_huge_pages(vllm_service):
+    """What `config.prepare_vllm_cpu_environment` sets reaches vLLM's worker process: where the kernel
+    offers transparent huge pages only on request ("madvise", the common default), a big readout's
+    memory is on them. (The worker's environment cannot be read back: vLLM's process title overwrites
+    it in /proc.)"""
+    import re
+    from pathlib import Path
+
+    import psutil
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[madvise]" not in thp.read_text():
+        pytest.skip("huge pages here are never offered, or always given: nothing to tell apart")
+    worker = next(p for p in psutil.Process().children(recursive=True) if "Worker" in p.name())
+    # a 60-token all-layer lens: its logits are [30 x 60, 49k] fp32, 350 MB in 1024-row chunks
+    vllm_service.lens(LensRequest(prompts=(" ".join(PROMPTS) * 3,), k=1))
+    rollup = Path(f"/proc/{worker.pid}/smaps_rollup").read_text()
+    assert int(re.search(r"AnonHugePages:\s+(\d+) kB", rollup).group(1)) > 0
