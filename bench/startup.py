@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))             # `--warm-only` reads the app's own settings
 
 
 def free_port() -> int:
