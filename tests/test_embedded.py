@@ -103,6 +103,17 @@ def test_the_cli_error_when_nothing_is_reachable(tmp_path, monkeypatch, capsys):
     assert err.count("\n") == 1
 
 
+def test_the_cli_error_when_the_cache_cannot_be_written(tmp_path, capsys):
+    """A read-only home or a cache folder that cannot exist: one line naming the folder, exit 2."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code = cli.main(["lens", "Hi", "--backend", "transformers", "--jlens", "none", "--cache-dir", str(blocker / "c")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"error: cannot write the model cache in {blocker / 'c'}")
+    assert err.rstrip().endswith("set LENSAPP_CACHE_DIR (--cache-dir) to a writable folder") and err.count("\n") == 1
+
+
 def test_the_pins_agree_with_the_makefile():
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     assert f"EMBEDDED_PKG  = {embedded.PACKAGE}\n" in makefile

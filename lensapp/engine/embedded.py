@@ -141,10 +141,15 @@ def embedded_model_dir(cache_dir: Path) -> Path:
     target = Path(cache_dir) / f"{EMBEDDED_NAME}-v{FORMAT_VERSION}"
     if (target / "model.safetensors").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    gguf = gguf_path(cache_dir)
+    try:                    # a read-only home, a typo'd LENSAPP_CACHE_DIR: say so, not a traceback
+        target.parent.mkdir(parents=True, exist_ok=True)
+        gguf = gguf_path(cache_dir)
+        tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    except OSError as e:
+        where = e.filename or target.parent
+        raise EmbeddedModelError(f"cannot write the model cache in {where}: {e.strerror or e}; "
+                                 "set LENSAPP_CACHE_DIR (--cache-dir) to a writable folder") from None
     log.info("converting the embedded GGUF to %s (once)", target)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         _convert(gguf, tmp)
         try:
