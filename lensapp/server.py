@@ -113,14 +113,8 @@ def make_app(service, cfg):
     # callers of the service that do not go through Gradio (scripts, the CLI).
     demo.queue(default_concurrency_limit=cfg.max_batch + cfg.queue_size, max_size=max(cfg.queue_size, 16))
     app = FastAPI(title="Lens Explorer")
-    prefetch = ui.LinkPrefetch(service, enabled=not cfg.auth_pairs and cfg.cache_entries > 0)
-
-    @app.middleware("http")
-    async def prefetch_shared_links(request, call_next):
-        """A link's readout starts when its page is first asked for (see `ui.prefetch`)."""
-        if request.method == "GET" and request.url.path == "/" and request.url.query:
-            prefetch(request.url.query)
-        return await call_next(request)
+    app.add_middleware(PrefetchLinks,
+                       prefetch=ui.LinkPrefetch(service, enabled=not cfg.auth_pairs and cfg.cache_entries > 0))
 
     @app.get("/health")
     def health():
@@ -129,6 +123,23 @@ def make_app(service, cfg):
 
     return gr.mount_gradio_app(app, demo, path="/", css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"],
                                auth=cfg.auth_pairs or None, server_name=cfg.host, server_port=cfg.port)
+
+
+class PrefetchLinks:
+    """ASGI middleware: a link's readout starts when its page is first asked for (see `ui.prefetch`).
+
+    Plain ASGI rather than FastAPI's `@app.middleware("http")`, whose wrapper would sit in every
+    response, each API call's event stream included; this one only looks at the request line.
+    """
+
+    def __init__(self, app, prefetch):
+        self.app, self.prefetch = app, prefetch
+
+    async def __call__(self, scope, receive, send):
+        if (scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/"
+                and scope.get("query_string")):
+            self.prefetch(scope["query_string"].decode("utf-8", "replace"))
+        await self.app(scope, receive, send)
 
 
 def make_server(service, cfg):
