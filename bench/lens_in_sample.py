@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lens_quality import report  # noqa: E402
 
 from lensapp import config, corpus, fitting, jlens  # noqa: E402
-from lensapp.engine.loading import load_hf_model  # noqa: E402
+from lensapp.engine.loading import ModelError, load_hf_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,11 +39,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--out", default=None, help="where to keep the lens (default: a temporary folder)")
     args = parser.parse_args(argv)
+    if args.chunks < 1 or args.threads < 1:
+        parser.error("--chunks and --threads must be at least 1")
     torch.set_num_threads(args.threads)
+    try:
+        return in_sample(args)
+    except (fitting.FitError, corpus.CorpusError, jlens.LensFileError, ModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def in_sample(args) -> int:
+    chunks = corpus.split_holdout(corpus.load_corpus(args.corpus))[1][:args.chunks]     # before the model's load
+    if not chunks:
+        raise corpus.CorpusError(f"corpus {args.corpus!r} has no held-out chunk")
     model, resolved = load_hf_model(config.replace(config.from_args(None), model=args.model or config.EMBEDDED),
                                     device="cpu")
     layout, tokenizer = resolved.family.layout("transformers"), model.tokenizer
-    chunks = corpus.split_holdout(corpus.load_corpus(args.corpus))[1][:args.chunks]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out or Path(tmp) / "in_sample_jlens.pt")
         cfg = fitting.FitConfig(tokens=args.tokens, skip=args.skip, min_prompts=len(chunks), max_prompts=len(chunks),
