@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 J_LAYERS = [0, 4, 8, 12, 16, 20, 24, 28]      # the running app's random Jacobian lens
 START_TIMEOUT = 360                           # s for `python app.py` to serve its page
 APP_LOG: list[Path] = []                      # the running app's log, quoted when a wait fails
+APP_PID: list[int] = []                       # the running app's process (other children of pytest may be zombies)
 
 # Hypothesis's own deadline only reports a slow example after it returns (and torch.compile's first calls
 # on a new shape are slow by nature): the hostile tests bound every call with their own watchdog instead.
@@ -178,6 +179,7 @@ def app_url(tmp_path_factory, model_dims):
     APP_LOG[:] = [tmp / "app.log"]
     proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path)], cwd=REPO, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
+    APP_PID[:] = [proc.pid]
     url = f"http://127.0.0.1:{port}/"
     try:
         _wait_for(url, proc, tmp / "app.log")

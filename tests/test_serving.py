@@ -15,6 +15,7 @@ import urllib.request
 
 import psutil
 import pytest
+from conftest import APP_PID
 
 
 def health(url: str) -> dict:
@@ -105,7 +106,7 @@ def test_killing_the_engine_under_load_heals_in_the_same_process(app_url):
     """SIGKILL vLLM's EngineCore while requests run: each ends with an answer or the one-line 'restarted'
     message (none hangs), the same web process answers normally again within 2 minutes, and /health
     counts the restart."""
-    app = next(p for p in psutil.Process().children() if "app.py" in " ".join(p.cmdline()))
+    app = psutil.Process(APP_PID[0])
     core = next(p for p in app.children(recursive=True) if "EngineCore" in p.name())
     users = clients(app_url, 4)
     outcomes = [None] * len(users)
