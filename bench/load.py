@@ -281,7 +281,10 @@ class CpuAccount:
         web = psutil.Process(app.proc.pid)
         self.procs = {"web": web, "bench": psutil.Process()}
         for child in web.children(recursive=True):
-            name = child.name().removeprefix("VLLM::").lower()
+            try:
+                name = child.name().removeprefix("VLLM::").lower()
+            except psutil.Error:            # gone while listed (a compile worker)
+                continue
             self.procs[name if name not in self.procs else f"{name}-{child.pid}"] = child
         self.start = {name: self._cpu(p) for name, p in self.procs.items()}
 
@@ -318,7 +321,8 @@ def heal(users: int = 8, timeout: float = 300) -> dict:
 
     app = App(None)
     try:
-        core = next(p for p in psutil.Process(app.proc.pid).children(recursive=True) if "EngineCore" in p.name())
+        core = next(p for p in psutil.Process(app.proc.pid).children(recursive=True)
+                    if "EngineCore" in _name(p))
         restarts = app.health()["restarts"]
         kinds = ["generate" if i % 2 else "both" for i in range(users)]
         got: dict = {}
@@ -342,6 +346,16 @@ def heal(users: int = 8, timeout: float = 300) -> dict:
                 "state": h["state"], "same_web_process": app.proc.poll() is None}
     finally:
         app.close()
+
+
+def _name(p) -> str:
+    """A process's name, or "" for one that is gone."""
+    import psutil
+
+    try:
+        return p.name()
+    except psutil.Error:
+        return ""
 
 
 def _timed(fn) -> float:

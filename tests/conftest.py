@@ -201,6 +201,21 @@ def app_url(tmp_path_factory, model_dims):
     assert proc.returncode == 0, (tmp / "app.log").read_text()[-3000:]
 
 
+def descendant(parent_pid: int, fragment: str):
+    """The first live descendant of `parent_pid` whose process name contains `fragment` (e.g.
+    "EngineCore"). Descendants that exit while they are listed (torch's compile workers) or are
+    zombies are passed over rather than failing the test."""
+    import psutil
+
+    for p in psutil.Process(parent_pid).children(recursive=True):
+        try:
+            if fragment in p.name() and p.status() != psutil.STATUS_ZOMBIE:
+                return p
+        except psutil.Error:
+            continue
+    raise LookupError(f"no live {fragment} process under {parent_pid}")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

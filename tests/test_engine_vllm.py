@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import random_jacobians
+from conftest import descendant, random_jacobians
 from transformers import AutoModelForCausalLM
 
 from lensapp import jlens
@@ -209,15 +209,14 @@ def test_the_workers_readouts_land_on_huge_pages(vllm_service):
     offers transparent huge pages only on request ("madvise", the common default), a big readout's
     memory is on them. (The worker's environment cannot be read back: vLLM's process title overwrites
     it in /proc.)"""
+    import os
     import re
     from pathlib import Path
-
-    import psutil
 
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not thp.exists() or "[madvise]" not in thp.read_text():
         pytest.skip("huge pages here are never offered, or always given: nothing to tell apart")
-    worker = next(p for p in psutil.Process().children(recursive=True) if "Worker" in p.name())
+    worker = descendant(os.getpid(), "Worker")
     # a 60-token all-layer lens: its logits are [30 x 60, 49k] fp32, 350 MB in 1024-row chunks
     vllm_service.lens(LensRequest(prompts=(" ".join(PROMPTS) * 3,), k=1))
     rollup = Path(f"/proc/{worker.pid}/smaps_rollup").read_text()

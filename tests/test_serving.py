@@ -15,7 +15,7 @@ import urllib.request
 
 import psutil
 import pytest
-from conftest import APP_PID
+from conftest import APP_PID, descendant
 
 
 def health(url: str) -> dict:
@@ -107,7 +107,7 @@ def test_killing_the_engine_under_load_heals_in_the_same_process(app_url):
     message (none hangs), the same web process answers normally again within 2 minutes, and /health
     counts the restart."""
     app = psutil.Process(APP_PID[0])
-    core = next(p for p in app.children(recursive=True) if "EngineCore" in p.name())
+    core = descendant(app.pid, "EngineCore")
     users = clients(app_url, 4)
     outcomes = [None] * len(users)
     restarts = health(app_url)["restarts"]
