@@ -281,9 +281,8 @@ class CpuAccount:
         web = psutil.Process(app.proc.pid)
         self.procs = {"web": web, "bench": psutil.Process()}
         for child in web.children(recursive=True):
-            try:
-                name = child.name().removeprefix("VLLM::").lower()
-            except psutil.Error:            # gone while listed (a compile worker)
+            name = _name(child).removeprefix("VLLM::").lower()
+            if not name:                    # gone while listed (a compile worker)
                 continue
             self.procs[name if name not in self.procs else f"{name}-{child.pid}"] = child
         self.start = {name: self._cpu(p) for name, p in self.procs.items()}
