@@ -51,7 +51,7 @@ test: $(DEVSTAMP)
 	$(BIN)/python -m pytest -q -rs tests
 
 test-fast: $(DEVSTAMP)
-	$(BIN)/python -m pytest -q -m "not engine and not browser" tests
+	$(BIN)/python -m pytest -q -m "not engine and not browser and not slow and not network" tests
 
 bench: $(STAMP)
 	$(BIN)/python bench/lens_speed.py

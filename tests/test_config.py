@@ -42,33 +42,3 @@ def test_auth_pairs_and_a_space_cache():
     assert Config(auth="alice:pw1, bob:pw2").auth_pairs == [("alice", "pw1"), ("bob", "pw2")]
     assert Config().auth_pairs == []
     assert Config(cache_dir="/tmp/x").resolved_cache_dir == Path("/tmp/x")
-
-
-def test_the_vllm_cpu_worker_gets_every_core_and_huge_pages_unless_told_otherwise(monkeypatch):
-    import os
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
-    config.prepare_vllm_cpu_environment(1)
-    config.prepare_vllm_cpu_environment(1)          # a restart prepares again: nothing doubles
-    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
-    assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1" and os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
-
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
-    config.prepare_vllm_cpu_environment(1)
-    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"                    # the user's binding wins
-    assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
-
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
-    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
-    config.prepare_vllm_cpu_environment(1)
-    assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"          # ... and so do their huge-page
-    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"                          # switches
-
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    config.prepare_vllm_cpu_environment(1)
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ                      # a big machine: vLLM's own binding

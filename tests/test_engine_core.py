@@ -24,11 +24,16 @@ class DeadError(RuntimeError):
 class StandIn:
     """Runs `fn` as asked; `die()` makes failure() report death, as a vLLM whose EngineCore exited."""
 
+    concurrent = True
+
     def __init__(self, n: int):
         self.n, self.dead = n, False
 
     def failure(self):
         return "its process died" if self.dead else None
+
+    def is_dead(self, error):
+        return "its process died" if isinstance(error, DeadError) else None
 
     def close(self):
         pass

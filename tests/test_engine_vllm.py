@@ -205,7 +205,7 @@ def test_concurrent_generations_share_each_steps_unembedding_and_read_as_they_wo
 
 
 def test_the_workers_readouts_land_on_huge_pages(vllm_service):
-    """What `config.prepare_vllm_cpu_environment` sets reaches vLLM's worker process: where the kernel
+    """What `engine.cpu_env.prepare` sets reaches vLLM's worker process: where the kernel
     offers transparent huge pages only on request ("madvise", the common default), a big readout's
     memory is on them. (The worker's environment cannot be read back: vLLM's process title overwrites
     it in /proc.)"""

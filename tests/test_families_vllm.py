@@ -31,9 +31,7 @@ def gpt2(make_tiny_model):
 
 @pytest.fixture(scope="module")
 def service(gpt2):
-    # A small KV cache: this engine may run beside the session's embedded one.
-    service = LensService.start(config.Config(model=str(gpt2[0]), jlens="none", cache_entries=0,
-                                              gpu_memory_utilization=0.05))
+    service = LensService.start(config.Config(model=str(gpt2[0]), jlens="none", cache_entries=0))
     service.wait_ready(900)
     yield service
     service.close()

@@ -46,8 +46,13 @@ def clients(url: str, n: int):
 def test_health_is_plain_json(app_url):
     h = ready(app_url)
     assert h["state"] == "ready" and h["model"] == "SmolLM2-135M-Instruct" and h["backend"] == "vllm-cpu"
-    for key in ("device", "dtype", "uptime_s", "restarts", "queue_depth", "served", "cache", "forwards"):
+    for key in ("device", "dtype", "uptime_s", "restarts", "queue_depth", "calls", "cache", "forwards", "memory"):
         assert key in h, key
+    assert set(h["calls"]) == {"served", "failed", "restarted", "timed_out", "cancelled", "refused_busy"}
+    plan = h["memory"]["plan"]
+    parts = [v for k, v in plan.items() if k.endswith("_mb") and k not in ("total_mb", "limit_mb")]
+    assert plan["total_mb"] - len(parts) <= sum(parts) <= plan["total_mb"]         # each part rounded down
+    assert 0 < h["memory"]["now"]["processes_rss_mb"]
 
 
 def test_one_link_opened_by_sixteen_costs_at_most_two_forwards(app_url):

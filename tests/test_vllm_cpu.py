@@ -16,7 +16,7 @@ def test_seeded_samples_are_the_same_when_prompts_are_prefilled_in_chunks(embedd
     # A 32-token step budget with chunked prefill on: each ~40-token prompt is prefilled over two steps,
     # and the token sampled after the first chunk is thrown away (vLLM's "discard" path).
     model = CPUVLLM(str(embedded_dir), dispatch=True, dtype="float32", max_model_len=256, enable_prefix_caching=False,
-                    gpu_memory_utilization=0.1, enable_chunked_prefill=True, max_num_batched_tokens=32,
+                    kv_cache_memory_bytes=256 << 20, enable_chunked_prefill=True, max_num_batched_tokens=32,
                     max_num_seqs=4)
     llm = model.vllm_entrypoint
     try:

@@ -9,15 +9,22 @@ by step; on the transformers backend they run one after another.
 Admission: at most `max_batch` calls run at once and `queue_size` more wait; the next caller is
 told at once that the app is busy. Every call has a deadline (`request_timeout`).
 
-Supervision: a backend is dead when a call fails with vLLM's `EngineDeadError`, when its
+Supervision: a backend is dead when a call's error is one its `is_dead` recognises, when its
 `failure()` says so (checked every few seconds, so an idle app notices too), or when a call times
 out while no other call finished (the engine is stuck). Then the engine restarts it in this
 process: the old one is closed, a fresh one started, the Jacobian lens re-installed and the
 warm-up run. Calls in flight get `EngineRestarted` ("please run again"); calls that were waiting
 run on the new backend. Restarts back off; after `max_restarts` within `restart_window` seconds
-the engine is `down` and says why.
+the engine is `down` and says why. A start that fails for a reason that would repeat (`StartFailed`
+with `permanent`, or a wrong layout or value) is not retried: the engine is down at once, with it.
 
-This module knows backends only through `protocol.Backend`: nothing of text, results or the UI.
+Every admitted call ends in exactly one outcome, counted for /health: `served`, `failed` (its own
+error: bad input the planner missed, an error inside the trace), `restarted` (the backend died or
+stopped answering under it), `timed_out` (its deadline passed while others progressed) or
+`cancelled` (the app closed). `refused_busy` counts callers turned away at the door.
+
+This module knows backends only through `protocol.Backend`: nothing of text, results or the UI, and
+no backend by name.
 """
 
 from __future__ import annotations
@@ -30,12 +37,22 @@ import time
 from collections import Counter
 from typing import Awaitable, Callable, TypeVar
 
-from .protocol import Backend, ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
+from .protocol import (
+    Backend,
+    ChatOutput,
+    GenerationOutput,
+    JStack,
+    LensOutput,
+    LensSpec,
+    ModelInfo,
+    Sampling,
+    StartFailed,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-STATES = ("starting", "ready", "restarting", "down")
+OUTCOMES = ("served", "failed", "restarted", "timed_out", "cancelled")
 RESTART_DELAYS = (0.0, 5.0, 15.0, 30.0, 60.0)     # seconds before the n-th restart in a row
 # Start failures that the same code and settings will meet again (a layout the model does not have, a bad
 # value): the engine is down at once instead of retrying. Others (memory, a process that died) are retried.
@@ -80,9 +97,10 @@ class Engine:
         self.state, self.reason = "starting", ""
         self.started_at = time.time()
         self.restart_times: list[float] = []
-        self.counts: Counter = Counter()        # served, failed, busy, timeouts, restarted, forwards:<kind>
+        self.counts: Counter = Counter()        # OUTCOMES, refused_busy, forwards:<kind>
         self._in_flight = 0
         self._running: set[asyncio.Task] = set()    # requests on the current backend, failed fast if it dies
+        self._slots: asyncio.Semaphore | None = None    # made with the first backend: its `concurrent` sets the size
         self._last_completion = 0.0
         self._closed = False
         self._starting: concurrent.futures.Future | None = None     # a backend being built, off the loop
@@ -137,7 +155,7 @@ class Engine:
             if self._closed:
                 raise EngineDown("the engine is closed")
             if self._admitted >= self.max_batch + self.queue_size:
-                self.counts["busy"] += 1
+                self.counts["refused_busy"] += 1
                 raise EngineBusy("the app is busy; try again in a moment")
             self._admitted += 1
             future = self._on_loop(lambda: self._run(kind, fn))    # under the lock: the loop sees arrival order
@@ -159,8 +177,7 @@ class Engine:
         return {"state": self.state, "reason": self.reason, "uptime_s": round(now - self.started_at, 1),
                 "restarts": len(self.restart_times), "in_flight": self._in_flight,
                 "queue_depth": max(0, admitted - self._in_flight),
-                "served": self.counts["served"], "failed": self.counts["failed"], "busy": self.counts["busy"],
-                "timeouts": self.counts["timeouts"],
+                "calls": {name: self.counts[name] for name in (*OUTCOMES, "refused_busy")},
                 "forwards": {k.split(":", 1)[1]: v for k, v in self.counts.items() if k.startswith("forwards:")}}
 
     def close(self) -> None:
@@ -213,14 +230,14 @@ class Engine:
         return asyncio.Event()
 
     async def _boot(self) -> None:
-        # A backend that cannot overlap requests (transformers) runs one at a time, in arrival order.
-        self._slots = asyncio.Semaphore(self.max_batch if self.info.backend.startswith("vllm") else 1)
         asyncio.get_running_loop().create_task(self._watchdog())
         await self._start_with_retries("starting")
 
     async def _run(self, kind: str, fn):
+        """One admitted call, from waiting for the backend to its outcome (counted once, here)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.request_timeout
+        outcome = "failed"
         try:
             await asyncio.wait_for(self._until_ready(), max(0.0, deadline - loop.time()))
             async with self._slots:
@@ -230,13 +247,20 @@ class Engine:
                     if reason is None:
                         break
                     self._restart_soon(self._generation, reason)    # died while idle: wait for the new one
-                return await self._run_on(self._backend, self._generation, kind, fn, deadline)
+                result = await self._run_on(self._backend, self._generation, kind, fn, deadline)
+            outcome = "served"
+            return result
         except asyncio.TimeoutError:
-            self.counts["timeouts"] += 1
+            outcome = "timed_out"
             raise EngineTimeout(f"the request took longer than {self.request_timeout:g} s and was cancelled") from None
-        except EngineError:
-            self.counts["failed"] += 1
+        except EngineRestarted:
+            outcome = "restarted"
             raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self.counts[outcome] += 1
 
     async def _run_on(self, backend: Backend, generation: int, kind: str, fn, deadline: float):
         loop = asyncio.get_running_loop()
@@ -250,8 +274,7 @@ class Engine:
         except asyncio.CancelledError:
             if generation == self._generation:
                 raise                                    # cancelled from outside (the app is closing)
-            self.counts["restarted"] += 1                # its backend died under it: see _restart_soon
-            raise EngineRestarted("the model restarted; please run again") from None
+            raise EngineRestarted("the model restarted; please run again") from None    # see _restart_soon
         except asyncio.TimeoutError:
             if self._last_completion < started:          # nothing finished meanwhile: the backend is stuck
                 self._restart_soon(generation, f"a request made no progress for {loop.time() - started:.0f} s")
@@ -260,16 +283,13 @@ class Engine:
         except Exception as e:
             reason = _dead(e, backend)
             if reason is None:
-                self.counts["failed"] += 1
                 raise
             self._restart_soon(generation, reason)
-            self.counts["restarted"] += 1
             raise EngineRestarted("the model restarted; please run again") from None
         finally:
             self._in_flight -= 1
             self._running.discard(task)
         self._last_completion = loop.time()
-        self.counts["served"] += 1
         return result
 
     async def _until_ready(self) -> None:
@@ -313,10 +333,14 @@ class Engine:
                 await self._start_once()
                 return
             except Exception as e:  # noqa: BLE001 - a failure to start is retried (when it can pass), then reported
-                log.exception("starting the backend failed (attempt %d)", attempt + 1)
-                self.reason = f"the model could not start: {_one_line(e)}"
-                if isinstance(e, PERMANENT):
-                    break                                # a wrong layout or setting: trying again cannot help
+                permanent = isinstance(e, PERMANENT) or getattr(e, "permanent", False)
+                if isinstance(e, StartFailed):
+                    log.error("starting the backend failed (attempt %d): %s", attempt + 1, e)
+                else:
+                    log.exception("starting the backend failed (attempt %d)", attempt + 1)
+                self.reason = f"the model could not start: {e if isinstance(e, StartFailed) else _one_line(e)}"
+                if permanent:
+                    break                                # the same start would fail the same way
                 await asyncio.sleep(RESTART_DELAYS[min(attempt + 1, len(RESTART_DELAYS) - 1)])
         self._go_down(self.reason)
 
@@ -330,9 +354,17 @@ class Engine:
                 await backend.install_jlens(self._jlens)
             if self._warm_up is not None:
                 await self._warm_up(backend)
+        except Exception as e:
+            _close_quietly(backend)
+            reason = _dead(e, backend)
+            if reason is not None:                       # it died on its first requests: so it would again
+                raise StartFailed(f"it died on its first request: {reason}") from e
+            raise
         except BaseException:
             _close_quietly(backend)
             raise
+        if self._slots is None:                          # one at a time unless the backend batches
+            self._slots = asyncio.Semaphore(self.max_batch if backend.concurrent else 1)
         if self._closed:
             _close_quietly(backend)
             return
@@ -357,13 +389,7 @@ class Engine:
 
 def _dead(error: BaseException, backend: Backend) -> str | None:
     """Why `error` means the backend is dead, or None when it is this request's own failure."""
-    try:
-        from vllm.v1.engine.exceptions import EngineDeadError
-    except ImportError:                                  # no vLLM installed: the transformers backend
-        EngineDeadError = ()                             # noqa: N806
-    if isinstance(error, EngineDeadError):
-        return "vLLM's engine process died"
-    return backend.failure()
+    return backend.is_dead(error) or backend.failure()
 
 
 def _close_quietly(backend: Backend) -> None:

@@ -26,6 +26,8 @@ def load_transformers_model(path: str, *, device: str, dtype: torch.dtype):
 
 
 class TransformersBackend:
+    concurrent = False           # one trace at a time, on the engine's thread
+
     def __init__(self, path: str, info: ModelInfo, family: Family, model=None):
         """`model`: an nnsight TransformersModel already built (a bench's random model); else loaded from `path`."""
         self.model = model or load_transformers_model(path, device=info.device, dtype=getattr(torch, info.dtype))
@@ -86,6 +88,9 @@ class TransformersBackend:
 
     def failure(self) -> str | None:
         return None
+
+    def is_dead(self, error: BaseException) -> str | None:
+        return None              # an error here is the call's own: the model lives in this process
 
     def close(self) -> None:
         pass

@@ -91,11 +91,15 @@ def backend_factory(model: ResolvedModel, cfg: Config) -> Callable[[], Backend]:
             from .hf_backend import TransformersBackend
 
             return TransformersBackend(model.path, model.info, model.family)
+        from .memory import kv_cache_bytes
         from .vllm_backend import VLLMBackend
 
-        return VLLMBackend(model.path, model.info, model.family, cpu=model.info.device == "cpu",
-                           max_model_len=model.info.max_model_len,
+        cpu = model.info.device == "cpu"
+        # On CPU the KV cache is sized from the settings, unless the user asked for vLLM's share instead.
+        sized = cfg.kv_cache_mb or (cpu and not cfg.gpu_memory_utilization)
+        return VLLMBackend(model.path, model.info, model.family, cpu=cpu, max_model_len=model.info.max_model_len,
                            gpu_memory_utilization=cfg.gpu_memory_utilization,
+                           kv_cache_bytes=kv_cache_bytes(cfg, model.hf_config, model.info) if sized else 0,
                            tensor_parallel_size=cfg.tensor_parallel_size,
                            pipeline_parallel_size=cfg.pipeline_parallel_size,
                            distributed_executor_backend=cfg.distributed_executor_backend)

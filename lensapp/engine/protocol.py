@@ -121,11 +121,25 @@ class ChatOutput:
     top_probs: list[list[float]]
 
 
+class StartFailed(RuntimeError):
+    """A backend could not start (or died on its first request). The message names the cause in one line;
+    `permanent`: the same settings on the same machine would fail the same way, so it is not retried."""
+
+    def __init__(self, message: str, permanent: bool = True):
+        super().__init__(message)
+        self.permanent = permanent
+
+
 @runtime_checkable
 class Backend(Protocol):
-    """A loaded model the engine can run lenses and generations on. Coroutines run on the engine's thread."""
+    """A loaded model the engine can run lenses and generations on. Coroutines run on the engine's thread.
+
+    concurrent: whether several calls may be in flight at once (vLLM batches them; the transformers
+    backend runs one at a time).
+    """
 
     info: ModelInfo
+    concurrent: bool
 
     async def install_jlens(self, stack: JStack) -> None:
         """Keep the J stack where requests can read it: once, not per request."""
@@ -141,6 +155,9 @@ class Backend(Protocol):
 
     def failure(self) -> str | None:
         """Why this backend can no longer serve (its engine process died), or None while it can."""
+
+    def is_dead(self, error: BaseException) -> str | None:
+        """Why `error`, raised by a call, means this backend is dead (None: the call's own failure)."""
 
     def close(self) -> None:
         """Release the model and any processes it started."""

@@ -17,9 +17,10 @@ import asyncio
 import functools
 import logging
 
-from ..config import prepare_vllm_cpu_environment
+from . import cpu_env
 from .families import Family, find
-from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
+from .process_log import LOG
+from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling, StartFailed
 from .trace import chat_readout, continuation_body, lens_body
 from .unembed_pool import worker_pool
 
@@ -27,10 +28,7 @@ log = logging.getLogger(__name__)
 
 JLENS_ATTR = "lensapp_jlens"   # attribute on the worker's model holding {"layers": [...], "J": [n, d, d]}
 CHAT_EDIT = "lensapp-chat"     # name of the chat readout installed with model.edit()
-# On CPU the "GPU memory" share is the share of RAM vLLM takes for its KV cache up front. A tenth
-# (2.4 GB of 24) holds every request in flight of a small model many times over, and leaves room for
-# a second engine (the tests run the app and a service side by side).
-CPU_KV_SHARE = 0.1
+GPU_MEMORY_SHARE = 0.85        # on a GPU, vLLM's share of its memory (weights, KV cache, activations)
 
 
 def vllm_head(layout, model, x):
@@ -39,24 +37,38 @@ def vllm_head(layout, model, x):
 
 
 class VLLMBackend:
-    """nnsight's VLLM in async mode. `cpu=True` swaps in the CPU worker adapter."""
+    """nnsight's VLLM in async mode. `cpu=True` swaps in the CPU worker adapter.
+
+    `kv_cache_bytes`: the KV cache vLLM gets (engine/memory.py sizes it on CPU); 0 lets vLLM size it
+    from `gpu_memory_utilization` (on CPU, a share of the NUMA node's memory).
+    """
+
+    concurrent = True            # vLLM batches every call in flight, step by step
 
     def __init__(self, path: str, info: ModelInfo, family: Family, *, cpu: bool, max_model_len: int,
-                 gpu_memory_utilization: float, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                 distributed_executor_backend: str = ""):
+                 gpu_memory_utilization: float, kv_cache_bytes: int = 0, tensor_parallel_size: int = 1,
+                 pipeline_parallel_size: int = 1, distributed_executor_backend: str = ""):
         import nnsight  # noqa: F401  (after prepare_process_environment)
 
         if cpu:
+            cpu_env.prepare(tensor_parallel_size * pipeline_parallel_size)
             from .vllm_cpu import CPUVLLM as VLLM
-
-            prepare_vllm_cpu_environment(tensor_parallel_size * pipeline_parallel_size)
         else:
             from nnsight.modeling.vllm import VLLM
         extra = {"distributed_executor_backend": distributed_executor_backend} if distributed_executor_backend else {}
-        self.model = VLLM(path, dispatch=True, mode="async", dtype=info.dtype, max_model_len=max_model_len,
-                         gpu_memory_utilization=gpu_memory_utilization or (CPU_KV_SHARE if cpu else 0.85),
-                         tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
-                         enable_prefix_caching=False, disable_log_stats=True, **extra)
+        if kv_cache_bytes:
+            extra["kv_cache_memory_bytes"] = kv_cache_bytes
+        LOG.capture()                           # what vLLM's processes print names a failure's cause
+        self._log_mark = LOG.mark()
+        try:
+            self.model = VLLM(path, dispatch=True, mode="async", dtype=info.dtype, max_model_len=max_model_len,
+                             gpu_memory_utilization=gpu_memory_utilization or GPU_MEMORY_SHARE,
+                             tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+                             enable_prefix_caching=False, disable_log_stats=True, **extra)
+        except Exception as e:
+            cause = LOG.cause(since=self._log_mark)
+            # With a cause printed, the same start would meet it again; without one (a process killed), retry.
+            raise StartFailed(cause or _first_line(e), permanent=cause is not None) from e
         self.info = info
         self.layout = family.layout("vllm")
         self.head = functools.partial(vllm_head, self.layout)
@@ -123,7 +135,17 @@ class VLLMBackend:
         llm = self.model.vllm_entrypoint
         if llm is None:
             return "the engine is closed"
-        return "vLLM's engine process stopped" if llm.errored else None
+        return self._death("vLLM's engine process stopped") if llm.errored else None
+
+    def is_dead(self, error: BaseException) -> str | None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        return self._death("vLLM's engine process died") if isinstance(error, EngineDeadError) else None
+
+    def _death(self, what: str) -> str:
+        """`what`, with the last error vLLM's processes printed since this backend started, if any."""
+        cause = LOG.cause(since=self._log_mark)
+        return f"{what} ({cause})" if cause else what
 
     def close(self) -> None:
         """Shut vLLM's EngineCore and worker processes down (they outlive a SIGTERM otherwise)."""
@@ -177,6 +199,11 @@ class VLLMBackend:
 async def _saves(tracer) -> dict:
     last = await tracer.backend
     return last.saves
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _sampling(s: Sampling) -> dict:

@@ -7,6 +7,8 @@ around the CPU runner's own load and forward. The worker also carries nnsight's
 RPC methods (`collect_nnsight`, `nnsight_register`, ...), which the client calls
 through `collective_rpc`.
 
+On a small /dev/shm it shrinks the worker's message queue to fit (`_fit_message_queues`, see cpu_env).
+
 It also mends one CPU gap in vLLM's runner: when a seeded request's sampled token is
 discarded (its prompt was only partly prefilled this step, as happens when several requests
 share a step), vLLM rewinds the request's Philox generator by `set_offset`, which a CPU
@@ -21,6 +23,7 @@ anything but vLLM and nnsight.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 import torch
@@ -94,3 +97,21 @@ def _no_accelerator_cache():
         yield
     finally:
         torch.accelerator.empty_cache = real
+
+
+def _fit_message_queues(chunk_mb: int) -> None:
+    """Give the worker's answer queue the chunk size `cpu_env` chose for a small /dev/shm: vLLM fixes it at
+    24 MB x 10 chunks in the source (the scheduler's queue reads VLLM_MQ_MAX_CHUNK_BYTES_MB). This module
+    is imported in the worker before the queue is made. A message larger than a chunk goes over vLLM's
+    socket instead, as it already does."""
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+    defaults = list(MessageQueue.__init__.__defaults__)
+    names = MessageQueue.__init__.__code__.co_varnames[1:MessageQueue.__init__.__code__.co_argcount]
+    index = list(names[-len(defaults):]).index("max_chunk_bytes")
+    defaults[index] = chunk_mb << 20
+    MessageQueue.__init__.__defaults__ = tuple(defaults)
+
+
+if os.environ.get("LENSAPP_MQ_CHUNK_MB"):
+    _fit_message_queues(int(os.environ["LENSAPP_MQ_CHUNK_MB"]))

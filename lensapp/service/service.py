@@ -20,7 +20,10 @@ import torch
 from .. import jlens as jlens_files
 from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, Config
 from ..engine.core import Engine
+from ..engine.host import memory_in_use
 from ..engine.loading import ResolvedModel, backend_factory, describe_model
+from ..engine.memory import Budget
+from ..engine.preflight import preflight
 from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
 from ..results import ChatReply, Comparison, GenerationResult, LensResult, Target
 from . import planning
@@ -49,6 +52,7 @@ class LensService:
         self.jlens, self.jlens_error = jlens, jlens_error
         self._jlens_key = _fingerprint(jlens)
         self.cache = ResultCache(cfg.cache_entries, cfg.cache_mb << 20)
+        self.budget: Budget | None = None        # the memory plan checked at start (engine/memory.py)
 
     @classmethod
     def start(cls, cfg: Config, start_engine: bool = True) -> LensService:
@@ -58,12 +62,15 @@ class LensService:
         model = describe_model(cfg)
         prompts = Prompts(load_tokenizer(model.path), model.max_prompt_tokens)
         lens, error = load_configured_jlens(cfg, model)
+        budget = preflight(cfg, model, 0 if lens is None else len(lens.layers))
         engine = Engine(backend_factory(model, cfg), model.info,
                         warm_up=functools.partial(warm_up, prompts, model.info), jlens=_stack(lens, model),
                         max_batch=cfg.max_batch, queue_size=cfg.queue_size, request_timeout=cfg.request_timeout)
         if start_engine:
             engine.start()
-        return cls(model, engine, prompts, cfg, lens, error)
+        service = cls(model, engine, prompts, cfg, lens, error)
+        service.budget = budget
+        return service
 
     # -- the Jacobian lens ---------------------------------------------------------------------------
     @property
@@ -194,7 +201,8 @@ class LensService:
         return {"model": info.name, "family": info.family, "backend": info.backend, "device": info.device,
                 "dtype": info.dtype, "layers": info.n_layers, "max_model_len": info.max_model_len,
                 "jacobian_lens": None if self.jlens is None else self.jlens.describe()["source"],
-                **self.engine.health(), "cache": self.cache.stats()}
+                **self.engine.health(), "cache": self.cache.stats(),
+                "memory": {"plan": None if self.budget is None else self.budget.to_json(), "now": memory_in_use()}}
 
     def close(self) -> None:
         self.engine.close()
@@ -260,8 +268,10 @@ def _stack(lens: jlens_files.JacobianLens | None, model: ResolvedModel) -> JStac
     if lens is None:
         return None
     d, last = model.info.d_model, model.info.n_layers - 1
-    return JStack(layers=tuple(lens.layers + [last]),
-                  J=torch.stack([lens.J[layer] for layer in lens.layers] + [torch.eye(d, dtype=torch.bfloat16)]))
+    J = torch.stack([lens.J[layer] for layer in lens.layers] + [torch.eye(d, dtype=torch.bfloat16)])
+    for i, layer in enumerate(lens.layers):       # one copy in this process: the lens reads the stack's rows
+        lens.J[layer] = J[i]
+    return JStack(layers=tuple(lens.layers + [last]), J=J)
 
 
 def _fingerprint(lens: jlens_files.JacobianLens | None) -> str:
