@@ -13,7 +13,7 @@ import torch
 
 from .families import Family, find, hf_logits
 from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
-from .trace import continuation_body, lens_body
+from .trace import JLENS_ATTR, Site, continuation_trace, lens_body, lens_trace
 
 
 def load_transformers_model(path: str, *, device: str, dtype: torch.dtype):
@@ -34,49 +34,37 @@ class TransformersBackend:
         self.info = info
         self.layout = family.layout("transformers")
         self.tokenizer = self.model.tokenizer
-        self.jlens: dict | None = None
+        self.site = Site(self.layout, self.head, info.d_model)
 
     def head(self, model, x):
         return hf_logits(model.config, find(model, self.layout.head)(x))
 
     async def install_jlens(self, stack: JStack) -> None:
         device = next(self.model._module.parameters()).device
-        self.jlens = {"layers": list(stack.layers), "J": stack.J.to(device)}
+        setattr(self.model._module, JLENS_ATTR, {"layers": list(stack.layers), "J": stack.J.to(device)})
 
     async def run_lens(self, spec: LensSpec) -> LensOutput:
-        import nnsight
-
-        model, d = self.model, self.info.d_model
-        with torch.no_grad():
-            with model.trace(torch.tensor([spec.input_ids])):
-                res = lens_body(model, spec, self.layout, self.head, self.jlens, d)
-                res["model_next_id"] = int(find(model, self.layout.head).output[0, -1].argmax())
-                res = nnsight.save(res)
-            conts = []
-            for i, cont in enumerate(spec.continuations):
-                with model.trace(torch.tensor([cont.input_ids])):
-                    conts.append(nnsight.save(continuation_body(model, spec, self.layout, self.head, self.jlens, d, i)))
-        next_id = int(res.pop("model_next_id"))
-        return LensOutput(readouts=res, model_next_id=next_id, continuations=list(conts))
+        saved = self._trace(spec.input_ids, lens_trace, spec)
+        conts = [self._trace(c.input_ids, continuation_trace, spec, i)["logprobs"]
+                 for i, c in enumerate(spec.continuations)]
+        return LensOutput(readouts=saved["readouts"], model_next_id=saved["model_next_id"], continuations=conts)
 
     async def run_generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
         import nnsight
 
-        model, d = self.model, self.info.d_model
+        model, site = self.model, self.site
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         how = ({"do_sample": False} if sampling.greedy
                else {"do_sample": True, "temperature": float(sampling.temperature)})
         with torch.no_grad(), model.generate(torch.tensor([spec.input_ids]), max_new_tokens=sampling.max_tokens,
                                              pad_token_id=self.tokenizer.eos_token_id, **how) as tracer:
-            steps = nnsight.save([])
+            saved = nnsight.save({"steps": []})
             for _ in tracer.iter[:sampling.max_tokens]:
-                step = lens_body(model, spec, self.layout, self.head, self.jlens, d)
-                step.pop("model_next_id")
-                steps.append(step)
-            out = nnsight.save(tracer.result)
-        ids = out[0].tolist()[len(spec.input_ids):]
-        return GenerationOutput(token_ids=ids, steps=list(steps)[:len(ids)])
+                saved["steps"].append(lens_body(model, spec, site))
+            saved["result"] = tracer.result
+        ids = saved["result"][0].tolist()[len(spec.input_ids):]
+        return GenerationOutput(token_ids=ids, steps=list(saved["steps"])[:len(ids)])
 
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
         """The chat readout as a plain traced generation (no edits here)."""
@@ -85,6 +73,15 @@ class TransformersBackend:
         return ChatOutput(token_ids=gen.token_ids,
                           top_ids=[s[name]["top_ids"][0, -1].tolist() for s in gen.steps],
                           top_probs=[s[name]["top_probs"][0, -1].tolist() for s in gen.steps])
+
+    def _trace(self, input_ids, body, *args) -> dict:
+        """Trace `input_ids` running `body(model, site, *args)` (a `trace.*_trace` function); its dict."""
+        import nnsight
+
+        model, site = self.model, self.site
+        with torch.no_grad(), model.trace(torch.tensor([input_ids])):
+            saved = nnsight.save(body(model, site, *args))
+        return saved
 
     def failure(self) -> str | None:
         return None

@@ -1,13 +1,19 @@
 """The trace bodies both backends run: read residuals, hand them to `lenses`, return small tensors.
 
 These functions run inside an nnsight trace (on vLLM: in the engine's worker process), so they
-see envoys, not tensors, until the forward reaches them. A backend passes its own `Layout`
-(where the blocks, norm and head are; see `families`) and `head(model, x) -> logits`, the family's
-unembedding with its logit arithmetic. Everything vocab-wide stays here; only [layers, positions,
+see envoys, not tensors, until the forward reaches them. A backend passes its `Site`: where the
+blocks, norm and head are (`families.Layout`), `head(model, x) -> logits`, the family's unembedding
+with its logit arithmetic, and d_model. Everything vocab-wide stays here; only [layers, positions,
 k]-sized tensors are returned.
+
+Every trace saves one dict, under one name (`SAVED`), whose keys say what each value is: the
+`*_trace` functions below build it, and the backends read it back by those keys.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -16,6 +22,45 @@ from .families import Layout, final_norm, find, residual
 from .protocol import LensSpec
 from .unembed_pool import UnembedPool
 
+JLENS_ATTR = "lensapp_jlens"   # attribute on the (worker's) model holding {"layers": [...], "J": [n, d, d]}
+SAVED = "saved"                # the one name every trace saves its dict under: `saved = nnsight.save(...)`
+
+
+@dataclass(frozen=True)
+class Site:
+    """How a trace body reaches one backend's model. It travels into vLLM's worker with every request,
+    so it holds no tensors: `head` is a module-level function (or a partial of one).
+
+    vllm: the model's own logits are `model.logits` (vLLM's sampler input), not the head's output.
+    """
+
+    layout: Layout
+    head: Callable
+    d_model: int
+    vllm: bool = False
+
+
+def installed_jlens(model, spec: LensSpec) -> dict | None:
+    """The J stack installed on the model (`JLENS_ATTR`), when the spec reads the Jacobian lens."""
+    return getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
+
+
+def model_logits(model, site: Site) -> torch.Tensor:
+    """The model's own logits at the last position [vocab] (HF: the head's output, before soft-capping
+    or scaling, which change no argmax)."""
+    return model.logits[-1] if site.vllm else find(model, site.layout.head).output[0, -1]
+
+
+def lens_trace(model, site: Site, spec: LensSpec) -> dict:
+    """A prompt's trace: {"readouts": {lens: Readout [L, P, ...]}, "model_next_id": int}."""
+    readouts = lens_body(model, spec, site)
+    return {"readouts": readouts, "model_next_id": int(model_logits(model, site).argmax())}
+
+
+def continuation_trace(model, site: Site, spec: LensSpec, index: int) -> dict:
+    """The trace of prompt + target[:-1]: {"logprobs": {lens: log P(target | prompt) [L]}}."""
+    return {"logprobs": continuation_body(model, spec, site, index)}
+
 
 def read_residuals(model, layout: Layout, layers, d_model: int) -> torch.Tensor:
     """[len(layers), P, d_model]: the residual stream after each listed block."""
@@ -23,10 +68,9 @@ def read_residuals(model, layout: Layout, layers, d_model: int) -> torch.Tensor:
     return torch.stack([residual(blocks[layer].output, layout).reshape(-1, d_model) for layer in layers])
 
 
-def lens_body(model, spec: LensSpec, layout: Layout, head, jlens: dict | None, d_model: int,
-              own_logits: bool = False, pool: UnembedPool | None = None) -> dict:
-    """{lens: readout fields [L, P, ...], "model_next_id": int} for one prompt. The last layer is always
-    read: its lens is the model's own distribution, the reference for KL.
+def lens_body(model, spec: LensSpec, site: Site, own_logits: bool = False, pool: UnembedPool | None = None) -> dict:
+    """{lens: readout fields [L, P, ...]} for one prompt. The last layer is always read: its lens is the
+    model's own distribution, the reference for KL.
 
     `own_logits`: the trace computes the model's logits at the last position anyway (vLLM, to sample);
     for a one-position step (every generated token after the first) they are the final distribution,
@@ -34,7 +78,8 @@ def lens_body(model, spec: LensSpec, layout: Layout, head, jlens: dict | None, d
     `pool`: on such steps, unembed together with every other generation in the same step
     (see `unembed_pool`).
     """
-    h = read_residuals(model, layout, spec.read_layers, d_model)
+    layout, head, jlens = site.layout, site.head, installed_jlens(model, spec)
+    h = read_residuals(model, layout, spec.read_layers, site.d_model)
     norm = final_norm(model, layout)
     unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
     hs = h.index_select(0, torch.tensor(spec.rows, device=h.device))
@@ -54,16 +99,15 @@ def lens_body(model, spec: LensSpec, layout: Layout, head, jlens: dict | None, d
         final = lenses.FinalDistribution.from_logits(final_logits)
         out = {name: lenses.layer_readouts(hs, norm, unembed, spec.k, final=final, J=Js[name], target_ids=target_ids)
                for name in spec.lenses}
-    out["model_next_id"] = int(final_logits[-1].argmax())
     return out
 
 
-def continuation_body(model, spec: LensSpec, layout: Layout, head, jlens: dict | None, d_model: int,
-                      index: int) -> dict:
+def continuation_body(model, spec: LensSpec, site: Site, index: int) -> dict:
     """On prompt + target[:-1] (spec.continuations[index]): {lens: log P(target | prompt) [L]}."""
     cont = spec.continuations[index]
     n = len(cont.target_ids)
-    h = read_residuals(model, layout, spec.layers, d_model)[:, cont.start:cont.start + n]
+    layout, head, jlens = site.layout, site.head, installed_jlens(model, spec)
+    h = read_residuals(model, layout, spec.layers, site.d_model)[:, cont.start:cont.start + n]
     norm = final_norm(model, layout)
     unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
     ids = torch.tensor(cont.target_ids, dtype=torch.long, device=h.device)
@@ -74,12 +118,13 @@ def continuation_body(model, spec: LensSpec, layout: Layout, head, jlens: dict |
     return out
 
 
-def chat_readout(model, layout: Layout, head, layer: int, J: torch.Tensor | None, d_model: int, k: int):
-    """The newest position's top-k at one layer, through one lens: (ids [k], probs [k])."""
-    h = read_residuals(model, layout, [layer], d_model)[0, -1:]
-    if J is not None:
-        h = lenses.transport(h, J)
-    top = lenses.readout(head(model, final_norm(model, layout)(h)).float(), k)
+def chat_readout(model, site: Site, layer: int, jrow: int | None, k: int):
+    """The newest position's top-k at one layer, through the logit lens or (jrow: the installed J stack's
+    row) the Jacobian lens: (ids [k], probs [k])."""
+    h = read_residuals(model, site.layout, [layer], site.d_model)[0, -1:]
+    if jrow is not None:
+        h = lenses.transport(h, getattr(model._module, JLENS_ATTR)["J"][jrow])
+    top = lenses.readout(site.head(model, final_norm(model, site.layout)(h)).float(), k)
     return top["top_ids"][0], top["top_probs"][0]
 
 

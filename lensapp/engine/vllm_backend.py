@@ -21,12 +21,11 @@ from . import cpu_env
 from .families import Family, find
 from .process_log import LOG
 from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling, StartFailed
-from .trace import chat_readout, continuation_body, lens_body
+from .trace import JLENS_ATTR, SAVED, Site, chat_readout, continuation_trace, lens_body, lens_trace
 from .unembed_pool import worker_pool
 
 log = logging.getLogger(__name__)
 
-JLENS_ATTR = "lensapp_jlens"   # attribute on the worker's model holding {"layers": [...], "J": [n, d, d]}
 CHAT_EDIT = "lensapp-chat"     # name of the chat readout installed with model.edit()
 GPU_MEMORY_SHARE = 0.85        # on a GPU, vLLM's share of its memory (weights, KV cache, activations)
 
@@ -72,6 +71,7 @@ class VLLMBackend:
         self.info = info
         self.layout = family.layout("vllm")
         self.head = functools.partial(vllm_head, self.layout)
+        self.site = Site(self.layout, self.head, info.d_model, vllm=True)
         self.jlens_layers: list[int] = []
         self._chat_edit = None            # the installed chat readout (an nnsight Registration)
         self._chat_key: tuple | None = None
@@ -86,36 +86,32 @@ class VLLMBackend:
             target = model._module
             device = next(target.parameters()).device
             setattr(target, JLENS_ATTR, {"layers": payload["layers"], "J": payload["J"].to(device)})
-            done = nnsight.save(True)           # noqa: F841 - read back from the output's saves
-        last = await tracer.backend
-        if not last.saves.get("done"):
+            saved = nnsight.save({"installed": True})       # noqa: F841 - read back by `_saved`
+        if not (await _saved(tracer))["installed"]:
             raise RuntimeError("installing the Jacobian lens in the worker failed")
         self.jlens_layers = list(stack.layers)
 
     async def run_lens(self, spec: LensSpec) -> LensOutput:
         """The prompt's trace and one per multi-token target, all in flight at once."""
-        tracers = [self._lens_trace(spec)] + [self._continuation_trace(spec, i) for i in range(len(spec.continuations))]
-        saves = await asyncio.gather(*(_saves(t) for t in tracers))
-        readouts = dict(saves[0]["out"])
-        next_id = int(readouts.pop("model_next_id"))
-        return LensOutput(readouts=readouts, model_next_id=next_id, continuations=[s["cont"] for s in saves[1:]])
+        tracers = [self._trace(spec.input_ids, lens_trace, spec)]
+        tracers += [self._trace(c.input_ids, continuation_trace, spec, i) for i, c in enumerate(spec.continuations)]
+        saved = await asyncio.gather(*(_saved(t) for t in tracers))
+        return LensOutput(readouts=saved[0]["readouts"], model_next_id=saved[0]["model_next_id"],
+                          continuations=[s["logprobs"] for s in saved[1:]])
 
     async def run_generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
         """Greedy or seeded sampling with a readout at every step."""
         import nnsight
 
-        model, layout, head, d = self.model, self.layout, self.head, self.info.d_model
+        model, site = self.model, self.site
         with model.trace(list(spec.input_ids), edits=[], **_sampling(sampling)) as tracer:
-            steps = nnsight.save([])
-            jl = getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
+            saved = nnsight.save({"steps": []})          # noqa: F841 - read back by `_saved`
             pool = worker_pool(model._module)
             for _ in tracer.iter[:sampling.max_tokens]:
-                step = lens_body(model, spec, layout, head, jl, d, own_logits=True, pool=pool)
-                step.pop("model_next_id")
-                steps.append(step)
-        last = await tracer.backend
+                saved["steps"].append(lens_body(model, spec, site, own_logits=True, pool=pool))
+        saved, last = await _saved(tracer, with_output=True)
         ids = list(last.outputs[0].token_ids)
-        return GenerationOutput(token_ids=ids, steps=list(last.saves["steps"])[:len(ids)])
+        return GenerationOutput(token_ids=ids, steps=list(saved["steps"])[:len(ids)])
 
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
         """Generate with the chat readout, (re)installed only when the layer, lens or k changes."""
@@ -126,7 +122,7 @@ class VLLMBackend:
         outs = await self.model.generate([{"prompt_token_ids": list(spec.input_ids)}], edits=[CHAT_EDIT],
                                          **_sampling(sampling))
         out = outs[0]
-        steps = out.saves.get("readout") or []
+        steps = out.saves.get(SAVED, {}).get("readout") or []
         ids = list(out.outputs[0].token_ids)
         return ChatOutput(token_ids=ids, top_ids=[list(map(int, i)) for i, _ in steps][:len(ids)],
                           top_probs=[list(map(float, p)) for _, p in steps][:len(ids)])
@@ -159,25 +155,14 @@ class VLLMBackend:
         self.model.vllm_entrypoint = None
 
     # -- traces ---------------------------------------------------------------------------------------
-    def _lens_trace(self, spec: LensSpec):
+    def _trace(self, input_ids, body, *args):
+        """Submit a one-step trace of `input_ids` running `body(model, site, *args)` (a `trace.*_trace`
+        function, so it pickles by reference) and saving the dict it returns; `_saved` reads it back."""
         import nnsight
 
-        model, layout, head, d = self.model, self.layout, self.head, self.info.d_model
-        with model.trace(list(spec.input_ids), temperature=0.0, max_tokens=1, edits=[]) as tracer:
-            jl = getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
-            res = lens_body(model, spec, layout, head, jl, d)
-            res["model_next_id"] = int(model.logits[-1].argmax())      # vLLM's own logits, not a lens
-            out = nnsight.save(res)                 # noqa: F841 - read back from the output's saves
-        return tracer
-
-    def _continuation_trace(self, spec: LensSpec, index: int):
-        import nnsight
-
-        model, layout, head, d = self.model, self.layout, self.head, self.info.d_model
-        with model.trace(list(spec.continuations[index].input_ids), temperature=0.0, max_tokens=1,
-                         edits=[]) as tracer:
-            jl = getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
-            cont = nnsight.save(continuation_body(model, spec, layout, head, jl, d, index))  # noqa: F841
+        model, site = self.model, self.site
+        with model.trace(list(input_ids), temperature=0.0, max_tokens=1, edits=[]) as tracer:
+            saved = nnsight.save(body(model, site, *args))      # noqa: F841 - read back by `_saved`
         return tracer
 
     async def _install_chat_readout(self, layer: int, jrow: int | None, k: int) -> None:
@@ -186,19 +171,22 @@ class VLLMBackend:
         if self._chat_edit is not None:
             await self._chat_edit.aclear()
             self._chat_edit = None
-        model, layout, head, d = self.model, self.layout, self.head, self.info.d_model
+        model, site = self.model, self.site
         async with model.edit(name=CHAT_EDIT) as (tracer, edit):
-            readout = nnsight.save([])
+            saved = nnsight.save({"readout": []})       # rides each chat request's output.saves[SAVED]
             for _ in tracer.all():
-                J = getattr(model._module, JLENS_ATTR)["J"][jrow] if jrow is not None else None
-                ids, probs = chat_readout(model, layout, head, layer, J, d, k)
-                readout.append((ids.tolist(), probs.tolist()))
+                ids, probs = chat_readout(model, site, layer, jrow, k)
+                saved["readout"].append((ids.tolist(), probs.tolist()))
         self._chat_edit = edit
 
 
-async def _saves(tracer) -> dict:
+async def _saved(tracer, with_output: bool = False):
+    """The dict a trace saved under `SAVED`, once vLLM has finished the request (and the finished
+    RequestOutput, `with_output`). A trace that saved nothing under that name fails here, by name."""
     last = await tracer.backend
-    return last.saves
+    if SAVED not in last.saves:
+        raise RuntimeError(f"the trace saved no {SAVED!r} (it saved {sorted(last.saves)})")
+    return (last.saves[SAVED], last) if with_output else last.saves[SAVED]
 
 
 def _first_line(e: BaseException) -> str:
