@@ -15,6 +15,7 @@ FORBIDDEN = {
     "lensapp.engine": ("lensapp.service", "lensapp.results", "lensapp.charts", "lensapp.ui", "lensapp.cli",
                        "lensapp.server", "gradio", "altair"),
     "lensapp.lenses": ("lensapp.", "gradio", "altair", "vllm", "nnsight"),
+    "lensapp.interventions": ("lensapp.", "gradio", "altair", "vllm", "nnsight"),
     "lensapp.jlens": ("lensapp.engine", "lensapp.service", "lensapp.ui", "gradio", "altair", "vllm", "nnsight"),
     "lensapp.results": ("lensapp.service", "lensapp.ui", "lensapp.charts", "gradio", "altair", "vllm", "nnsight"),
     "lensapp.charts": ("lensapp.service", "lensapp.engine", "lensapp.ui", "torch", "gradio", "vllm", "nnsight"),

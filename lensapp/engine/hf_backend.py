@@ -44,14 +44,17 @@ class TransformersBackend:
         setattr(self.model._module, JLENS_ATTR, {"layers": list(stack.layers), "J": stack.J.to(device)})
 
     async def run_lens(self, spec: LensSpec) -> LensOutput:
+        spec.check(self.info.n_layers, self.info.d_model)
         saved = self._trace(spec.input_ids, lens_trace, spec)
         conts = [self._trace(c.input_ids, continuation_trace, spec, i)["logprobs"]
                  for i, c in enumerate(spec.continuations)]
-        return LensOutput(readouts=saved["readouts"], model_next_id=saved["model_next_id"], continuations=conts)
+        return LensOutput(readouts=saved["readouts"], model_next_id=saved["model_next_id"], continuations=conts,
+                          kept=saved.get("kept"), norms=saved.get("norms"))
 
     async def run_generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
         import nnsight
 
+        spec.check(self.info.n_layers, self.info.d_model)
         model, site = self.model, self.site
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
@@ -60,8 +63,8 @@ class TransformersBackend:
         with torch.no_grad(), model.generate(torch.tensor([spec.input_ids]), max_new_tokens=sampling.max_tokens,
                                              pad_token_id=self.tokenizer.eos_token_id, **how) as tracer:
             saved = nnsight.save({"steps": []})
-            for _ in tracer.iter[:sampling.max_tokens]:
-                saved["steps"].append(lens_body(model, spec, site))
+            for step in tracer.iter[:sampling.max_tokens]:
+                saved["steps"].append(lens_body(model, spec, site, step=step))
             saved["result"] = tracer.result
         ids = saved["result"][0].tolist()[len(spec.input_ids):]
         return GenerationOutput(token_ids=ids, steps=list(saved["steps"])[:len(ids)])

@@ -17,6 +17,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ..interventions import KINDS
+
 # `lenses.layer_readouts` fields: top_ids, top_probs [L, P, k], entropy [L, P], kl_to_final [L, P], ...
 Readout = dict[str, torch.Tensor]
 
@@ -46,6 +48,56 @@ class Continuation:
     target_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True, eq=False)
+class Edit:
+    """One change to the residual stream leaving block `layer`, made inside the request's own trace
+    (the math: `lensapp.interventions`). The service builds the vector; the engine does no direction math.
+
+    kind: "add" (s += vector), "project_out" (s -= (s.u) u), "set_component" (s += (value - s.u) u),
+      "replace" (s[positions] = vector's rows), with u = vector / ||vector|| (a zero vector edits nothing).
+    vector: float32 CPU [d_model]; for "replace" [n_positions, d_model], row i for positions[i] (for
+      every prompt position, in order, when positions is None).
+    positions: the prompt positions edited; None: all of them.
+    generated: also edit every generated token of a generation (and the target tokens a continuation
+      appends to the prompt); only with positions None, and not for "replace".
+    Edits compare by identity (they hold a tensor).
+    """
+
+    layer: int
+    kind: str
+    vector: torch.Tensor
+    positions: tuple[int, ...] | None = None
+    value: float = 0.0
+    generated: bool = False
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"edit kind {self.kind!r} is not one of {KINDS}")
+        if not isinstance(self.vector, torch.Tensor):
+            raise ValueError(f"an edit's vector must be a tensor, got {type(self.vector).__name__}")
+        want = 2 if self.kind == "replace" else 1
+        if self.vector.ndim != want:
+            raise ValueError(f"a {self.kind} edit's vector must be {want}-D, got {tuple(self.vector.shape)}")
+        if self.positions is not None:
+            if not self.positions or len(set(self.positions)) != len(self.positions):
+                raise ValueError(f"edit positions must be distinct and not empty, got {self.positions}")
+            if self.kind == "replace" and self.vector.shape[0] != len(self.positions):
+                raise ValueError(f"replace: {self.vector.shape[0]} rows for {len(self.positions)} positions")
+        if self.generated and (self.positions is not None or self.kind == "replace"):
+            raise ValueError("a generated-token edit applies at every position: positions None, and not replace")
+
+    def check(self, n_layers: int, d_model: int, prompt_len: int) -> None:
+        """ValueError when the edit does not fit the model or the prompt."""
+        if not 0 <= self.layer < n_layers:
+            raise ValueError(f"edit layer {self.layer} is outside 0..{n_layers - 1}")
+        if self.vector.shape[-1] != d_model:
+            raise ValueError(f"edit vector {tuple(self.vector.shape)} does not fit d_model {d_model}")
+        if self.positions is not None and not all(0 <= p < prompt_len for p in self.positions):
+            raise ValueError(f"edit positions {self.positions} are outside the prompt's 0..{prompt_len - 1}")
+        if self.kind == "replace" and self.positions is None and self.vector.shape[0] != prompt_len:
+            raise ValueError(f"replace: {self.vector.shape[0]} rows for a prompt of {prompt_len} positions")
+
+
 @dataclass(frozen=True)
 class LensSpec:
     """One prompt's resolved work, as a backend runs it (it travels into the worker: keep it small).
@@ -53,7 +105,11 @@ class LensSpec:
     read_layers: every layer whose residual is read, ascending (the requested ones + the last, for KL).
     rows: index into read_layers of each requested layer, in request order.
     jlens_rows: index into the installed J stack of each requested layer (when "jacobian" is in lenses).
-    positions: "all", or "last" (a generation step reads only its newest token).
+    edits: made layer by layer in forward order as the residuals are read (a layer's readout shows its
+      edited stream); in `run_lens` (and its continuations) and at every step of `run_generate`.
+    keep_layers, keep_positions (None: all): `LensOutput.kept`, the stream there (after edits).
+    norms: `LensOutput.norms`, each requested layer's typical residual norm (`interventions.typical_norm`).
+    keep_* and norms are read by `run_lens` only.
     """
 
     input_ids: tuple[int, ...]
@@ -65,10 +121,23 @@ class LensSpec:
     target_ids: tuple[int, ...] = ()
     raw: bool = False
     continuations: tuple[Continuation, ...] = ()
+    edits: tuple[Edit, ...] = ()
+    keep_layers: tuple[int, ...] = ()
+    keep_positions: tuple[int, ...] | None = None
+    norms: bool = False
 
     @property
     def layers(self) -> list[int]:
         return [self.read_layers[r] for r in self.rows]
+
+    def check(self, n_layers: int, d_model: int) -> None:
+        """ValueError when its edits or kept cells do not fit the model or the prompt (before any trace)."""
+        for edit in self.edits:
+            edit.check(n_layers, d_model, len(self.input_ids))
+        if not all(0 <= layer < n_layers for layer in self.keep_layers):
+            raise ValueError(f"keep_layers {self.keep_layers} are outside 0..{n_layers - 1}")
+        if self.keep_positions is not None and not all(0 <= p < len(self.input_ids) for p in self.keep_positions):
+            raise ValueError(f"keep_positions {self.keep_positions} are outside 0..{len(self.input_ids) - 1}")
 
 
 @dataclass(frozen=True)
@@ -97,11 +166,18 @@ GREEDY_BELOW = 1e-5
 
 @dataclass
 class LensOutput:
-    """readouts {lens: Readout [L, P, ...]}; continuations[i] {lens: log P [L]} for spec.continuations[i]."""
+    """readouts {lens: Readout [L, P, ...]}; continuations[i] {lens: log P [L]} for spec.continuations[i].
+
+    model_next_id: the model's own greedy next token (after the spec's edits).
+    kept: float32 [len(keep_layers), positions, d_model], when the spec asked (keep_layers).
+    norms: float32 [len(spec.layers)], when the spec asked (norms).
+    """
 
     readouts: dict[str, Readout]
     model_next_id: int
     continuations: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    kept: torch.Tensor | None = None
+    norms: torch.Tensor | None = None
 
 
 @dataclass

@@ -17,9 +17,9 @@ from typing import Callable
 
 import torch
 
-from .. import lenses
+from .. import interventions, lenses
 from .families import Layout, final_norm, find, residual
-from .protocol import LensSpec
+from .protocol import Edit, LensSpec
 from .unembed_pool import UnembedPool
 
 JLENS_ATTR = "lensapp_jlens"   # attribute on the (worker's) model holding {"layers": [...], "J": [n, d, d]}
@@ -52,9 +52,20 @@ def model_logits(model, site: Site) -> torch.Tensor:
 
 
 def lens_trace(model, site: Site, spec: LensSpec) -> dict:
-    """A prompt's trace: {"readouts": {lens: Readout [L, P, ...]}, "model_next_id": int}."""
-    readouts = lens_body(model, spec, site)
-    return {"readouts": readouts, "model_next_id": int(model_logits(model, site).argmax())}
+    """A prompt's trace: {"readouts": {lens: Readout [L, P, ...]}, "model_next_id": int}, and when the spec
+    asks, "kept" [len(keep_layers), positions, d_model] and "norms" [len(spec.layers)] (float32)."""
+    streams = read_streams(model, site, sorted(set(spec.read_layers) | set(spec.keep_layers)), spec.edits,
+                           prompt_len=len(spec.input_ids))
+    saved = {"readouts": lens_readouts(model, spec, site, torch.stack([streams[x] for x in spec.read_layers]))}
+    saved["model_next_id"] = int(model_logits(model, site).argmax())
+    if spec.keep_layers:
+        kept = torch.stack([streams[x] for x in spec.keep_layers])
+        if spec.keep_positions is not None:
+            kept = kept.index_select(1, torch.tensor(spec.keep_positions, device=kept.device))
+        saved["kept"] = kept.float()
+    if spec.norms:
+        saved["norms"] = interventions.typical_norm(torch.stack([streams[x] for x in spec.layers]))
+    return saved
 
 
 def continuation_trace(model, site: Site, spec: LensSpec, index: int) -> dict:
@@ -62,15 +73,74 @@ def continuation_trace(model, site: Site, spec: LensSpec, index: int) -> dict:
     return {"logprobs": continuation_body(model, spec, site, index)}
 
 
-def read_residuals(model, layout: Layout, layers, d_model: int) -> torch.Tensor:
-    """[len(layers), P, d_model]: the residual stream after each listed block."""
-    blocks = find(model, layout.blocks)
-    return torch.stack([residual(blocks[layer].output, layout).reshape(-1, d_model) for layer in layers])
+def read_streams(model, site: Site, layers, edits: tuple[Edit, ...] = (), first: int = 0,
+                 prompt_len: int = 0) -> dict[int, torch.Tensor]:
+    """{layer: the residual stream after block `layer`, [rows, d_model]} for each of `layers`, making
+    `edits` on the way: for every layer of (layers | edit layers) in ascending order, that layer's edits
+    (in their order), then its read, so a layer's read shows its edited stream.
+
+    The step's rows are sequence positions first..first + rows - 1, of which the first prompt_len are the
+    prompt's (see `interventions.edit_rows`): first is 0 for a forward over the prompt (or the prompt
+    continued by a target), and the token's position for a generated one.
+    """
+    blocks = find(model, site.layout.blocks)
+    by_layer: dict[int, list[Edit]] = {}
+    for edit in edits:
+        by_layer.setdefault(edit.layer, []).append(edit)
+    out = {}
+    for layer in sorted(set(layers) | set(by_layer)):
+        output = blocks[layer].output
+        for edit in by_layer.get(layer, ()):
+            edit_block_output(output, site.layout, edit, first, prompt_len)
+        if layer in layers:
+            out[layer] = residual(output, site.layout).reshape(-1, site.d_model)
+    return out
 
 
-def lens_body(model, spec: LensSpec, site: Site, own_logits: bool = False, pool: UnembedPool | None = None) -> dict:
-    """{lens: readout fields [L, P, ...]} for one prompt. The last layer is always read: its lens is the
-    model's own distribution, the reference for KL.
+def edit_block_output(output, layout: Layout, edit: Edit, first: int, prompt_len: int) -> None:
+    """Make `edit` on a block's output in place, where the next block reads it.
+
+    vLLM's Llama-like blocks return (hidden, residual), the stream being their sum and the add fused
+    into the next block's norm: the edit's delta (new - old stream) is added to `hidden`. Otherwise the
+    stream is the output (or its first item; HF's has a batch dimension) and its rows are overwritten.
+    """
+    stream = residual(output, layout)                                   # [..., rows, d_model]
+    rows, source = interventions.edit_rows(edit.positions, edit.generated, first, stream.shape[-2], prompt_len)
+    if not rows:
+        return
+    index = torch.tensor(rows, device=stream.device)
+    old = stream[..., index, :]
+    flat = old.reshape(-1, stream.shape[-1])
+    vector = edit.vector.to(stream.device)
+    if edit.kind == "replace":
+        vector = vector[torch.tensor(source, device=stream.device)]
+    pairs = layout.pairs and output[1] is not None
+    target = output[0] if isinstance(output, tuple) else output
+    if pairs:
+        target[..., index, :] += interventions.edit_delta(flat, edit.kind, vector, edit.value).reshape(old.shape)
+    else:
+        target[..., index, :] = interventions.apply_edit(flat, edit.kind, vector, edit.value).reshape(old.shape)
+
+
+def step_rows(spec: LensSpec, step: int) -> dict:
+    """read_streams' (first, prompt_len) for a generation's step: 0 the prompt, s >= 1 the s-th new token."""
+    prompt_len = len(spec.input_ids)
+    return {"first": 0 if step == 0 else prompt_len + step - 1, "prompt_len": prompt_len}
+
+
+def lens_body(model, spec: LensSpec, site: Site, own_logits: bool = False, pool: UnembedPool | None = None,
+              step: int = 0) -> dict:
+    """{lens: readout fields [L, P, ...]} for one step of a generation (step 0: the prompt), the spec's
+    edits made as it reads (see `read_streams`)."""
+    streams = read_streams(model, site, spec.read_layers, spec.edits, **step_rows(spec, step))
+    h = torch.stack([streams[x] for x in spec.read_layers])
+    return lens_readouts(model, spec, site, h, own_logits=own_logits, pool=pool)
+
+
+def lens_readouts(model, spec: LensSpec, site: Site, h: torch.Tensor, own_logits: bool = False,
+                  pool: UnembedPool | None = None) -> dict:
+    """h [len(read_layers), P, d_model] -> {lens: readout fields [L, P, ...]}. The last layer is always
+    read: its lens is the model's own distribution, the reference for KL.
 
     `own_logits`: the trace computes the model's logits at the last position anyway (vLLM, to sample);
     for a one-position step (every generated token after the first) they are the final distribution,
@@ -79,7 +149,6 @@ def lens_body(model, spec: LensSpec, site: Site, own_logits: bool = False, pool:
     (see `unembed_pool`).
     """
     layout, head, jlens = site.layout, site.head, installed_jlens(model, spec)
-    h = read_residuals(model, layout, spec.read_layers, site.d_model)
     norm = final_norm(model, layout)
     unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
     hs = h.index_select(0, torch.tensor(spec.rows, device=h.device))
@@ -107,7 +176,8 @@ def continuation_body(model, spec: LensSpec, site: Site, index: int) -> dict:
     cont = spec.continuations[index]
     n = len(cont.target_ids)
     layout, head, jlens = site.layout, site.head, installed_jlens(model, spec)
-    h = read_residuals(model, layout, spec.layers, site.d_model)[:, cont.start:cont.start + n]
+    streams = read_streams(model, site, spec.layers, spec.edits, prompt_len=len(spec.input_ids))
+    h = torch.stack([streams[x] for x in spec.layers])[:, cont.start:cont.start + n]
     norm = final_norm(model, layout)
     unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
     ids = torch.tensor(cont.target_ids, dtype=torch.long, device=h.device)
@@ -121,7 +191,7 @@ def continuation_body(model, spec: LensSpec, site: Site, index: int) -> dict:
 def chat_readout(model, site: Site, layer: int, jrow: int | None, k: int):
     """The newest position's top-k at one layer, through the logit lens or (jrow: the installed J stack's
     row) the Jacobian lens: (ids [k], probs [k])."""
-    h = read_residuals(model, site.layout, [layer], site.d_model)[0, -1:]
+    h = read_streams(model, site, [layer])[layer][-1:]
     if jrow is not None:
         h = lenses.transport(h, getattr(model._module, JLENS_ATTR)["J"][jrow])
     top = lenses.readout(site.head(model, final_norm(model, site.layout)(h)).float(), k)

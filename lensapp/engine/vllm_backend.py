@@ -93,22 +93,25 @@ class VLLMBackend:
 
     async def run_lens(self, spec: LensSpec) -> LensOutput:
         """The prompt's trace and one per multi-token target, all in flight at once."""
+        spec.check(self.info.n_layers, self.info.d_model)
         tracers = [self._trace(spec.input_ids, lens_trace, spec)]
         tracers += [self._trace(c.input_ids, continuation_trace, spec, i) for i, c in enumerate(spec.continuations)]
         saved = await asyncio.gather(*(_saved(t) for t in tracers))
         return LensOutput(readouts=saved[0]["readouts"], model_next_id=saved[0]["model_next_id"],
-                          continuations=[s["logprobs"] for s in saved[1:]])
+                          continuations=[s["logprobs"] for s in saved[1:]], kept=saved[0].get("kept"),
+                          norms=saved[0].get("norms"))
 
     async def run_generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
-        """Greedy or seeded sampling with a readout at every step."""
+        """Greedy or seeded sampling with a readout (and the spec's edits) at every step."""
         import nnsight
 
+        spec.check(self.info.n_layers, self.info.d_model)
         model, site = self.model, self.site
         with model.trace(list(spec.input_ids), edits=[], **_sampling(sampling)) as tracer:
             saved = nnsight.save({"steps": []})          # noqa: F841 - read back by `_saved`
             pool = worker_pool(model._module)
-            for _ in tracer.iter[:sampling.max_tokens]:
-                saved["steps"].append(lens_body(model, spec, site, own_logits=True, pool=pool))
+            for step in tracer.iter[:sampling.max_tokens]:
+                saved["steps"].append(lens_body(model, spec, site, own_logits=True, pool=pool, step=step))
         saved, last = await _saved(tracer, with_output=True)
         ids = list(last.outputs[0].token_ids)
         return GenerationOutput(token_ids=ids, steps=list(saved["steps"])[:len(ids)])
