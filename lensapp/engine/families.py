@@ -58,6 +58,7 @@ class Family:
     vllm: Layout | None          # None: vLLM is not supported for this family here
     note: str = ""
     weights: tuple[str, ...] = LLAMA_WEIGHTS
+    norm_plus_one: bool = False  # the final norm multiplies by (1 + weight), not weight (Gemma)
 
     def layout(self, backend: str) -> Layout:
         if backend.startswith("vllm"):
@@ -76,9 +77,10 @@ VIA_TRANSFORMERS = "vLLM serves it through its Transformers backend"
 FAMILIES = (
     Family("llama", ("llama", "mistral", "qwen2", "qwen3", "phi3"), LLAMA_HF, LLAMA_VLLM),
     Family("smollm3", ("smollm3",), LLAMA_HF, LLAMA_VLLM_PLAIN, note=VIA_TRANSFORMERS),
-    Family("gemma", ("gemma", "gemma3_text"), LLAMA_HF, LLAMA_VLLM, note="soft-capped logits (Gemma 3)"),
+    Family("gemma", ("gemma", "gemma3_text"), LLAMA_HF, LLAMA_VLLM, note="soft-capped logits (Gemma 3)",
+           norm_plus_one=True),
     Family("gemma2", ("gemma2",), LLAMA_HF, Layout("model.layers", "model.norm", "model.embed_tokens", pairs=True),
-           note="soft-capped logits"),
+           note="soft-capped logits", norm_plus_one=True),
     Family("olmo2", ("olmo2",), LLAMA_HF, LLAMA_VLLM_PLAIN, note=VIA_TRANSFORMERS),
     Family("granite", ("granite",), LLAMA_HF, LLAMA_VLLM_PLAIN, note="logits divided by logits_scaling"),
     Family("cohere", ("cohere", "cohere2"), LLAMA_HF, Layout("model.layers", "model.norm", "model.embed_tokens"),
