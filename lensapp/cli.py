@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from . import config
-from .config import MAX_GENERATE_TOKENS, MAX_K, MAX_TEMPERATURE
+from .service import fields
 
 EXIT_USAGE = 2
 MAX_CLI_PROMPTS = 64
@@ -32,37 +32,40 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lensapp", description="Read what a language model predicts at every "
                                      "layer (logit lens, Jacobian lens), from the command line or in the browser.")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    lens = sub.add_parser("lens", help="every layer's readout for one or more prompts, run together")
-    lens.add_argument("prompt", nargs="+", help="one or more prompts (several: the JSON is a list, one per prompt)")
-    lens.add_argument("--lens", default="logit", choices=list(config.LENS_CHOICES), help="which lens(es)")
-    lens.add_argument("--target", action="append", default=[], metavar="WORD",
-                      help="score this word's probability and rank at every cell (repeatable)")
-    _common(lens)
-
-    gen = sub.add_parser("generate", help="generate, with a readout of the newest position at every step")
-    gen.add_argument("prompt", help="the prompt")
-    gen.add_argument("--max-tokens", type=int, default=8, help=f"tokens to generate (1..{MAX_GENERATE_TOKENS})")
-    gen.add_argument("--temperature", type=float, default=0.0, help=f"0 = greedy, up to {MAX_TEMPERATURE:g}")
-    gen.add_argument("--seed", type=int, default=None, help="sampling seed: the same seed gives the same text")
-    gen.add_argument("--lens", default="logit", choices=list(config.LENS_CHOICES), help="which lens(es)")
-    _common(gen)
-
+    for name, (help, request_fields) in REQUEST_COMMANDS.items():
+        add_request_arguments(sub.add_parser(name, help=help), request_fields)
     add_fit_arguments(sub.add_parser("fit", help="fit a Jacobian lens (TransformersModel, backward passes)"))
-
     serve = sub.add_parser("serve", help="the web app (Gradio) on http://HOST:PORT")
     config.add_arguments(serve)
     return parser
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layers", default="all", help="all | L,L,... | A-B (negative counts from the end)")
-    p.add_argument("--k", type=int, default=5, help=f"top-k per cell (1..{MAX_K})")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    p.add_argument("--raw", action="store_true", help="raw logits: norm(h) @ W_U.T, skipping the family's logit "
-                                                      "arithmetic (soft-capping, logit scale)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON (the app's API schema)")
-    config.add_arguments(p, config.ENGINE_SETTINGS)
+# The request commands and their fields (service/fields.py), in the order `--help` lists them.
+REQUEST_COMMANDS = {
+    "lens": ("every layer's readout for one or more prompts, run together",
+             (fields.PROMPTS, fields.LENS, fields.TARGETS, fields.LAYERS, fields.K, fields.CHAT, fields.RAW)),
+    "generate": ("generate, with a readout of the newest position at every step",
+                 (fields.PROMPT, fields.MAX_TOKENS, fields.TEMPERATURE, fields.SEED, fields.LENS, fields.LAYERS,
+                  fields.K, fields.CHAT, fields.RAW)),
+}
+
+
+def add_request_arguments(parser: argparse.ArgumentParser, request_fields) -> None:
+    """An argument per request field, as text: the field's own parser reads it (as it reads a link or the
+    API), so a bad value gets the same one line everywhere. A field without a flag is positional."""
+    for field in request_fields:
+        help = field.help.replace("%", "%%")
+        if not field.flag:
+            parser.add_argument(field.name, nargs="+" if isinstance(field.default, tuple) else None, help=help)
+        elif isinstance(field.default, bool):
+            parser.add_argument(field.flag, dest=field.name, action="store_true", default=None, help=help)
+        elif isinstance(field.default, tuple):
+            parser.add_argument(field.flag, dest=field.name, action="append", metavar="WORD",
+                                help=f"{help} (repeatable)")
+        else:
+            parser.add_argument(field.flag, dest=field.name, default=None, help=f"{help} [{field.default}]")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (the app's API schema)")
+    config.add_arguments(parser, config.ENGINE_SETTINGS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,17 +85,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def request_of(args):
+    """The request a `lens` or `generate` command line asks for, read by the fields' parsers."""
+    from .service import GenerateRequest, LensRequest
+
+    cls = LensRequest if args.command == "lens" else GenerateRequest
+    return cls.parse(**{field.name: getattr(args, field.name) for field in REQUEST_COMMANDS[args.command][1]})
+
+
 def _run(args, cfg: config.Config) -> int:
     from .results import dumps
-    from .service import GenerateRequest, LensRequest, LensService
+    from .service import LensService
 
-    if args.command == "lens":
-        request = LensRequest(prompts=tuple(args.prompt), lens=args.lens, layers=args.layers, k=args.k,
-                              targets=tuple(args.target), raw=args.raw, chat=args.chat)
-    else:
-        request = GenerateRequest(prompt=args.prompt, max_tokens=args.max_tokens, lens=args.lens, layers=args.layers,
-                                  k=args.k, temperature=args.temperature, seed=args.seed, chat=args.chat, raw=args.raw)
-    if args.lens != "logit" and cfg.resolved_jlens is None:
+    request = request_of(args)
+    if request.lens != "logit" and cfg.resolved_jlens is None:
         raise ValueError("no Jacobian lens is configured for this model: pass --jlens PATH or HUB_REPO:FILE")
     # The model's config, tokenizer and lens load in seconds: check everything before vLLM's minute of start.
     service = LensService.start(cfg, start_engine=False)

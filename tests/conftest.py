@@ -71,6 +71,23 @@ def tiny_model_dir(tmp_path_factory, embedded_dir) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_service(tiny_model_dir):
+    """The service on the tiny Llama (transformers backend, in this process), with an identity Jacobian lens on
+    every layer but the last (so it must read exactly as the logit lens), no result cache and a 30 s deadline:
+    the one tiny service the handler, hostile-input and schema tests share."""
+    from lensapp import jlens
+    from lensapp.service import LensService
+
+    service = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none",
+                                              cache_entries=0, request_timeout=30))
+    service.wait_ready(300)
+    n, d = service.info.n_layers, service.info.d_model
+    service.install_jlens(jlens.JacobianLens(J=jlens.identity(d, list(range(n - 1))), n_prompts=0, d_model=d))
+    yield service
+    service.close()
+
+
 # What every tiny family model shares: 3 layers, d_model 32, 2 heads of 16 (a test adds its family's settings,
 # such as num_key_value_heads where the family has grouped-query attention: vLLM reads that key even where HF
 # ignores it, as GPT-NeoX's does).

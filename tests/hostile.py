@@ -23,6 +23,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 
 from lensapp.config import (
+    LENS_CHOICES,
     MAX_GENERATE_TOKENS,
     MAX_K,
     MAX_LAYERS_CHARS,
@@ -163,7 +164,7 @@ def targets_text() -> st.SearchStrategy[str]:
 
 def queries() -> st.SearchStrategy:
     """A link's query: random text, or parameters (known and unknown names, hostile values) url-encoded."""
-    names = st.sampled_from(sorted(pl._PARSERS) + ["v", "__theme", "x" * 300, ""])
+    names = st.sampled_from(sorted(pl.VIEW_FIELDS) + ["v", "__theme", "x" * 300, ""])
     pairs = st.lists(st.tuples(names, st.one_of(texts(big=False), st.sampled_from(["1" * 5000, "%FF%FE", "0-999"]))),
                      max_size=12)
     encoded = pairs.map(lambda ps: "&".join(f"{quote(k, errors='surrogatepass')}={quote(v, errors='surrogatepass')}"
@@ -198,20 +199,6 @@ def cli_argv(draw) -> list[str]:
 
 # -- the doors: page handlers, links, the CLI, the API ---------------------------------------------------
 
-class Handlers:
-    """The functions the app's Blocks events call, found by name (and one of their inputs' elem_id)."""
-
-    def __init__(self, demo: gr.Blocks):
-        self.demo = demo
-
-    def __call__(self, qualname: str, elem_id: str | None = None):
-        return next(f.fn for f in self.demo.fns.values() if getattr(f.fn, "__qualname__", "") == qualname
-                    and (elem_id is None or elem_id in [getattr(c, "elem_id", None) for c in f.inputs]))
-
-    def __repr__(self) -> str:          # what Hypothesis prints for a failing example
-        return "<the app's handlers, on the tiny model>"
-
-
 def page_outcome(fn, *args):
     """A handler's outputs, or its gr.Error checked as a page error (one line, escaped, the user's fault)."""
     out = expect(watch(fn, *args), (tuple, dict), errors=(gr.Error,))
@@ -227,10 +214,10 @@ def assert_within_limits(view: pl.View) -> None:
     def text_ok(text: str) -> bool:
         return not any(0xD800 <= ord(c) <= 0xDFFF or (ord(c) < 0x20 and c not in "\n\t\r") for c in text)
 
-    assert view.tab in pl.TABS and view.metric in pl.METRICS and view.lens in pl.LENSES
+    assert view.tab in pl.TABS and view.metric in pl.METRICS and view.lens in LENS_CHOICES
     assert view.prompt.strip() and len(view.prompt) <= MAX_PROMPT_CHARS and text_ok(view.prompt)
     assert view.layers.strip() and len(view.layers) <= MAX_LAYERS_CHARS and text_ok(view.layers)
-    assert len(view.targets) <= MAX_TARGET_CHARS and "\n" not in view.targets and text_ok(view.targets)
+    assert all(len(t) <= MAX_TARGET_CHARS and "," not in t and text_ok(t) for t in view.targets)
     assert type(view.k) is int and 1 <= view.k <= MAX_K
     assert type(view.max_tokens) is int and 1 <= view.max_tokens <= MAX_GENERATE_TOKENS
     assert math.isfinite(view.temperature) and 0 <= view.temperature <= MAX_TEMPERATURE
@@ -240,7 +227,7 @@ def assert_within_limits(view: pl.View) -> None:
 def noticed_fields(notices: list[str]) -> list[str]:
     for n in notices:
         assert isinstance(n, str) and len(n.splitlines()) == 1 and len(n) <= MAX_MESSAGE, repr(n)
-    return [m[1] for n in notices if (m := re.match(r"The link's (\w+) ", n)) and m[1] in pl._PARSERS]
+    return [m[1] for n in notices if (m := re.match(r"The link's (\w+) ", n)) and m[1] in pl.VIEW_FIELDS]
 
 
 class EngineStarted(Exception):

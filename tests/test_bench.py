@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -14,6 +16,7 @@ def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_gpu_bench_runs_its_tiny_shape_on_cpu():
     out = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--shape", "tiny", "--device", "cpu",
                           "--repeats", "1", "--users", "4"], capture_output=True, text=True, timeout=600)

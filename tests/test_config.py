@@ -10,11 +10,11 @@ import pytest
 from lensapp import config
 from lensapp.config import Config, ConfigError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+HOSTING = Path(__file__).resolve().parents[1] / "docs" / "hosting.md"
 
 
-def test_the_readme_lists_every_setting_as_config_defines_it():
-    assert config.settings_table() in README.read_text()
+def test_the_hosting_guide_lists_every_setting_as_config_defines_it():
+    assert config.settings_table() in HOSTING.read_text()
 
 
 def test_flags_win_over_variables_which_win_over_defaults():

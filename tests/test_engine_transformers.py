@@ -9,12 +9,8 @@ from lensapp.service import GenerateRequest, LensRequest, LensService, RequestEr
 
 
 @pytest.fixture(scope="module")
-def tiny_engine(tiny_model_dir):
-    service = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none",
-                                              cache_entries=0))
-    service.wait_ready(300)
-    yield service
-    service.close()
+def tiny_engine(tiny_service):
+    return tiny_service
 
 
 def test_last_layer_lens_is_the_models_own_prediction_everywhere(tiny_engine, tiny_model_dir):
@@ -31,9 +27,7 @@ def test_last_layer_lens_is_the_models_own_prediction_everywhere(tiny_engine, ti
 
 
 def test_identity_jacobian_lens_equals_logit_lens(tiny_engine):
-    n = tiny_engine.info.n_layers
-    tiny_engine.install_jlens(jlens.JacobianLens(J=jlens.identity(tiny_engine.info.d_model, list(range(n - 1))),
-                                                 n_prompts=0, d_model=tiny_engine.info.d_model))
+    assert tiny_engine.jlens_layers == list(range(tiny_engine.info.n_layers))       # J = I on every layer
     r = tiny_engine.lens(LensRequest(prompts=("Water boils at",), lens="both", k=4, targets=("hot",)))[0]
     a, b = r.lenses["logit"], r.lenses["jacobian"]
     assert (a.top_ids == b.top_ids).all()
@@ -103,7 +97,7 @@ def test_requests_are_served_in_arrival_order(tiny_engine, monkeypatch):
 
 
 def test_a_long_target_is_scored_by_its_first_token_and_says_so(tiny_engine):
-    long = "the city of Paris, capital of France, on the river Seine, in Europe"
+    long = "the city of Paris and capital of France on the river Seine in western Europe with its art and food"
     r = tiny_engine.lens(LensRequest(prompts=("Water boils at",), targets=("Paris", long), k=2))[0]
     short, whole = r.lenses["logit"].targets
     assert len(whole.token_ids) > config.MAX_CONTINUATION_TOKENS and whole.continuation_logprob is None

@@ -19,12 +19,10 @@ import gradio as gr
 import pytest
 from hostile import (
     DEFAULT_VIEW,
-    HANG_S,
     LAYERS,
     LENSES,
     Api,
     EngineStarted,
-    Handlers,
     Starts,
     anything,
     assert_one_line,
@@ -48,10 +46,10 @@ from hostile import (
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from lensapp import config, jlens
-from lensapp.config import MAX_K, MAX_TEMPERATURE
-from lensapp.service import ChatRequest, GenerateRequest, LensRequest, LensService, RequestError
-from lensapp.service import requests as rq
+from lensapp import config
+from lensapp.config import MAX_K, MAX_SEED, MAX_TEMPERATURE
+from lensapp.service import ChatRequest, GenerateRequest, LensRequest, RequestError
+from lensapp.service import fields as f
 from lensapp.ui import permalinks as pl
 
 # gr.Warning outside a request (the handlers called directly) is a UserWarning; here it is expected
@@ -60,14 +58,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:gradio.helpers")
 # -- the service: lens, generate, check, chat (tiny random model, in process) ---------------------------
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    service = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none",
-                                              request_timeout=HANG_S / 2))
-    service.wait_ready(300)
-    n, d = service.info.n_layers, service.info.d_model
-    service.install_jlens(jlens.JacobianLens(J=jlens.identity(d, list(range(n - 1))), n_prompts=0, d_model=d))
-    yield service
-    service.close()
+def tiny(tiny_service):
+    return tiny_service
 
 
 LENS_FIELDS = (
@@ -79,7 +71,7 @@ LENS_FIELDS = (
 GENERATE_FIELDS = (
     {"prompt": words(), "max_tokens": st.integers(1, 4), "lens": st.sampled_from(LENSES),
      "layers": st.sampled_from(LAYERS), "k": st.integers(1, MAX_K), "temperature": st.floats(0, MAX_TEMPERATURE),
-     "seed": st.none() | st.integers(0, rq.MAX_SEED), "chat": st.booleans(), "raw": st.booleans()},
+     "seed": st.none() | st.integers(0, MAX_SEED), "chat": st.booleans(), "raw": st.booleans()},
     {"prompt": texts(), "max_tokens": numbers(), "lens": anything(), "layers": anything(), "k": numbers(),
      "temperature": numbers(), "seed": numbers(), "chat": anything(), "raw": anything()})
 
@@ -115,7 +107,7 @@ def test_service_generate(tiny, kw):
 CHAT_FIELDS = (
     {"messages": conversations(), "lens": st.sampled_from(["logit", "jacobian"]),
      "layer": st.none() | st.integers(0, 3), "max_tokens": st.integers(1, 6), "temperature": st.floats(0, 2),
-     "k": st.integers(1, 5), "seed": st.none() | st.integers(0, rq.MAX_SEED)},
+     "k": st.integers(1, 5), "seed": st.none() | st.integers(0, MAX_SEED)},
     {"messages": st.one_of(st.lists(st.one_of(st.fixed_dictionaries({"role": anything(), "content": texts()}),
                                               anything()), max_size=4).map(tuple), anything()),
      "lens": anything(), "layer": numbers(), "max_tokens": numbers(), "temperature": numbers(), "k": numbers(),
@@ -128,15 +120,17 @@ def test_service_chat(tiny, kw):
     expect(watch(tiny.chat, ChatRequest(**kw)), object)
 
 
+SCHEMA = [value for value in vars(f).values() if isinstance(value, f.Field)]
+
+
 @scaled(200)
 @given(value=anything())
-def test_coercions_give_a_value_or_a_request_error(value):
-    for fn in (functools.partial(rq.as_int, what="k"), functools.partial(rq.as_float, what="temperature"),
-               rq.as_seed, functools.partial(rq.as_text, what="prompt")):
-        out = expect(watch(fn, value), (int, float, str, type(None)))
+def test_every_field_gives_a_value_or_a_request_error(value):
+    for field in SCHEMA:
+        out = expect(watch(field, value), object)
         if isinstance(out, float):
             assert math.isfinite(out)
-        if isinstance(out, int) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if field in (f.K, f.MAX_TOKENS, f.SEED) and isinstance(out, int) and isinstance(value, int):
             assert out == value                    # a whole number is read exactly, however large
 
 
@@ -149,10 +143,11 @@ def test_the_service_still_serves(tiny):
 # -- the page's handlers, as Gradio calls them (through Guard.ui; the rate limit off) ---------------------
 
 @pytest.fixture(scope="module")
-def handler(tiny) -> Handlers:
+def app(tiny):
+    """The page's handlers as the app builds them (`ui.build_ui`)."""
     from lensapp import ui
 
-    return Handlers(ui.build_app(tiny, config.Config(jlens="none", rate_limit=0)))
+    return ui.build_ui(tiny, config.Config(jlens="none", rate_limit=0))
 
 
 LENS_TAB_FIELDS = (
@@ -168,11 +163,10 @@ LENS_TAB_FIELDS = (
 @given(kw=fields(*LENS_TAB_FIELDS))
 @example(kw={"prompt": "Hi", "layers": 3, "k": 5, "targets": 7, "metric": [], "chat": False, "raw": False,
             "start": None})   # found
-def test_lens_tab(handler, tab, kw):
-    run = handler("build_lens_tab.<locals>.run", f"{tab}-prompt")
-    out = page_outcome(run, *kw.values())
+def test_lens_tab(app, tab, kw):
+    out = page_outcome(app.tabs[tab].run, *kw.values())
     if isinstance(out, tuple):
-        show_position = handler("build_lens_tab.<locals>.show_position", f"{tab}-position")
+        show_position = app.tabs[tab].handlers["show_position"]
         for pos in (0, -1, 10**6, "x", None, math.nan):      # a stale or forged position selection
             expect(watch(show_position, out[0], pos), object)
 
@@ -180,17 +174,17 @@ def test_lens_tab(handler, tab, kw):
 GENERATE_TAB_FIELDS = (
     {"prompt": words(), "max_tokens": st.integers(1, 4), "temperature": st.floats(0, MAX_TEMPERATURE) | st.none(),
      "lens": st.sampled_from(LENSES), "layers": st.sampled_from(LAYERS + [""]), "k": st.integers(1, MAX_K),
-     "chat": st.booleans(), "seed": st.none() | st.integers(0, rq.MAX_SEED), "raw": st.booleans()},
+     "chat": st.booleans(), "seed": st.none() | st.integers(0, MAX_SEED), "raw": st.booleans()},
     {"prompt": texts(), "max_tokens": numbers(), "temperature": numbers(), "lens": anything(), "layers": anything(),
      "k": numbers(), "chat": anything(), "seed": numbers(), "raw": anything()})
 
 
 @scaled(30)
 @given(kw=fields(*GENERATE_TAB_FIELDS))
-def test_generate_tab(handler, kw):
-    out = page_outcome(handler("build_generate_tab.<locals>.run"), *kw.values())
+def test_generate_tab(app, kw):
+    out = page_outcome(app.tabs["generate"].run, *kw.values())
     if isinstance(out, tuple):
-        show_step = handler("build_generate_tab.<locals>.show_step")
+        show_step = app.tabs["generate"].handlers["show_step"]
         for step, lens in ((0, "logit"), (-1, "jacobian"), (10**6, "logit"), ("x", None), (None, 3)):
             expect(watch(show_step, out[0], step, lens), object)
 
@@ -199,15 +193,15 @@ CHAT_TAB_FIELDS = (
     {"text": words(), "history": st.just([]) | conversations().map(lambda c: list(c) + [
         {"role": "assistant", "content": "Hi."}]), "shown": st.just([]), "layer": st.none() | st.integers(0, 3),
      "lens": st.sampled_from(["logit", "jacobian"]), "max_tokens": st.integers(1, 4),
-     "temperature": st.floats(0, MAX_TEMPERATURE), "seed": st.none() | st.integers(0, rq.MAX_SEED)},
+     "temperature": st.floats(0, MAX_TEMPERATURE), "seed": st.none() | st.integers(0, MAX_SEED)},
     {"text": st.one_of(texts(), anything()), "layer": numbers(), "lens": anything(), "max_tokens": numbers(),
      "temperature": numbers(), "seed": numbers()})
 
 
 @scaled(30)
 @given(kw=fields(*CHAT_TAB_FIELDS))
-def test_chat_tab(handler, kw):
-    out = page_outcome(handler("build_chat.<locals>.send"), *kw.values())
+def test_chat_tab(app, kw):
+    out = page_outcome(app.tabs["generate"].handlers["chat_send"], *kw.values())
     if isinstance(out, tuple) and out[0] != gr.skip():          # a blank message is skipped
         assert out[0] == "" and out[1][-1]["role"] == "assistant"
 
@@ -224,14 +218,14 @@ COMPARE_TAB_FIELDS = (
 
 @scaled(24)
 @given(kw=fields(*COMPARE_TAB_FIELDS))
-def test_compare_tab(handler, kw):
-    page_outcome(handler("build_compare_tab.<locals>.run", "compare-prompt1"), *kw.values())
+def test_compare_tab(app, kw):
+    page_outcome(app.tabs["compare"].run, *kw.values())
 
 
 @scaled(150)
 @given(query=queries())
-def test_restore_from_any_link(handler, query):
-    out = expect(watch(handler("build_app.<locals>.restore"), query), dict)
+def test_restore_from_any_link(app, query):
+    out = expect(watch(app.restore, query), dict)
     notice = next((v for c, v in out.items() if getattr(c, "elem_id", None) == "link-notice"), None)
     if notice is not None and notice.value:
         for line in notice.value.splitlines():
@@ -242,17 +236,16 @@ def test_restore_from_any_link(handler, query):
 @pytest.mark.parametrize("tab", ["logit", "generate"])
 @given(values=st.lists(anything(), min_size=9, max_size=9))
 @example(values=["Hi", 10**5000, "x", "logit", "all", 5, False, None, False])   # found: str() of the int raised
-def test_the_link_box_follows_any_input(handler, tab, values):
-    make_query = handler("_query_fn.<locals>.make_query", f"{tab}-prompt")
+def test_the_link_box_follows_any_input(app, tab, values):
     n = 8 if tab == "logit" else 9
-    query = expect(watch(make_query, *values[:n]), str, errors=())
+    query = expect(watch(lambda *v: pl.query_string(app.tabs[tab].to_view(*v)), *values[:n]), str, errors=())
     view, _ = pl.decode(query)
     assert view.tab == tab
 
 
 # -- links: decode never raises, keeps every field within limits, one notice per bad field ----------------
 
-LINK_NAMES = st.sampled_from(sorted(pl._PARSERS) + ["v", "__theme", ""])
+LINK_NAMES = st.sampled_from(sorted(pl.VIEW_FIELDS) + ["v", "__theme", ""])
 
 
 @scaled(300)
@@ -269,12 +262,13 @@ def test_decode_any_mapping(params, checked):
     if any("could not be read" in n for n in notices):                     # str() of a 5000-digit int fails
         assert view == DEFAULT_VIEW
         return
-    for name in pl._PARSERS:
+    for name, field in pl.VIEW_FIELDS.items():
         default = "all" if name == "layers" and checked else getattr(DEFAULT_VIEW, name)
         if name in named:
             assert getattr(view, name) == default
-        elif name in params:
-            assert getattr(view, name) == pl._PARSERS[name](str(params[name]))     # what the link asked for
+        elif name in params and name != "prompts":
+            value = getattr(view, name)                        # what the link asked for, as its field reads it:
+            assert field(None if value is None else pl.as_text(value)) == value   # written back and read again
         else:
             assert getattr(view, name) == getattr(DEFAULT_VIEW, name)
 
@@ -413,7 +407,7 @@ def test_api_still_serves_and_says_so_plainly(api, app_url):
     ("/lens", '["Hi", "logit", "all", NaN, "", false, false]', "k must be a whole number; got nan"),
     ("/lens", '["Hi", "logit", "all", -0.0, "", false, false]', "k must be a whole number in 1..100; got 0"),
     ("/generate", '["Hi", 2, "logit", "last", 5, Infinity, null, false, false]',
-     "temperature must be a finite number; got inf"),
+     "temperature must be a number in 0..2; got inf"),
     ("/generate", '["Hi", -Infinity, "logit", "last", 5, 0, null, false, false]',
      "max_tokens must be a whole number; got -inf"),
     ("/lens", '["Hi\\ud800", "logit", "all", 5, "", false, false]', "the prompt holds a lone surrogate"),

@@ -65,6 +65,30 @@ def test_modules_stay_readable(path):
     assert len(path.read_text().splitlines()) <= 420, f"{module_name(path)} has outgrown one noun"
 
 
+# The backends themselves, and the files that choose, size or start one (a family's layout per backend, the
+# memory a backend needs, what a host must give it): these know backends by name. `trace.py` calls vLLM's
+# tensor-parallel gather for raw logits until that moves into the vLLM backend.
+BACKEND_FILES = {"vllm_backend.py", "vllm_cpu.py", "hf_backend.py", "cpu_env.py", "loading.py", "embedded.py",
+                 "families.py", "memory.py", "preflight.py", "trace.py"}
+
+
+@pytest.mark.parametrize("path", sorted(p for p in (PACKAGE / "engine").glob("*.py") if p.name not in BACKEND_FILES),
+                         ids=lambda p: p.name)
+def test_the_engine_knows_backends_only_by_their_protocol(path):
+    """The engine's core and what it runs on (the protocol, traces, the pool, the host, the process log)
+    import no backend and compare no backend names: what a backend can do comes from the protocol
+    (`concurrent`, `is_dead`, `failure`)."""
+    tree = ast.parse(path.read_text())
+    mods = imported(path)
+    assert not {m for m in mods if m.split(".")[0] in ("vllm", "nnsight")
+                or m.rsplit(".", 1)[-1] in ("vllm_backend", "hf_backend", "vllm_cpu")}, path.name
+    compared = {n.value for c in ast.walk(tree) if isinstance(c, ast.Compare)
+                for n in ast.walk(c) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    calls = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args
+             and isinstance(n.args[0], ast.Constant) and getattr(n.func, "attr", "") == "startswith"}
+    assert not {"vllm", "vllm-cpu", "transformers"} & (compared | calls), path.name
+
+
 def test_both_backends_implement_the_protocol():
     from lensapp.engine.hf_backend import TransformersBackend
     from lensapp.engine.protocol import Backend

@@ -10,12 +10,12 @@ from lensapp.ui.permalinks import View
 
 @pytest.mark.parametrize("view", [
     View(),
-    View(tab="jacobian", prompt="Le 12 + 7 = ?\n<img src=x>&a=b#c", layers="20-28", k=7, targets="Paris, Lyon",
+    View(tab="jacobian", prompt="Le 12 + 7 = ?\n<img src=x>&a=b#c", layers="20-28", k=7, targets=("Paris", "Lyon"),
          metric="target_rank", chat=True),
     View(tab="generate", prompt="La capitale de la France est", max_tokens=12, temperature=0.7, lens="both",
          layers="0,5,-1", k=3, seed=7, raw=True),
     View(tab="compare", prompts=("The capital of France is", "La capitale de l'Italie est\n&x=1", "3"), lens="both",
-         layers="20-29", targets="Paris, Rome", metric="kl"),
+         layers="20-29", targets=("Paris", "Rome"), metric="kl"),
     View(tab="logit", prompt="word " * 300, start=120),
 ])
 def test_round_trip(view):
@@ -41,7 +41,7 @@ def test_v1_link_still_opens():
     view, notices = pl.decode(link)
     assert notices == []
     assert view == View(tab="jacobian", prompt="The Eiffel Tower is located in the city of", metric="kl",
-                        targets="Paris")
+                        targets=("Paris",))
     assert pl.decode("tab=generate&max_tokens=4")[0].max_tokens == 4          # no v: read as v=1
 
 
@@ -119,10 +119,10 @@ def test_hostile_prompt_survives_as_text():
 
 
 def test_empty_means_empty():
-    assert View().targets == ""                                          # opening the app cold names no target
-    assert pl.decode("tab=logit&prompt=Hi").view.targets == ""          # a link that names none gets none
-    assert pl.decode("tab=logit&prompt=Hi&targets=").view.targets == ""
-    assert pl.decode("tab=logit&targets=Paris").view.targets == "Paris"
+    assert View().targets == ()                                          # opening the app cold names no target
+    assert pl.decode("tab=logit&prompt=Hi").view.targets == ()          # a link that names none gets none
+    assert pl.decode("tab=logit&prompt=Hi&targets=").view.targets == ()
+    assert pl.decode("tab=logit&targets=Paris").view.targets == ("Paris",)
     assert pl.decode("tab=generate&seed=").view.seed is None
 
 

@@ -12,7 +12,7 @@ import ipaddress
 import threading
 import time
 
-from .requests import RequestError
+from .fields import RequestError
 
 
 class RateLimited(RequestError):

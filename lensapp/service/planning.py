@@ -8,13 +8,61 @@ request reads (its work, checked against `max_work`).
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from ..config import LENS_CHOICES, MAX_CONTINUATION_TOKENS
 from ..engine.protocol import Continuation, LensSpec
-from .requests import RequestError, parse_layers, span
+from .fields import RequestError, layers
 
 NO_JLENS = "no Jacobian lens is loaded (start with --jlens PATH or HUB_REPO:FILE)"
+_RANGE = re.compile(r"(-?\d+)-(-?\d+)")
+
+
+def parse_layers(text: str, n_layers: int, allowed: list[int] | None = None) -> list[int]:
+    """'all' | 'last' | '3' | '0,5,-1' | '10-20' -> sorted unique layer indices of an n_layers model (negative
+    counts from the end), among `allowed` when given; RequestError otherwise."""
+    text = layers(text).lower()
+    pool = list(range(n_layers)) if allowed is None else sorted(allowed)
+    if text == "all":
+        return pool
+    chosen: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if part == "last":
+            chosen.add(n_layers - 1)
+        elif m := _RANGE.fullmatch(part):
+            lo, hi = _layer_index(int(m[1]), n_layers), _layer_index(int(m[2]), n_layers)
+            if lo > hi:
+                raise RequestError(f"layer range {part!r} runs backwards")
+            chosen.update(range(lo, hi + 1))
+        elif part:
+            chosen.add(_layer_index(int(part), n_layers))
+    if not chosen:
+        raise RequestError("no layers selected")
+    outside = sorted(chosen - set(pool))
+    if outside:
+        what = f"0..{n_layers - 1}" if allowed is None else f"the Jacobian lens's layers {span(pool)}"
+        raise RequestError(f"layers {span(outside)} are not in {what}")
+    return sorted(chosen)
+
+
+def _layer_index(i: int, n_layers: int) -> int:
+    j = i + n_layers if i < 0 else i
+    if not 0 <= j < n_layers:
+        raise RequestError(f"layer {i} is outside this {n_layers}-layer model (0..{n_layers - 1})")
+    return j
+
+
+def span(layers: list[int]) -> str:
+    """[3, 4, 5, 6] -> '3..6'; anything else as a comma list."""
+    if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}..{layers[-1]}"
+    return ", ".join(map(str, layers))
+
+
+def check_prompt_count(n: int, max_prompts: int) -> None:
+    if n > max_prompts:
+        raise RequestError(f"at most {max_prompts} prompts at once; got {n}")
 
 
 def lens_layers(text: str, lenses: tuple[str, ...], n_layers: int, jlens_layers: list[int]) -> list[int]:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from ..config import MAX_PROMPT_CHARS
 from ..results import Target
-from .requests import RequestError
+from .fields import RequestError
 from .tokens import TokenDecoder
 
 

@@ -28,18 +28,10 @@ from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
 from ..results import ChatReply, Comparison, GenerationResult, LensResult, Target
 from . import planning
 from .cache import ResultCache
+from .fields import RequestError, show
+from .planning import span
 from .prompts import Prompts, load_tokenizer
-from .requests import (
-    ChatRequest,
-    GenerateRequest,
-    LensRequest,
-    RequestError,
-    show,
-    span,
-    validate_chat,
-    validate_generate,
-    validate_lens,
-)
+from .requests import ChatRequest, GenerateRequest, LensRequest
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +86,7 @@ class LensService:
     # -- requests ------------------------------------------------------------------------------------
     def lens(self, req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> list[LensResult]:
         """Every requested lens, layer and position for each prompt; the prompts run together."""
+        req = req.checked()
         plan = self._plan_lens(req, max_prompts)
         describe = self.jlens.describe() if self.jlens is not None else None
 
@@ -111,12 +104,14 @@ class LensService:
     def compare(self, req: LensRequest) -> Comparison:
         """2..MAX_COMPARE_PROMPTS prompts read the same way, in flight together; each prompt's result is
         exactly what `lens` gives for it alone."""
+        req = req.checked()
         if not 2 <= len(req.prompts) <= MAX_COMPARE_PROMPTS:
             raise RequestError(f"compare takes 2 to {MAX_COMPARE_PROMPTS} prompts; got {len(req.prompts)}")
         return Comparison(self.lens(req))
 
     def generate(self, req: GenerateRequest) -> GenerationResult:
         """Generate and read the newest position at every step (step 0: all prompt positions)."""
+        req = req.checked()
         plan = self._plan_generate(req)
         sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
 
@@ -135,12 +130,12 @@ class LensService:
     def check(self, req: LensRequest | GenerateRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> None:
         """Every check a request gets, without running it (the CLI asks before an engine starts)."""
         if isinstance(req, LensRequest):
-            self._plan_lens(req, max_prompts)
+            self._plan_lens(req.checked(), max_prompts)
         else:
-            self._plan_generate(req)
+            self._plan_generate(req.checked())
 
     def _plan_lens(self, req: LensRequest, max_prompts: int) -> _Plan:
-        validate_lens(req, max_prompts)
+        planning.check_prompt_count(len(req.prompts), max_prompts)
         names = LENS_CHOICES[req.lens]
         layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
         targets = [self.prompts.target(t) for t in req.targets]
@@ -153,7 +148,6 @@ class LensService:
         return _Plan(names, layers, ids, specs, targets, planning.continuation_index(target_ids))
 
     def _plan_generate(self, req: GenerateRequest) -> _Plan:
-        validate_generate(req)
         names = LENS_CHOICES[req.lens]
         layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
         ids = self.prompts.ids(req.prompt, req.chat)
@@ -163,10 +157,11 @@ class LensService:
         return _Plan(names, layers, [ids], [spec])
 
     def chat(self, req: ChatRequest) -> ChatReply:
-        """Answer a conversation with a per-token readout of one lens at one layer."""
-        validate_chat(req)
+        """Answer a conversation with a per-token readout of one lens at one layer (negative counts from the end)."""
+        req = req.checked()
         pool = self.chat_layers(req.lens)
-        layer = planning.default_chat_layer(pool, self.info.n_layers) if req.layer is None else req.layer
+        n = self.info.n_layers
+        layer = planning.default_chat_layer(pool, n) if req.layer is None else req.layer + (n if req.layer < 0 else 0)
         if layer not in pool:
             raise RequestError(f"the chat readout cannot read layer {show(layer)}; choose one of {span(pool)}")
         conversation = self.prompts.conversation(list(req.messages))

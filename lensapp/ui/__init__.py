@@ -8,7 +8,8 @@ on page load, the engine status line, and the API endpoints.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import gradio as gr
 
@@ -52,7 +53,21 @@ HEAD = "<script>window.lensOpenedWith = window.location.search;</script>"
 JS_OPENED_WITH = "() => (window.lensOpenedWith ?? window.location.search)"
 
 
+@dataclass
+class UI:
+    """What `build_ui` made: the Blocks, each tab's parts by its link name, and the page-load restore (the
+    handlers the app's events call, so tests can drive them as the page does)."""
+
+    demo: gr.Blocks
+    tabs: dict[str, TabParts]
+    restore: Callable
+
+
 def build_app(service, cfg) -> gr.Blocks:
+    return build_ui(service, cfg).demo
+
+
+def build_ui(service, cfg) -> UI:
     info = service.info
     downloads = Downloads()
     guard = Guard(RateLimiter(cfg.rate_limit))
@@ -121,7 +136,7 @@ def build_app(service, cfg) -> gr.Blocks:
         for p in parts:
             if p.run is not None:
                 load = load.then(_run_if(p), [pending] + p.run_inputs, p.outputs, **PRIVATE)
-    return demo
+    return UI(demo, by_name, restore)
 
 
 def _query_fn(p: TabParts):
@@ -148,4 +163,4 @@ def _header(service) -> str:
             f"{md_text(info.backend)} ({info.dtype}) · {lens}")
 
 
-__all__ = ["CSS", "HEAD", "LinkPrefetch", "build_app"]
+__all__ = ["CSS", "HEAD", "UI", "LinkPrefetch", "build_app", "build_ui"]

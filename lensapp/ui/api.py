@@ -6,8 +6,11 @@
     client.predict("The capital of France is", 8, "logit", "all", 5, 0.0, api_name="/generate")
     client.predict([{"role": "user", "content": "Hi"}], "logit", -1, 16, api_name="/chat")
 
-Every option a tab has, the API has; new parameters are only ever added at the end, so calls
-written for an earlier version keep working.
+Each endpoint's parameters are request fields (`service/fields.py`), listed below in their order; a
+parameter is only ever added at the end, so calls written for an earlier version keep working. The
+functions Gradio sees are made from these lists: their signatures, defaults, type hints and the
+descriptions on the app's "Use via API" page all come from the fields, and every value is read by its
+field's parser, as a link's and the command line's are.
 
 Bad input raises gr.Error with the service's one-line message, as plain text (the client sees an
 AppError). `/health` (plain JSON over GET, not a Gradio endpoint) is added by the server.
@@ -15,112 +18,86 @@ AppError). `/health` (plain JSON over GET, not a Gradio endpoint) is added by th
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
 import gradio as gr
 
 from ..service import ChatRequest, GenerateRequest, LensRequest
-from ..service.requests import RequestError, as_flag, as_float, as_int, as_seed, as_text, split_targets
+from ..service import fields as f
+from ..service.fields import Field
+
+REQUIRED = inspect.Parameter.empty
+# How a field appears in the API where its value's own type is not the whole story: (type hint, default).
+API_FORMS = {"prompt": (str, REQUIRED), "prompts": (list[str], REQUIRED), "targets": (str, ""),
+             "seed": (int | None, None), "messages": (list[dict], REQUIRED), "layer": (int | None, None)}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    summary: str
+    params: tuple[Field, ...]
+    returns: str
+    call: Callable[[Any, dict], Any]          # (service, {field name: raw value}) -> JSON-able answer
+    answer: type = dict
+
+
+def _lens(service, v: dict) -> dict:
+    return service.lens(LensRequest.parse(prompts=[v.pop("prompt")], **v))[0].to_json()
+
+
+ENDPOINTS = (
+    Endpoint("lens", "Every layer's lens readout for one prompt.",
+             (f.PROMPT, f.LENS, f.LAYERS, f.K, f.TARGETS, f.CHAT, f.RAW),
+             "The CLI's `lens --json` object: tokens, layers, and per lens top_tokens/top_probs [layer][pos][k], "
+             "entropy, kl_to_final, targets.", _lens),
+    Endpoint("compare", "2 to 4 prompts read the same way, in flight together (aligned at their last token).",
+             (f.PROMPTS, f.LENS, f.LAYERS, f.K, f.TARGETS, f.CHAT, f.RAW),
+             "One object per prompt: exactly what /lens returns for that prompt alone.",
+             lambda service, v: service.compare(LensRequest.parse(**v)).to_json(), answer=list[dict]),
+    Endpoint("generate", "Generate, reading the newest token at every step.",
+             (f.PROMPT, f.MAX_TOKENS, f.LENS, f.LAYERS, f.K, f.TEMPERATURE, f.SEED, f.CHAT, f.RAW),
+             "The CLI's `generate --json` object: text, tokens, and one readout per step.",
+             lambda service, v: service.generate(GenerateRequest.parse(**v)).to_json()),
+    Endpoint("chat", "Answer a conversation; each generated token carries one lens's top-k at one layer.",
+             (f.MESSAGES, f.CHAT_LENS, f.CHAT_LAYER, f.CHAT_MAX_TOKENS, f.TEMPERATURE, f.CHAT_K, f.SEED),
+             "text, tokens, lens, layer, dropped_turns, and readout: per generated token, its top-k {token, prob}.",
+             lambda service, v: service.chat(ChatRequest.parse(**v)).to_json()),
+)
 
 
 def register_api(service, guard) -> None:
     """Add the endpoints to the Blocks being built (call inside `with gr.Blocks()`)."""
+    for endpoint in ENDPOINTS:
+        gr.api(endpoint_function(endpoint, service, guard), api_name=endpoint.name)
 
-    def lens(prompt: str, lens: str = "logit", layers: str = "all", k: int = 5, targets: str = "",
-             chat: bool = False, raw: bool = False, request: gr.Request = None) -> dict:
-        """Every layer's lens readout for one prompt.
 
-        Args:
-            prompt: the text to read.
-            lens: logit | jacobian | both (with "both" and layers="all", the Jacobian lens's layers).
-            layers: all | L,L,... | A-B (negative counts from the end).
-            k: top-k tokens per cell (1..100).
-            targets: comma-separated words to score at every cell.
-            chat: wrap the prompt in the tokenizer's chat template.
-            raw: raw logits, norm(h) @ W_U.T, skipping the family's logit arithmetic (soft-capping, scale).
-        Returns:
-            The CLI's `lens --json` object: tokens, layers, and per lens top_tokens/top_probs [layer][pos][k],
-            entropy, kl_to_final, targets.
-        """
-        def run():
-            req = LensRequest(prompts=(as_text(prompt, "prompt"),), lens=lens,
-                              layers=as_text(layers, "layers") or "all", k=as_int(k, "k"),
-                              targets=split_targets(as_text(targets, "targets")), chat=as_flag(chat, "chat"),
-                              raw=as_flag(raw, "raw"))
-            return service.lens(req)[0].to_json()
-        return guard.api(request, run)
+def endpoint_function(endpoint: Endpoint, service, guard) -> Callable:
+    """The function Gradio serves for `endpoint`: its signature, hints and docstring made from the fields."""
+    names = [field.name for field in endpoint.params]
 
-    def generate(prompt: str, max_tokens: int = 8, lens: str = "logit", layers: str = "all", k: int = 5,
-                 temperature: float = 0.0, seed: int | None = None, chat: bool = False, raw: bool = False,
-                 request: gr.Request = None) -> dict:
-        """Generate, reading the newest token at every step.
+    def fn(*args, **kwargs):
+        values = dict(zip([*names, "request"], args), **kwargs)
+        request = values.pop("request", None)
+        return guard.api(request, endpoint.call, service, values)
 
-        Args:
-            prompt: the prompt.
-            max_tokens: tokens to generate (1..64).
-            lens: logit | jacobian | both.
-            layers: all | L,L,... | A-B.
-            k: top-k tokens per cell (1..100).
-            temperature: 0 = greedy, up to 2.
-            seed: with temperature > 0, the same seed gives the same text (None: a fresh sample each time).
-            chat: wrap the prompt in the tokenizer's chat template.
-            raw: raw logits (see /lens).
-        Returns:
-            The CLI's `generate --json` object: text, tokens, and one readout per step.
-        """
-        def run():
-            req = GenerateRequest(prompt=as_text(prompt, "prompt"), max_tokens=as_int(max_tokens, "max_tokens"),
-                                  lens=lens, layers=as_text(layers, "layers") or "all", k=as_int(k, "k"),
-                                  temperature=as_float(temperature, "temperature"), seed=as_seed(seed),
-                                  chat=as_flag(chat, "chat"), raw=as_flag(raw, "raw"))
-            return service.generate(req).to_json()
-        return guard.api(request, run)
+    params = [inspect.Parameter(field.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=api_form(field)[1],
+                                annotation=api_form(field)[0]) for field in endpoint.params]
+    params.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                    annotation=gr.Request))
+    fn.__signature__ = inspect.Signature(params, return_annotation=endpoint.answer)
+    fn.__annotations__ = {p.name: p.annotation for p in params} | {"return": endpoint.answer}
+    fn.__name__ = fn.__qualname__ = endpoint.name
+    fn.__doc__ = "\n".join([endpoint.summary, "", "Args:", *(f"    {field.name}: {field.help}."
+                                                            for field in endpoint.params),
+                            "Returns:", f"    {endpoint.returns}"])
+    return fn
 
-    def chat(messages: list[dict], lens: str = "jacobian", layer: int | None = None, max_tokens: int = 32,
-             temperature: float = 0.0, k: int = 3, seed: int | None = None, request: gr.Request = None) -> dict:
-        """Answer a conversation, with one lens's top-k at one layer for every token of the reply.
 
-        Args:
-            messages: [{"role": "system" | "user" | "assistant", "content": text}, ...], ending with the user's.
-            lens: jacobian | logit (the readout's lens).
-            layer: the readout's layer (negative counts from the end; None: about two thirds of the depth).
-            max_tokens: tokens to generate (1..64).
-            temperature: 0 = greedy, up to 2.
-            k: top-k per generated token (1..100).
-            seed: with temperature > 0, the same seed gives the same reply.
-        Returns:
-            text, tokens, lens, layer, dropped_turns, and readout: per generated token, its top-k {token, prob}.
-        """
-        def run():
-            n = service.info.n_layers
-            at = None if layer is None or layer == "" else as_int(layer, "layer")
-            req = ChatRequest(messages=tuple(messages) if isinstance(messages, list) else messages, lens=lens,
-                              layer=None if at is None else (at + n if at < 0 else at),
-                              max_tokens=as_int(max_tokens, "max_tokens"), k=as_int(k, "k"),
-                              temperature=as_float(temperature, "temperature"), seed=as_seed(seed))
-            return service.chat(req).to_json()
-        return guard.api(request, run)
-
-    def compare(prompts: list[str], lens: str = "logit", layers: str = "all", k: int = 5, targets: str = "",
-                chat: bool = False, raw: bool = False, request: gr.Request = None) -> list[dict]:
-        """2 to 4 prompts read the same way, in flight together (prompts of different lengths align at the end).
-
-        Args:
-            prompts: the prompts, e.g. ["The capital of France is", "The capital of Italy is"].
-            lens, layers, k, targets, chat, raw: as for /lens.
-        Returns:
-            One object per prompt: exactly what /lens returns for that prompt alone.
-        """
-        def run():
-            if not isinstance(prompts, (list, tuple)):
-                raise RequestError("prompts must be a list of texts")
-            req = LensRequest(prompts=tuple(as_text(p, "a prompt") for p in prompts), lens=lens,
-                              layers=as_text(layers, "layers") or "all", k=as_int(k, "k"),
-                              targets=split_targets(as_text(targets, "targets")), chat=as_flag(chat, "chat"),
-                              raw=as_flag(raw, "raw"))
-            return service.compare(req).to_json()
-        return guard.api(request, run)
-
-    gr.api(lens, api_name="lens")
-    gr.api(compare, api_name="compare")
-    gr.api(generate, api_name="generate")
-    gr.api(chat, api_name="chat")
-
+def api_form(field: Field) -> tuple[Any, Any]:
+    """(type hint, default) of `field` as an API parameter."""
+    if field.name in API_FORMS:
+        return API_FORMS[field.name]
+    return type(field.default), field.default

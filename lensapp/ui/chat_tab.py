@@ -9,8 +9,8 @@ import gradio as gr
 from .. import charts
 from ..config import MAX_GENERATE_TOKENS, MAX_SEED, MAX_TEMPERATURE
 from ..service import ChatRequest
+from ..service import fields as f
 from ..service.planning import default_chat_layer
-from ..service.requests import as_float, as_int, as_seed, as_text
 from .examples import CHAT_EXAMPLES
 from .tabs import PRIVATE, warn
 
@@ -24,7 +24,7 @@ seed makes a reply reproducible.
 """
 
 
-def build_chat(service, guard) -> None:
+def build_chat(service, guard) -> dict:
     has_j = service.jlens is not None
     lens_default = "jacobian" if has_j else "logit"
     gr.Markdown("Chat with the model; every reply shows what one layer was disposed to say at each token.")
@@ -35,9 +35,10 @@ def build_chat(service, guard) -> None:
         chat_lens = gr.Radio(choices, value=lens_default, label="Readout lens", elem_id="chat-lens")
         layer = gr.Dropdown(choices=service.chat_layers(lens_default), value=_default_layer(service, lens_default),
                             label="Readout layer", elem_id="chat-layer")
-        max_tokens = gr.Slider(1, MAX_GENERATE_TOKENS, value=32, step=1, label="Max new tokens")
-        temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=0.0, step=0.05, label="Temperature")
-        seed = gr.Number(label="Seed", value=0, minimum=0, maximum=MAX_SEED, precision=0, elem_id="chat-seed")
+        max_tokens = gr.Slider(1, MAX_GENERATE_TOKENS, value=f.CHAT_MAX_TOKENS.default, step=1, label="Max new tokens")
+        temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=f.TEMPERATURE.default, step=0.05, label="Temperature")
+        seed = gr.Number(label="Seed (empty: a fresh sample)", value=f.SEED.default, minimum=0, maximum=MAX_SEED,
+                         precision=0, elem_id="chat-seed")
     chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chat", sanitize_html=True,
                          placeholder=f"Ask something. {'J-lens' if has_j else 'Logit-lens'} readouts appear under "
                                      "each reply.")
@@ -49,11 +50,9 @@ def build_chat(service, guard) -> None:
     history = gr.State([])           # the real conversation; the Chatbot shows an escaped copy plus readouts
 
     def reply_to(text, history, shown, layer, lens, max_tokens, temperature, seed):
-        messages = history + [{"role": "user", "content": as_text(text, "the message")}]
-        layer = None if layer is None else as_int(layer, "layer")           # None: the lens's default layer
-        reply = service.chat(ChatRequest(messages=tuple(messages), layer=layer, lens=lens,
-                                         max_tokens=as_int(max_tokens, "max tokens"),
-                                         temperature=as_float(temperature, "temperature"), seed=as_seed(seed)))
+        messages = history + [{"role": "user", "content": text}]
+        reply = service.chat(ChatRequest.parse(messages=messages, layer=layer, lens=lens, max_tokens=max_tokens,
+                                               temperature=temperature, seed=seed))
         if reply.dropped_turns:
             warn(f"The conversation outgrew the prompt limit; the {reply.dropped_turns} oldest messages were left out.")
         lens_name = "J-lens" if lens == "jacobian" else "logit lens"
@@ -78,6 +77,7 @@ def build_chat(service, guard) -> None:
                    [message, history, chatbot], **PRIVATE)
     chat_lens.input(on_lens, chat_lens, layer, **PRIVATE)
     clear.click(lambda: ([], []), None, [history, chatbot], **PRIVATE)
+    return {"send": send}
 
 
 def readout_html(reply) -> str:

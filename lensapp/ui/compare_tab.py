@@ -7,10 +7,10 @@ import gradio as gr
 from .. import charts
 from ..config import MAX_COMPARE_PROMPTS, MAX_K
 from ..service import LensRequest
-from ..service.requests import as_int, as_text, split_targets
 from .examples import compare_examples
-from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, lens_choices, md_text, text_or, warn
+from .lens_tab import colour_metric
+from .permalinks import View, as_text, view_of
+from .tabs import PRIVATE, Downloads, TabParts, build_chart, lens_choices, md_text
 
 HOW_TO = """
 What people do with a lens is contrast: "The capital of France is" against "… of Italy is", a sentence
@@ -42,7 +42,7 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
             lens = gr.Radio(choices, value=d.lens, label="Lens", elem_id="compare-lens")
             layers = gr.Textbox(label="Layers (all, 10-20 or 0,5,-1)", value=d.layers, elem_id="compare-layers")
             k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id="compare-k")
-            targets = gr.Textbox(label="Target word(s), comma-separated (optional)", value=d.targets,
+            targets = gr.Textbox(label="Target word(s), comma-separated (optional)", value=as_text(d.targets),
                                  elem_id="compare-targets")
         with gr.Row():
             metric = gr.Dropdown(label="Colour cells by", value=d.metric, elem_id="compare-metric",
@@ -62,18 +62,13 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
             json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
 
     def readout(*values):
-        prompts = tuple(p for p in (as_text(v, "a prompt") for v in values[:MAX_COMPARE_PROMPTS]) if p.strip())
         lens, layers, k, targets, metric, chat, raw = values[MAX_COMPARE_PROMPTS:]
-        words = split_targets(as_text(targets, "targets"))
-        metric = metric if isinstance(metric, str) and metric in charts.METRICS else "top1_prob"
-        if charts.METRICS[metric].needs_target and not words:
-            warn("That colour needs a target word; showing top-1 probability instead.")
-            metric = "top1_prob"
         if not isinstance(lens, str) or lens not in {value for _, value in choices}:
             lens = "logit"
-        layers = (as_text(layers, "layers") or "all").strip()
-        comparison = service.compare(LensRequest(prompts=prompts, lens=lens, layers=layers,
-                                                 k=as_int(k, "k"), targets=words, chat=bool(chat), raw=bool(raw)))
+        req = LensRequest.parse(prompts=filled(values[:MAX_COMPARE_PROMPTS]), lens=lens, layers=layers, k=k,
+                                targets=targets, chat=chat, raw=raw)
+        metric, words = colour_metric(metric, req.targets), req.targets
+        comparison = service.compare(req)
         shown = ("jacobian", "logit") if lens == "both" else (lens,)
         return (
             part_ways_summary(comparison, shown),
@@ -96,20 +91,23 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
 
     def to_view(*values) -> View:
-        prompts = tuple(p for p in (text_or(v, "") for v in values[:MAX_COMPARE_PROMPTS]) if p)
-        lens, layers, k, targets, metric, chat, raw = values[MAX_COMPARE_PROMPTS:]
-        return View(tab="compare", prompts=prompts, lens=text_or(lens, "logit"), layers=text_or(layers, "all"),
-                    k=int_or(k, d.k), targets=text_or(targets, ""), metric=text_or(metric, d.metric),
-                    chat=bool(chat), raw=bool(raw))
+        names = ("lens", "layers", "k", "targets", "metric", "chat", "raw")
+        return view_of("compare", prompts=filled(values[:MAX_COMPARE_PROMPTS]),
+                       **dict(zip(names, values[MAX_COMPARE_PROMPTS:])))
 
     def from_view(view: View) -> list:
         prompts = list(view.prompts)[:MAX_COMPARE_PROMPTS]
         prompts += [""] * (MAX_COMPARE_PROMPTS - len(prompts))
-        return [*prompts, view.lens, view.layers, view.k, view.targets, view.metric, view.chat, view.raw]
+        return [*prompts, view.lens, view.layers, view.k, as_text(view.targets), view.metric, view.chat, view.raw]
 
     fields = {**{f"prompt{i + 1}": box for i, box in enumerate(boxes)}, "lens": lens, "layers": layers, "k": k,
               "targets": targets, "metric": metric, "chat": chat, "raw": raw}
     return TabParts("compare", fields, to_view, run, inputs, outputs, run_button, from_view=from_view)
+
+
+def filled(boxes) -> list:
+    """The prompt boxes that hold text (the optional ones may be left empty)."""
+    return [p for p in boxes if not (p is None or isinstance(p, str) and not p.strip())]
 
 
 def part_ways_summary(comparison, lenses: tuple[str, ...]) -> str:

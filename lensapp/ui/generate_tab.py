@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gradio as gr
 import pandas as pd
 
 from .. import charts
 from ..config import LENS_CHOICES, MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
 from ..service import GenerateRequest
-from ..service.requests import as_float, as_int, as_seed, as_text
 from .chat_tab import build_chat
 from .examples import generate_examples
-from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, float_or, int_or, lens_choices, new_seed, text_or, warn
+from .permalinks import View, view_of
+from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, lens_choices, new_seed, warn
 
 HOW_TO = """
 The model writes one token per **step**. Each **column** is a step, labelled by the token the model
@@ -21,7 +22,8 @@ of that step, the position whose output *is* that column's token. So a cell equa
 means that layer already said what the model went on to say; the top row always does under greedy
 decoding (temperature 0).
 
-Step 0 reads the last prompt token. Pick a step below for its top-k at every layer.
+Step 0 reads the last prompt token. Pick a step below for its top-k at every layer. With a temperature
+above 0, the seed makes the sample reproducible: left empty, a run picks one and shows it.
 """
 
 
@@ -46,7 +48,7 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
                     layers = gr.Textbox(label=f"Layers (all, 10-20 or 0,5,-1; this model: 0..{n - 1})", value=d.layers,
                                         elem_id="generate-layers")
                     k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id="generate-k")
-                    seed = gr.Number(label="Seed (sampling: the same seed gives the same text)", value=0,
+                    seed = gr.Number(label="Seed (sampling: the same seed gives the same text)", value=d.seed,
                                      minimum=0, maximum=MAX_SEED, precision=0, elem_id="generate-seed")
                     reseed = gr.Button("New seed", size="sm", scale=0, min_width=100, elem_id="generate-new-seed")
                 with gr.Row():
@@ -67,21 +69,22 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
                     json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
                 state = gr.State()
             with gr.Tab("Chat", id="generate-chat"):
-                build_chat(service, guard)
+                chat_handlers = build_chat(service, guard)
 
     def readout(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw):
         if isinstance(lens, str) and lens in LENS_CHOICES and lens not in {value for _, value in choices}:
             warn("No Jacobian lens is loaded; using the logit lens.")
             lens = "logit"
-        req = GenerateRequest(prompt=prompt, max_tokens=as_int(max_tokens, "max tokens"), lens=lens,
-                              layers=(as_text(layers, "layers") or "all").strip(), k=as_int(k, "k"),
-                              temperature=as_float(temperature or 0, "temperature"), chat=bool(chat),
-                              seed=as_seed(seed), raw=bool(raw))
+        req = GenerateRequest.parse(prompt=prompt, max_tokens=max_tokens, lens=lens, layers=layers, k=k,
+                                    temperature=temperature, seed=seed, chat=chat, raw=raw)
+        if req.seed is None and req.sampled:                          # a sample that can be had again
+            req = replace(req, seed=new_seed())
         gen = service.generate(req)
         shown = "jacobian" if lens == "both" else lens
         last = len(gen.steps) - 1
         return (
             gen,
+            req.seed,
             gen.text,
             build_chart(charts.generation_heatmap, gen, lens),
             gr.Dropdown(choices=step_choices(gen), value=last),
@@ -94,7 +97,7 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
     def run(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, request: gr.Request = None):
         return guard.ui(request, readout, prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw)
 
-    outputs = [state, text, heatmap, step, table_lens, table, csv_file, json_file]
+    outputs = [state, seed, text, heatmap, step, table_lens, table, csv_file, json_file]
     inputs = [prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw]
     reseed.click(new_seed, None, seed, queue=False, **PRIVATE)
     run_button.click(run, inputs, outputs, **PRIVATE)
@@ -109,19 +112,10 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
 
     gr.on([step.input, table_lens.input], show_step, [state, step, table_lens], table, **PRIVATE)
 
-    def to_view(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw) -> View:
-        return View(tab="generate", prompt=text_or(prompt, ""), max_tokens=int_or(max_tokens, d.max_tokens),
-                    temperature=float_or(temperature, d.temperature), lens=text_or(lens, "logit"),
-                    layers=text_or(layers, "all"), k=int_or(k, d.k), chat=bool(chat),
-                    seed=None if seed is None else int_or(seed, 0), raw=bool(raw))
-
-    def from_view(view: View) -> list:
-        return [view.prompt, view.max_tokens, view.temperature, view.lens, view.layers, view.k, view.chat,
-                0 if view.seed is None else view.seed, view.raw]
-
     fields = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "lens": lens,
               "layers": layers, "k": k, "chat": chat, "seed": seed, "raw": raw}
-    return TabParts("generate", fields, to_view, run, inputs, outputs, run_button, from_view=from_view)
+    return TabParts("generate", fields, lambda *values: view_of("generate", **dict(zip(fields, values))), run,
+                    inputs, outputs, run_button, handlers={"show_step": show_step, "chat_send": chat_handlers["send"]})
 
 
 def step_choices(gen) -> list[tuple[str, int]]:

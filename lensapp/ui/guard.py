@@ -17,8 +17,8 @@ import re
 import gradio as gr
 
 from ..engine import EngineBusy, EngineError
+from ..service.fields import RequestError
 from ..service.limits import RateLimited, RateLimiter
-from ..service.requests import RequestError
 
 log = logging.getLogger(__name__)
 

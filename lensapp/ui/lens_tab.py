@@ -7,7 +7,7 @@ on one colour scale with a view of where their top-1 differs, and the lens's pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gradio as gr
 import numpy as np
@@ -16,12 +16,12 @@ import pandas as pd
 from .. import charts
 from ..config import MAX_K
 from ..service import LensRequest
-from ..service.planning import jlens_subset
-from ..service.requests import as_int, as_text, span, split_targets
+from ..service import fields as f
+from ..service.planning import jlens_subset, span
 from ..snippets import lens_snippet
 from .examples import lens_examples
-from .permalinks import View
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, md_text, text_or, warn
+from .permalinks import METRIC, START, View, as_text, view_of
+from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, md_text, warn
 
 LOGIT_HOW_TO = """
 Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
@@ -85,16 +85,14 @@ JACOBIAN_TAB = LensTab("jacobian", "Jacobian lens", "What each layer is disposed
                        "Run both lenses")
 
 
-def lens_request(tab: LensTab, service, prompt, layers, k, words: tuple[str, ...], chat, raw
-                 ) -> tuple[LensRequest, list[int]]:
-    """The request `tab` sends for these inputs, and the asked-for layers left out for having no J
-    (the page and a link's prefetch, `ui.prefetch`, must send the same one)."""
-    layers, missing = (as_text(layers, "layers") or "all").strip(), []
-    if tab.lens != "logit":
-        have, missing = jlens_subset(layers, service.info.n_layers, service.jlens_layers)
-        layers = ",".join(map(str, have))
-    return LensRequest(prompts=(prompt,), lens=tab.lens, layers=layers, k=as_int(k, "k"), targets=words,
-                       chat=bool(chat), raw=bool(raw)), missing
+def lens_request(tab: LensTab, service, prompt, layers, k, targets, chat, raw) -> tuple[LensRequest, list[int]]:
+    """The request `tab` sends for these inputs, read by the fields' parsers, and the asked-for layers left
+    out for having no J (the page and a link's prefetch, `ui.prefetch`, must send the same one)."""
+    req = LensRequest.parse(prompts=[prompt], lens=tab.lens, layers=layers, k=k, targets=targets, chat=chat, raw=raw)
+    if tab.lens == "logit":
+        return req, []
+    have, missing = jlens_subset(req.layers, service.info.n_layers, service.jlens_layers)
+    return replace(req, layers=",".join(map(str, have))), missing
 
 
 def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabParts:
@@ -116,8 +114,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
         with gr.Row():
             prompt = gr.Textbox(label="Prompt", value=d.prompt, lines=2, max_lines=8, scale=3,
                                 elem_id=f"{tab.name}-prompt")
-            targets = gr.Textbox(label="Target word(s), comma-separated (optional)", value=d.targets, scale=2,
-                                 elem_id=f"{tab.name}-targets")
+            targets = gr.Textbox(label="Target word(s), comma-separated (optional)", value=as_text(d.targets),
+                                 scale=2, elem_id=f"{tab.name}-targets")
         with gr.Row():
             layers = gr.Textbox(label=layers_label, value=d.layers, elem_id=f"{tab.name}-layers")
             k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id=f"{tab.name}-k")
@@ -164,18 +162,13 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
         return build_chart(charts.lens_heatmap, result, "logit", metric, start=first), gr.skip()
 
     def readout(prompt, layers, k, targets, metric, chat, raw, start):
-        words = split_targets(as_text(targets, "targets"))
-        metric = metric if isinstance(metric, str) and metric in charts.METRICS else "top1_prob"
-        if charts.METRICS[metric].needs_target and not words:
-            warn("That colour needs a target word; showing top-1 probability instead.")
-            metric = "top1_prob"
-        req, missing = lens_request(tab, service, prompt, layers, k, words, chat, raw)
+        req, missing = lens_request(tab, service, prompt, layers, k, targets, chat, raw)
+        metric = colour_metric(metric, req.targets)
         if missing:
             warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
         result = service.lens(req)[0]
         last = len(result.input_ids) - 1
-        cols = charts.window_of(len(result.input_ids), None if start is None else as_int(start, "start"),
-                                charts.DisplaySettings())
+        cols = charts.window_of(len(result.input_ids), START(start), charts.DisplaySettings())
         pair, diff_chart = draw(result, metric, cols.start)
         return (
             result,
@@ -186,7 +179,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
             lens_summary(result, shown),
             gr.Dropdown(choices=position_choices(result.input_tokens), value=last),
             top_k_tables(result, shown, last),
-            gr.Plot(value=build_chart(charts.target_curves, result, shown) if words else None, visible=bool(words)),
+            gr.Plot(value=build_chart(charts.target_curves, result, shown) if req.targets else None,
+                    visible=bool(req.targets)),
             downloads.button(f"{tab.name}-lens", ".csv", result.to_csv()),
             downloads.button(f"{tab.name}-lens", ".json", result.dumps()),
         )
@@ -212,9 +206,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
         """Redraw from the result in hand (no new readout); the link remembers the window."""
         if result is None:
             return gr.skip(), gr.skip(), gr.skip()
-        metric = metric if isinstance(metric, str) and metric in charts.METRICS else "top1_prob"
-        if charts.METRICS[metric].needs_target and not result.lenses[shown[0]].targets:
-            metric = "top1_prob"
+        metric = colour_metric(metric, result.lenses[shown[0]].targets, quiet=True)
         first = int_or(first, 0)
         return (*draw(result, metric, first), first)
 
@@ -228,14 +220,24 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
     state.change(show_code, [state, form, chat], code, **PRIVATE)
     form.change(show_code, [state, form, chat], code, **PRIVATE)
 
-    def to_view(prompt, layers, k, targets, metric, chat, raw, start) -> View:
-        return View(tab=tab.name, prompt=text_or(prompt, ""), layers=text_or(layers, "all"), k=int_or(k, d.k),
-                    targets=text_or(targets, ""), metric=text_or(metric, d.metric), chat=bool(chat), raw=bool(raw),
-                    start=None if start is None else int_or(start, 0))
-
     fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat,
               "raw": raw, "start": start}
-    return TabParts(tab.name, fields, to_view, run, inputs, outputs, run_button)
+    return TabParts(tab.name, fields, lambda *values: view_of(tab.name, **dict(zip(fields, values))), run, inputs,
+                    outputs, run_button, handlers={"show_position": show_position, "move_window": move_window})
+
+
+def colour_metric(metric, targets, quiet: bool = False) -> str:
+    """The metric to colour by: the asked-for one, or top-1 probability where it cannot be drawn (an unknown
+    name, or a target metric with no target), with a warning unless `quiet`."""
+    try:
+        metric = METRIC(metric)
+    except f.RequestError:
+        return METRIC.default
+    if charts.METRICS[metric].needs_target and not targets:
+        if not quiet:
+            warn("That colour needs a target word; showing top-1 probability instead.")
+        return METRIC.default
+    return metric
 
 
 def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:

@@ -3,56 +3,69 @@
     encode(view) -> {"v": "1", "tab": "logit", "prompt": ..., ...}    (then `query_string`)
     decode(query) -> (view, notices)
 
-`decode` never raises: every missing, malformed or hostile value (unknown tab, k=-3, layers
-outside the model, a 100 kB prompt, bytes that are not UTF-8) falls back to its default and
-adds a one-line notice the page shows. Format versions: v=1 is the current one; a link with
-no `v` is read as v=1; a newer version is read as far as its fields are understood.
+A link's fields are request fields (`service/fields.py`), read with the same parsers as the API and
+the command line, plus what only a view has (the tab, the colour metric, the first position drawn).
+`decode` never raises: every missing, malformed or hostile value (an unknown tab, k=-3, layers outside
+the model, a 100 kB prompt, bytes that are not UTF-8) falls back to its default and adds a one-line
+notice the page shows. Format versions: v=1 is the current one; a link with no `v` is read as v=1; a
+newer version is read as far as its fields are understood. Fields are only ever added: a link of an
+earlier release still opens (what it does not name takes its default).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 from typing import Mapping, NamedTuple
 from urllib.parse import parse_qsl, quote, urlencode
 
 from .. import config
 from ..charts import METRICS
-from ..service.requests import RequestError, parse_layers
+from ..service import fields as f
+from ..service.fields import Field, RequestError
+from ..service.planning import parse_layers
 
 FORMAT_VERSION = 1
 TABS = ("logit", "jacobian", "generate", "compare")
-LENSES = tuple(config.LENS_CHOICES)
 DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_COMPARE = ("The capital of France is", "The capital of Italy is")
-# Which fields a tab's link carries (the rest are that tab's defaults). Fields are only ever added:
-# a link of an earlier release still opens (what it does not name takes its default).
+
+# What only a view has. The prompt(s) a page opens on are examples, not a request's defaults.
+TAB = Field("tab", "which tab the link opens", "logit", f.choice("tab", TABS))
+METRIC = Field("metric", "what colours the cells", "top1_prob", f.choice("metric", tuple(METRICS)))
+START = Field("start", "the first position drawn of a long prompt (none: the last ones)", None,
+              f.optional_whole("start", 0, 1 << 20))
+VIEW_PROMPT = replace(f.PROMPT, default=DEFAULT_PROMPT, required=False)
+VIEW_PROMPTS = replace(f.PROMPTS, default=DEFAULT_COMPARE, required=False)
+
+
+@dataclass(frozen=True)
+class View:
+    """Everything a tab needs to reproduce a readout, as parsed values. Empty means empty: no targets."""
+
+    tab: str = TAB.declared()
+    prompt: str = VIEW_PROMPT.declared()
+    layers: str = f.LAYERS.declared()
+    k: int = f.K.declared()
+    targets: tuple[str, ...] = f.TARGETS.declared()
+    metric: str = METRIC.declared()
+    lens: str = f.LENS.declared()
+    max_tokens: int = f.MAX_TOKENS.declared()
+    temperature: float = f.TEMPERATURE.declared()
+    chat: bool = f.CHAT.declared()
+    seed: int | None = f.SEED.declared()
+    raw: bool = f.RAW.declared()
+    start: int | None = START.declared()
+    prompts: tuple[str, ...] = VIEW_PROMPTS.declared()      # the compare tab's (prompt1, prompt2, ... in a link)
+
+
+VIEW_FIELDS = f.fields_of(View)
+# Which fields a tab's link carries (the rest are that tab's defaults). Only ever add fields.
 TAB_FIELDS = {
     "logit": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start"),
     "jacobian": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start"),
     "generate": ("prompt", "max_tokens", "temperature", "seed", "lens", "layers", "k", "chat", "raw"),
     "compare": ("prompts", "lens", "layers", "k", "targets", "metric", "chat", "raw"),
 }
-
-
-@dataclass(frozen=True)
-class View:
-    """Everything a tab needs to reproduce a readout. Empty means empty: targets default to none."""
-
-    tab: str = "logit"
-    prompt: str = DEFAULT_PROMPT
-    layers: str = "all"
-    k: int = 5
-    targets: str = ""
-    metric: str = "top1_prob"
-    lens: str = "logit"
-    max_tokens: int = 8
-    temperature: float = 0.0
-    chat: bool = False
-    seed: int | None = None          # sampling seed (generation with temperature > 0)
-    raw: bool = False                # raw logits: norm(h) @ W_U.T without the family's logit arithmetic
-    start: int | None = None         # first position drawn of a long prompt (None: the last ones)
-    prompts: tuple[str, ...] = DEFAULT_COMPARE     # the compare tab's prompts (prompt1, prompt2, ... in a link)
 
 
 def encode(view: View) -> dict[str, str]:
@@ -62,21 +75,38 @@ def encode(view: View) -> dict[str, str]:
         value = getattr(view, name)
         if name == "prompts":
             out.update({f"prompt{i}": p for i, p in enumerate(value, 1)})
-            continue
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            value = "1" if value else "0"
-        elif isinstance(value, float):
-            value = f"{value:g}"
-        out[name] = str(value)
+        elif value is not None:
+            out[name] = as_text(value)
     return out
+
+
+def as_text(value) -> str:
+    """A parsed value as a link (or a form's text box) writes it."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return ", ".join(value)
+    return str(value)
 
 
 def query_string(view: View) -> str:
     # A lone surrogate (a browser can send one) is kept as the bytes it stands for: the link then opens
     # with a notice that the field is not UTF-8 text, instead of this failing.
     return urlencode(encode(view), quote_via=quote, errors="surrogatepass")
+
+
+def view_of(tab: str, **values) -> View:
+    """A View from a tab's input values mid-edit (an emptied box, a half-typed number): each value its
+    field cannot read keeps the field's default. Never raises (the link follows every keystroke)."""
+    parsed = {}
+    for name, value in values.items():
+        try:
+            parsed[name] = VIEW_FIELDS[name](value)
+        except (RequestError, TypeError, ValueError):
+            continue
+    return replace(View(tab=tab), **parsed)
 
 
 class Decoded(NamedTuple):
@@ -95,13 +125,24 @@ def decode(query: Mapping[str, str] | str | None, *, n_layers: int | None = None
     params = _params(query, notices)
     if not params:
         return Decoded(View(), notices)
-    d = View()
+    _check_version(params.get("v", str(FORMAT_VERSION)), notices)
     values: dict = {}
+    for name, field in VIEW_FIELDS.items():
+        if name in params and name != "prompts":
+            try:
+                values[name] = field(_utf8(params[name]))
+            except RequestError as e:
+                notices.append(f"The link's {name} was left at its default ({_show(field.default)}): {e}.")
+    prompts = _compare_prompts(params, notices)
+    if prompts:
+        values["prompts"] = prompts
+    view = replace(View(), **values)
+    if "layers" in values and n_layers is not None:
+        view = _fit_layers(view, n_layers, jlens_layers, notices)
+    return Decoded(view, notices)
 
-    def fail(name: str, why: str) -> None:
-        notices.append(f"The link's {name} {why}; using the default ({_show(getattr(d, name))}).")
 
-    version = params.get("v", str(FORMAT_VERSION))
+def _check_version(version: str, notices: list[str]) -> None:
     if not (version.isascii() and version.isdigit() and len(version) <= 9) or int(version) < 1:
         notices.append(f"The link's format version v={_printable(version)} is not one this app knows; "
                        "reading it as v=1.")
@@ -109,35 +150,24 @@ def decode(query: Mapping[str, str] | str | None, *, n_layers: int | None = None
         notices.append(f"The link was made by a newer version of the app (v={int(version)}); "
                        "settings it does not understand are left at their defaults.")
 
-    for name in _PARSERS:
-        if name not in params:
-            continue
-        raw = params[name]
-        # U+FFFD: bytes the web server could not decode; a lone surrogate: a raw query or mapping holding one
-        if any(ch == "\ufffd" or 0xD800 <= ord(ch) <= 0xDFFF for ch in raw):
-            fail(name, "has bytes that are not UTF-8 text")
-            continue
-        try:
-            values[name] = _PARSERS[name](raw)
-        except ValueError as e:
-            fail(name, str(e))
 
-    prompts = _compare_prompts(params, notices)
-    if prompts:
-        values["prompts"] = prompts
-    view = replace(d, **values)
-    if "layers" in values and n_layers is not None:
-        try:
-            layers = parse_layers(view.layers, n_layers)
-            if view.tab == "jacobian" and jlens_layers and not set(layers) & set(jlens_layers):
-                raise RequestError(f"none of them has a Jacobian lens; it covers {', '.join(map(str, jlens_layers))}")
-        except RequestError as e:
-            notices.append(f"The link's layers do not fit this model ({e}); using all layers.")
-            view = replace(view, layers="all")
-    return Decoded(view, notices)
+def _utf8(raw: str) -> str:
+    """U+FFFD: bytes the web server could not decode (a lone surrogate is the field parser's to refuse)."""
+    if "\ufffd" in raw:
+        raise RequestError("it has bytes that are not UTF-8 text")
+    return raw
 
 
-# -- parsers: raw text -> value, or ValueError saying what is wrong ---------------------------------
+def _fit_layers(view: View, n_layers: int, jlens_layers: list[int] | None, notices: list[str]) -> View:
+    try:
+        layers = parse_layers(view.layers, n_layers)
+        if view.tab == "jacobian" and jlens_layers and not set(layers) & set(jlens_layers):
+            raise RequestError(f"none of them has a Jacobian lens; it covers {', '.join(map(str, jlens_layers))}")
+    except RequestError as e:
+        notices.append(f"The link's layers do not fit this model ({e}); using all layers.")
+        return replace(view, layers="all")
+    return view
+
 
 def _params(query, notices: list[str]) -> dict[str, str]:
     if query is None:
@@ -159,66 +189,6 @@ def _params(query, notices: list[str]) -> dict[str, str]:
         return {}
 
 
-def _choice(options):
-    def parse(raw: str) -> str:
-        if raw not in options:
-            raise ValueError(f"{_short(raw)!r} is not one of {', '.join(options)}")
-        return raw
-    return parse
-
-
-def _int(lo: int, hi: int):
-    def parse(raw: str) -> int:
-        try:
-            value = int(raw.strip())
-        except ValueError:
-            raise ValueError(f"{_short(raw)!r} is not a whole number") from None
-        if not lo <= value <= hi:
-            raise ValueError(f"{_short(str(value))} is outside {lo}..{hi}")
-        return value
-    return parse
-
-
-def _temperature(raw: str) -> float:
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        raise ValueError(f"{_short(raw)!r} is not a number") from None
-    if not math.isfinite(value) or not 0.0 <= value <= config.MAX_TEMPERATURE:
-        raise ValueError(f"{value:g} is outside 0..{config.MAX_TEMPERATURE:g}")
-    return value
-
-
-def _prompt(raw: str) -> str:
-    if len(raw) > config.MAX_PROMPT_CHARS:
-        raise ValueError(f"is {len(raw)} characters long; the limit is {config.MAX_PROMPT_CHARS}")
-    if not raw.strip():
-        raise ValueError("is empty")
-    if any(ord(ch) < 0x20 and ch not in "\n\t\r" for ch in raw):
-        raise ValueError("contains control characters")
-    return raw
-
-
-def _layers(raw: str) -> str:
-    text = raw.strip()
-    if len(text) > config.MAX_LAYERS_CHARS or not text:
-        raise ValueError("is empty" if not text else "is too long")
-    if text.lower() != "all" and not set(text.lower()) <= set("0123456789,- last"):
-        raise ValueError(f"{_short(text)!r} is not 'all', a list like 0,5,-1 or a range like 10-20")
-    return text
-
-
-def _targets(raw: str) -> str:
-    if len(raw) > config.MAX_TARGET_CHARS:
-        raise ValueError(f"are {len(raw)} characters long; the limit is {config.MAX_TARGET_CHARS}")
-    parts = [t for t in raw.split(",") if t.strip()]
-    if len(parts) > config.MAX_TARGETS:
-        raise ValueError(f"are {len(parts)} words; the limit is {config.MAX_TARGETS}")
-    if any(ord(ch) < 0x20 for ch in raw):
-        raise ValueError("contain control characters")
-    return raw
-
-
 def _compare_prompts(params: dict[str, str], notices: list[str]) -> tuple[str, ...]:
     """prompt1, prompt2, ... in order; () when the link names none (or too few: with a notice)."""
     keys = [f"prompt{i}" for i in range(1, config.MAX_COMPARE_PROMPTS + 1) if f"prompt{i}" in params]
@@ -226,55 +196,27 @@ def _compare_prompts(params: dict[str, str], notices: list[str]) -> tuple[str, .
         return ()
     prompts = []
     for key in keys:
-        raw = params[key]
         try:
-            if "\ufffd" in raw:
-                raise ValueError("has bytes that are not UTF-8 text")
-            prompts.append(_prompt(raw))
-        except ValueError as e:
-            notices.append(f"The link's {key} {e}; it was left out.")
+            prompts.append(f.PROMPT(_utf8(params[key])))
+        except RequestError as e:
+            notices.append(f"The link's {key} was left out: {e}.")
     if len(prompts) < 2:
         notices.append(f"The link compares fewer than two prompts; using the examples ({', '.join(DEFAULT_COMPARE)}).")
         return ()
     return tuple(prompts)
 
 
-def _optional_int(lo: int, hi: int):
-    whole = _int(lo, hi)
-
-    def parse(raw: str) -> int | None:
-        return None if not raw.strip() else whole(raw)
-    return parse
-
-
-def _bool(raw: str) -> bool:
-    low = raw.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"{_short(raw)!r} is not 1 or 0")
-
-
-_PARSERS = {
-    "tab": _choice(TABS), "prompt": _prompt, "layers": _layers, "k": _int(1, config.MAX_K), "targets": _targets,
-    "metric": _choice(tuple(METRICS)), "lens": _choice(LENSES), "max_tokens": _int(1, config.MAX_GENERATE_TOKENS),
-    "temperature": _temperature, "chat": _bool, "seed": _optional_int(0, config.MAX_SEED), "raw": _bool,
-    "start": _optional_int(0, 1 << 20),
-}
-assert set(_PARSERS) | {"prompts"} == {f.name for f in fields(View)}
-
-
-def _short(text: str, n: int = 40) -> str:
-    return text if len(text) <= n else text[:n] + "…"
-
-
 def _printable(text: str) -> str:
     """Clipped, and quoted with escapes when it holds a line break or another unprintable character."""
-    return _short(text) if text.isprintable() else repr(_short(text))
+    return f.clip(text) if text.isprintable() else repr(f.clip(text))
 
 
 def _show(value) -> str:
+    if isinstance(value, tuple):
+        return ", ".join(value) or "none"
     if isinstance(value, str):
-        return repr(_short(value)) if value else "none"
+        return repr(f.clip(value)) if value else "none"
     return str(value)
+
+
+assert set(VIEW_FIELDS) == {x.name for x in fields(View)}

@@ -18,7 +18,6 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..service.requests import split_targets
 from . import permalinks
 from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, lens_request
 
@@ -55,8 +54,7 @@ class LinkPrefetch:
         tab = {"logit": LOGIT_TAB, "jacobian": JACOBIAN_TAB}.get(view.tab)
         if tab is None or (tab is JACOBIAN_TAB and service.jlens is None):
             return None
-        req, _ = lens_request(tab, service, view.prompt, view.layers, view.k, split_targets(view.targets),
-                              view.chat, view.raw)
+        req, _ = lens_request(tab, service, view.prompt, view.layers, view.k, view.targets, view.chat, view.raw)
         return req
 
     def _idle(self) -> bool:

@@ -22,7 +22,7 @@ import altair as alt
 import gradio as gr
 from gradio.components.plot import PlotData
 
-from .permalinks import View
+from .permalinks import View, as_text
 
 PRIVATE = {"api_visibility": "private"}          # UI events are not API endpoints (api.py's are)
 
@@ -55,12 +55,13 @@ class TabParts:
     outputs: list = field(default_factory=list)
     run_button: gr.Button | None = None
     from_view: Callable[[View], list] | None = None   # View -> input values, where they are not its fields 1:1
+    handlers: dict[str, Callable] = field(default_factory=dict)    # the tab's other event handlers, by name
 
     def values(self, view: View) -> list:
-        """Input values for `view`, in `fields` order."""
+        """Input values for `view`, in `fields` order (a word list as the text box shows it)."""
         if self.from_view is not None:
             return self.from_view(view)
-        return [getattr(view, name) for name in self.fields]
+        return [as_text(v) if isinstance(v, tuple) else v for v in (getattr(view, name) for name in self.fields)]
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
@@ -78,17 +79,6 @@ def int_or(value, default: int) -> int:
     except (TypeError, ValueError, OverflowError):
         return default
     return n if abs(n) < 1 << 63 else default       # no link needs more (str() refuses past 4300 digits)
-
-
-def float_or(value, default: float) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError, OverflowError):
-        return default
-
-
-def text_or(value, default: str) -> str:
-    return value if isinstance(value, str) and value else default
 
 
 def new_seed() -> int:

@@ -1,0 +1,164 @@
+"""The request schema (service/fields.py) and every surface bound to it: the request classes, the API's
+endpoints, the CLI's flags, the permalink codec and the tabs.
+
+Each field's own examples must parse to their values and its hostile values must be refused in one
+line; each surface must carry the schema's fields (the same parser, not a copy); and the same hostile
+value must get the same answer from a link, the API and the command line."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import fields as dataclass_fields
+
+import gradio as gr
+import pytest
+from hostile import assert_one_line, run_cli
+
+from lensapp import config
+from lensapp.service import fields as f
+from lensapp.service.fields import Field, RequestError, fields_of
+from lensapp.service.requests import ChatRequest, GenerateRequest, LensRequest
+from lensapp.ui import api, permalinks
+from lensapp.ui.permalinks import View, as_text
+
+SCHEMA = {name: value for name, value in vars(f).items() if isinstance(value, Field)}
+REQUESTS = (LensRequest, GenerateRequest, ChatRequest)
+# The API's published parameter order: a parameter is only ever added at the end (old clients keep working).
+PUBLISHED = {
+    "lens": ["prompt", "lens", "layers", "k", "targets", "chat", "raw"],
+    "compare": ["prompts", "lens", "layers", "k", "targets", "chat", "raw"],
+    "generate": ["prompt", "max_tokens", "lens", "layers", "k", "temperature", "seed", "chat", "raw"],
+    "chat": ["messages", "lens", "layer", "max_tokens", "temperature", "k", "seed"],
+}
+
+
+def schema_field(field: Field) -> Field:
+    """The schema's declaration `field` is, or is made from (a view may change only the default)."""
+    for declared in SCHEMA.values():
+        if declared is field:
+            return declared
+    for declared in SCHEMA.values():
+        if declared.name == field.name and declared.parse is field.parse:
+            return declared
+    raise AssertionError(f"{field.name} is not a field of service/fields.py")
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMA))
+def test_every_field_reads_its_examples_and_refuses_its_hostile_values(name):
+    field = SCHEMA[name]
+    assert field.help and (field.examples or field.default is None)
+    for raw, value in field.examples:
+        assert field(raw) == value, (raw, value)
+    assert field.hostile, f"{name} declares no hostile values"
+    for raw in field.hostile:
+        with pytest.raises(RequestError) as e:
+            field(raw)
+        assert_one_line(str(e.value))
+
+
+@pytest.mark.parametrize("cls", REQUESTS, ids=lambda c: c.__name__)
+def test_every_request_field_is_declared_in_the_schema(cls):
+    declared = fields_of(cls)
+    assert list(declared) == [x.name for x in dataclass_fields(cls)]
+    for x in dataclass_fields(cls):
+        field = declared[x.name]
+        assert schema_field(field) is field
+        assert (x.default_factory() if callable(x.default_factory) else x.default) == field.default
+
+
+def test_a_link_reads_each_request_field_with_its_parser():
+    for name, field in permalinks.VIEW_FIELDS.items():
+        if name in ("tab", "metric", "start"):                  # what only a view has
+            assert field is getattr(permalinks, name.upper())
+            continue
+        assert schema_field(field).parse is field.parse, name
+        if name not in ("prompt", "prompts"):                   # the page opens on an example prompt
+            assert getattr(View(), name) == schema_field(field).default, name
+
+
+def test_the_api_is_made_from_the_schema():
+    assert [e.name for e in api.ENDPOINTS] == list(PUBLISHED)
+    for endpoint in api.ENDPOINTS:
+        names = [field.name for field in endpoint.params]
+        assert names[:len(PUBLISHED[endpoint.name])] == PUBLISHED[endpoint.name], endpoint.name
+        fn = api.endpoint_function(endpoint, service=None, guard=None)
+        params = list(inspect.signature(fn).parameters.values())
+        assert [p.name for p in params] == names + ["request"]
+        for p, field in zip(params, endpoint.params):
+            assert schema_field(field) is field
+            assert (p.annotation, p.default) == api.api_form(field)
+            assert field.help in fn.__doc__
+            if p.default is not inspect.Parameter.empty:
+                assert field(p.default) == field.default          # the API's default means the field's
+
+
+def test_the_cli_is_made_from_the_schema():
+    from lensapp import cli
+
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    for command, (_, request_fields) in cli.REQUEST_COMMANDS.items():
+        actions = {a.dest: a for a in commands[command]._actions}
+        for field in request_fields:
+            assert schema_field(field) is field
+            action = actions[field.name]
+            assert action.option_strings == ([field.flag] if field.flag else []), field.name
+            assert action.default is None                          # unset: the field's own default applies
+
+
+@pytest.fixture(scope="module")
+def tiny_app(tiny_service):
+    from lensapp import ui
+
+    return tiny_service, ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+
+
+def test_the_tabs_open_on_the_schemas_defaults(tiny_app):
+    _, built = tiny_app
+    assert set(built.tabs) == set(permalinks.TABS)
+    for name, parts in built.tabs.items():
+        assert set(parts.fields) <= set(permalinks.VIEW_FIELDS) | {f"prompt{i}" for i in range(1, 5)}, name
+        view = View(tab=name)
+        for (field, component), value in zip(parts.fields.items(), parts.values(view)):
+            assert component.value == (value if not isinstance(value, tuple) else as_text(value)), (name, field)
+
+
+# -- one hostile value, three doors -----------------------------------------------------------------------
+
+# (field, the CLI command and flag that carry it, the API endpoint and parameter); booleans are flags without
+# a value on the command line, so only links and the API can send them something hostile.
+DOORS = [(f.K, "--k", "lens"), (f.LAYERS, "--layers", "lens"), (f.LENS, "--lens", "lens"),
+         (f.TARGETS, "--target", "lens"), (f.MAX_TOKENS, "--max-tokens", "generate"),
+         (f.TEMPERATURE, "--temperature", "generate"), (f.SEED, "--seed", "generate"), (f.PROMPT, None, "generate"),
+         (f.CHAT, None, "lens"), (f.RAW, None, "generate")]
+CASES = [(field, flag, endpoint, raw) for field, flag, endpoint in DOORS for raw in field.hostile
+         if isinstance(raw, str)]
+
+
+@pytest.mark.parametrize("field, flag, endpoint, raw", CASES,
+                         ids=[f"{c[0].name}-{i}" for i, c in enumerate(CASES)])
+def test_a_hostile_value_gets_the_same_answer_at_every_door(tiny_app, field, flag, endpoint, raw):
+    from lensapp.service.limits import RateLimiter
+    from lensapp.ui.guard import Guard
+
+    with pytest.raises(RequestError) as e:
+        field(raw)
+    message = str(e.value)
+
+    view, notices = permalinks.decode({"tab": "generate", field.name: raw})
+    assert getattr(view, field.name) == getattr(View(), field.name)
+    assert len(notices) == 1 and message in notices[0], notices
+
+    service, _ = tiny_app
+    call = api.endpoint_function(next(x for x in api.ENDPOINTS if x.name == endpoint), service,
+                                 Guard(RateLimiter(0)))
+    args = {"prompt": "Hi", field.name: raw}
+    with pytest.raises(gr.Error) as e:
+        call(**args)
+    assert e.value.message == message
+
+    if flag is not None or field is f.PROMPT:
+        command = "lens" if endpoint == "lens" else "generate"
+        argv = [command, raw, "--jlens", "none"] if field is f.PROMPT else [command, "Hi", flag, raw]
+        code, out, err = run_cli(argv)
+        assert (code, out, err) == (2, "", f"error: {message}\n")
