@@ -1,9 +1,13 @@
-"""Command line: `lensapp lens | generate | fit | serve`, on the same service and results as the app.
+"""Command line: `lensapp lens | generate | intervene | fit | serve`, on the same service and results as the app.
 
 Examples:
     lensapp lens "The capital of France is" --lens both --layers 20-29 --k 5 --target Paris
     lensapp lens "The capital of France is" "The capital of Italy is" --json > capitals.json
     lensapp generate "Once upon a time" --max-tokens 16 --temperature 0.8 --seed 7 --json
+    lensapp intervene "The capital of France is" --steer Rome --layer 22 --alpha 0,0.2,0.4 --json
+    lensapp intervene "The Eiffel Tower is in the city of" --ablate Paris --direction jacobian --layer 20-28
+    lensapp intervene "The Colosseum is in the city of" --patch-from "The Eiffel Tower is in the city of" \\
+        --layer 6-12 --position 1-3 --target Paris
     lensapp lens "Hello" --model Qwen/Qwen3-8B \\
         --jlens neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt
     lensapp fit --corpus my_texts/ --out my_lens.pt
@@ -33,7 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "layer (logit lens, Jacobian lens), from the command line or in the browser.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help, request_fields) in REQUEST_COMMANDS.items():
-        add_request_arguments(sub.add_parser(name, help=help), request_fields)
+        command = sub.add_parser(name, help=help)
+        if name == "intervene":
+            kind = command.add_mutually_exclusive_group(required=True)
+            for what, (flag, field) in INTERVENTION_FLAGS.items():
+                kind.add_argument(flag, dest=what, metavar="SOURCE" if what == "patch" else "WORD",
+                                  help=f"{what}: {field.help}")
+        add_request_arguments(command, request_fields)
     add_fit_arguments(sub.add_parser("fit", help="fit a Jacobian lens (TransformersModel, backward passes)"))
     serve = sub.add_parser("serve", help="the web app (Gradio) on http://HOST:PORT")
     config.add_arguments(serve)
@@ -47,7 +57,16 @@ REQUEST_COMMANDS = {
     "generate": ("generate, with a readout of the newest position at every step",
                  (fields.PROMPT, fields.MAX_TOKENS, fields.TEMPERATURE, fields.SEED, fields.LENS, fields.LAYERS,
                   fields.K, fields.CHAT, fields.RAW)),
+    # --steer WORD, --ablate WORD and --patch-from SOURCE (one of them) say the intervention; see below.
+    "intervene": ("steer, ablate or patch a layer's output, and read every lens before and after",
+                  (fields.PROMPT, fields.SPAN, fields.ALPHAS, fields.DIRECTION, fields.FROM_WORD, fields.OBJECTIVE,
+                   fields.POSITIONS, fields.PROMPT_ONLY, fields.ABLATION, fields.REFERENCE, fields.SOURCE_POSITIONS,
+                   fields.LENS, fields.LAYERS, fields.K, fields.TARGETS, fields.NEW_TOKENS, fields.TEMPERATURE,
+                   fields.SEED, fields.CHAT, fields.RAW)),
 }
+# The intervention's kind, as the flag that carries its word or source prompt.
+INTERVENTION_FLAGS = {"steer": ("--steer", fields.WORD), "ablate": ("--ablate", fields.WORD),
+                      "patch": ("--patch-from", fields.SOURCE)}
 
 
 def add_request_arguments(parser: argparse.ArgumentParser, request_fields) -> None:
@@ -60,7 +79,8 @@ def add_request_arguments(parser: argparse.ArgumentParser, request_fields) -> No
         elif isinstance(field.default, bool):
             parser.add_argument(field.flag, dest=field.name, action="store_true", default=None, help=help)
         elif isinstance(field.default, tuple):
-            parser.add_argument(field.flag, dest=field.name, action="append", metavar="WORD",
+            parser.add_argument(field.flag, dest=field.name, action="append",
+                                metavar="WORD" if field.name == "targets" else field.name.upper(),
                                 help=f"{help} (repeatable)")
         else:
             parser.add_argument(field.flag, dest=field.name, default=None, help=f"{help} [{field.default}]")
@@ -86,11 +106,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def request_of(args):
-    """The request a `lens` or `generate` command line asks for, read by the fields' parsers."""
-    from .service import GenerateRequest, LensRequest
+    """The request a `lens`, `generate` or `intervene` command line asks for, read by the fields' parsers."""
+    from .service import GenerateRequest, InterveneRequest, LensRequest
 
-    cls = LensRequest if args.command == "lens" else GenerateRequest
-    return cls.parse(**{field.name: getattr(args, field.name) for field in REQUEST_COMMANDS[args.command][1]})
+    cls = {"lens": LensRequest, "generate": GenerateRequest, "intervene": InterveneRequest}[args.command]
+    values = {field.name: getattr(args, field.name) for field in REQUEST_COMMANDS[args.command][1]}
+    if args.command == "intervene":
+        kind = next(what for what in INTERVENTION_FLAGS if getattr(args, what) is not None)
+        values.update(intervention=kind, **{INTERVENTION_FLAGS[kind][1].name: getattr(args, kind)})
+    return cls.parse(**values)
 
 
 def _run(args, cfg: config.Config) -> int:
@@ -110,6 +134,10 @@ def _run(args, cfg: config.Config) -> int:
                 print(dumps(results[0] if len(results) == 1 else results))
             else:
                 print("\n\n".join(format_lens(r) for r in results))
+        elif args.command == "intervene":
+            progress = None if args.json else _fit_progress
+            result = service.intervene(request, progress)
+            print(dumps(result) if args.json else format_intervention(result))
         else:
             result = service.generate(request)
             print(dumps(result) if args.json else format_generation(result))
@@ -131,6 +159,24 @@ def format_lens(r) -> str:
             out.append(f"target {t.text!r} ({t.scored_as}): p at last position by layer "
                        + " ".join(f"{p:.3g}" for p in t.probs[:, -1]))
     return "\n".join(out)
+
+
+def format_intervention(r) -> str:
+    """What was done, the word's final probability before and after each change, and what was generated."""
+    what = ", ".join(f"{k}={v}" for k, v in r.intervention.items() if v not in (None, "", []))
+    out = [f"{r.before.model}: {r.before.prompt!r}", f"intervention: {what}",
+           f"model's next token before: {r.before.model_next_token!r}; after: "
+           + ", ".join(f"{label} {a.model_next_token!r}" for label, a in zip(r.labels, r.after))]
+    if r.word is not None:
+        out += [f"\nP({r.word!r}) at the last position, the model's output:", r.dose_response().to_string(index=False)]
+    if r.generated_after:
+        out += [f"\ngenerated before: {r.generated_before!r}"]
+        out += [f"generated with {label}: {text!r}" for label, text in zip(r.labels, r.generated_after)]
+    return "\n".join(out)
+
+
+def _fit_progress(step: int, p: float, norm: float) -> None:
+    print(f"fitting the steering vector: step {step}, p(target) {p:.3f}, |v| {norm:.3g}", file=sys.stderr)
 
 
 def format_generation(g) -> str:

@@ -17,8 +17,11 @@ Fixed limits that protect the machine (a public Space, a workshop of thirty peop
   MAX_LAYERS_CHARS        = 200    characters of a layer selection
   MAX_COMPARE_PROMPTS     = 4      prompts side by side
   MAX_CHAT_MESSAGES       = 64     messages in one conversation
+  MAX_ALPHA               = 20.0   a steering vector's length, in units of the layer's typical residual norm
+  MAX_SWEEP               = 12     alphas in one steering request (or layers in one patch sweep)
 and the configurable ones, with their defaults for a public CPU Space: `max_prompt_tokens`,
-`max_work` (cells a request may read), `max_batch`, `queue_size`, `request_timeout`, `rate_limit`.
+`max_work` (cells a request may read), `max_batch`, `queue_size`, `request_timeout`, `rate_limit`,
+`max_fit_steps` and `max_fit_seconds` (a fitted steering vector's bounds).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ MAX_CONTINUATION_TOKENS = 16
 MAX_LAYERS_CHARS = 200
 MAX_COMPARE_PROMPTS = 4
 MAX_CHAT_MESSAGES = 64
+MAX_ALPHA = 20.0
+MAX_SWEEP = 12
 DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache is sized for it)
 
 # The lenses, and what a request's `lens` field may name.
@@ -92,6 +97,8 @@ class Config:
     queue_size: int = _setting(48, "requests that may wait beyond those; more are told the app is busy")
     request_timeout: float = _setting(120.0, "seconds one request may take before it is cancelled")
     rate_limit: int = _setting(60, "requests per minute per client address (0 = off; loopback is never limited)")
+    max_fit_steps: int = _setting(200, "optimiser steps a fitted steering vector may take (0 = no fitting)")
+    max_fit_seconds: float = _setting(60.0, "seconds a fitted steering vector may take")
     auth: str = _setting("", "`user:password[,user:password...]` asks for a login (Gradio's own); empty = open")
     cache_entries: int = _setting(256, "results kept for identical requests (0 = no cache)")
     cache_mb: int = _setting(256, "memory the result cache may hold, in MB")
@@ -111,11 +118,14 @@ class Config:
                              ("max_prompt_tokens", 1, 1 << 20),
                              ("max_work", 1, 1 << 40), ("max_batch", 1, 1024), ("queue_size", 0, 1 << 16),
                              ("rate_limit", 0, 1 << 20), ("cache_entries", 0, 1 << 20), ("cache_mb", 0, 1 << 20),
+                             ("max_fit_steps", 0, 100_000),
                              ("port", 1, 65535)):
             if not lo <= getattr(self, name) <= hi:
                 raise ConfigError(f"{name} must be in {lo}..{hi}, got {getattr(self, name)}")
         if not 0.0 <= self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in 0..1, got {self.gpu_memory_utilization}")
+        if not 1.0 <= self.max_fit_seconds <= 86_400:
+            raise ConfigError(f"max_fit_seconds must be in 1..86400 seconds, got {self.max_fit_seconds}")
         if not 1.0 <= self.request_timeout <= 86_400:
             raise ConfigError(f"request_timeout must be in 1..86400 seconds, got {self.request_timeout}")
         if self.max_model_len and self.max_prompt_tokens + MAX_GENERATE_TOKENS > self.max_model_len:
@@ -203,7 +213,7 @@ def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None
 
 ENGINE_SETTINGS = ("model", "backend", "device", "dtype", "max_model_len", "gpu_memory_utilization", "kv_cache_mb",
                    "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend", "jlens",
-                   "jlens_layers", "max_prompt_tokens", "max_work", "cache_dir")
+                   "jlens_layers", "max_prompt_tokens", "max_work", "cache_dir", "max_fit_steps", "max_fit_seconds")
 
 
 def from_args(args: argparse.Namespace | None = None, environ: dict | None = None) -> Config:

@@ -117,3 +117,105 @@ with model.trace(INPUT, temperature=0.0, max_tokens=1):
             tops[name].append((top.values, top.indices))
     tops = nnsight.save(tops)
 '''
+
+
+INTERVENE = '''# Lens Explorer: an intervention ({kind}), on HF transformers
+# pip install nnsight torch transformers
+import torch
+from nnsight import TransformersModel
+
+MODEL = {model!r}{model_note}
+PROMPT = {prompt!r}
+LAYERS = {layers!r}                # the layers whose output is changed
+POSITIONS = {positions!r}          # the prompt positions changed (None: all)
+WORD = {word!r}
+model = TransformersModel(MODEL, task="text-generation", dispatch=True)
+blocks, norm, head = model.{blocks}, model.{norm}._module, model.{head}._module
+target = model.tokenizer(" " + WORD.strip(), add_special_tokens=False).input_ids[0]
+
+
+def stream(out):
+    """A block's output -> the residual stream it passes on, [positions, d_model] (a view: edits stick)."""
+    return (out[0] if isinstance(out, tuple) else out)[0]
+
+
+def p_word(edit=None, text=PROMPT):
+    """P(WORD) at the last position of the model's output, with `edit(layer, h)` changing h in place."""
+    with torch.no_grad(), model.trace(text):
+        for layer in LAYERS:
+            if edit is not None:
+                edit(layer, stream(blocks[layer].output))
+        logits = model.{head}.output[0, -1].save()
+    return logits.float().softmax(-1)[target].item()
+
+
+print("before:", p_word())
+'''
+
+DIRECTION = '''w = head.weight[target].float() * norm.weight.float()     # the word's logit-lens direction
+{from_line}{jacobian}rows = slice(None) if POSITIONS is None else list(POSITIONS)
+'''
+
+STEER = '''TYPICAL_NORM = {norms!r}          # each layer's typical residual norm, as the app measured it
+for alpha in {alphas!r}:
+    def steer(layer, h):
+        v = direction(layer)
+        h[rows] += (alpha * TYPICAL_NORM[layer] * v / v.norm()).to(h.dtype)
+    print(f"alpha {{alpha:g}}:", p_word(steer))
+'''
+
+ABLATE = '''MEANS = {means!r}                  # mean ablation: the mean along the direction (None: remove it)
+def ablate(layer, h):
+    u = direction(layer) / direction(layer).norm()
+    value = 0.0 if MEANS is None else MEANS[layer]
+    h[rows] += ((value - h[rows].float() @ u)[:, None] * u).to(h.dtype)
+print("ablated:", p_word(ablate))
+'''
+
+PATCH = '''SOURCE = {source!r}
+SOURCE_POSITIONS = {sources!r}
+with torch.no_grad(), model.trace(SOURCE):
+    saved = {{layer: stream(blocks[layer].output)[SOURCE_POSITIONS].save() for layer in LAYERS}}
+for patched in LAYERS:                             # one layer at a time, as the app's sweep
+    def patch(layer, h):
+        if layer == patched:
+            h[list(POSITIONS)] = saved[layer].to(h.dtype)
+    print(f"patched at layer {{patched}}:", p_word(patch))
+'''
+
+
+def intervention_snippet(*, family: Family, model: str, prompt: str, intervention: dict, jlens: str | None = None,
+                         model_note: str = "") -> str:
+    """A runnable script that makes the same change (InterventionResult.intervention says which) on nnsight's
+    TransformersModel and prints the word's probability at the output before and after each change."""
+    layout = family.layout("transformers")
+    kind = intervention["kind"]
+    body = [INTERVENE.format(kind=kind, model=model, model_note=f"  # {model_note}" if model_note else "",
+                             prompt=prompt, layers=list(intervention["layers"]),
+                             positions=intervention.get("target_positions", intervention.get("changed_positions")),
+                             word=intervention.get("word") or "", blocks=layout.blocks, norm=layout.norm,
+                             head=layout.head)]
+    if kind == "patch":
+        body.append(PATCH.format(source=intervention["source"], sources=intervention["source_positions"]))
+        return "\n".join(body)
+    jacobian = intervention.get("direction") == "jacobian"
+    if jacobian and not jlens:
+        raise ValueError("a Jacobian-lens direction needs the lens file")
+    from_word = intervention.get("from_word")
+    from_id = f"model.tokenizer(' ' + {from_word!r}.strip(), add_special_tokens=False).input_ids[0]"
+    from_line = (f"w = w - head.weight[{from_id}].float() * norm.weight.float()     # from that word to WORD\n"
+                 if from_word else "")
+    body.append(DIRECTION.format(from_line=from_line, jacobian=(
+        f"J = torch.load({jlens!r}, map_location='cpu', weights_only=True)['J']   # the Jacobian lens\n"
+        "def direction(layer):\n    return w @ J[layer].float() if layer in J else w   # J_l^T w\n"
+        if jacobian else "def direction(layer):\n    return w\n")))
+    if kind == "steer":
+        if intervention.get("direction") == "fitted":
+            return "\n".join(body[:1] + ["# A fitted vector is not reproduced here: fit it with "
+                                          "lensapp.fitting.steering.fit_steering, then add it as below.\n"])
+        body.append(STEER.format(norms={int(k): v for k, v in intervention["typical_norm"].items()},
+                                 alphas=list(intervention["alphas"])))
+    else:
+        means = intervention.get("means")
+        body.append(ABLATE.format(means=None if means is None else {int(k): v for k, v in means.items()}))
+    return "\n".join(body)

@@ -17,18 +17,21 @@ from hostile import assert_one_line, run_cli
 from lensapp import config
 from lensapp.service import fields as f
 from lensapp.service.fields import Field, RequestError, fields_of
-from lensapp.service.requests import ChatRequest, GenerateRequest, LensRequest
+from lensapp.service.requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
 from lensapp.ui import api, permalinks
 from lensapp.ui.permalinks import View, as_text
 
 SCHEMA = {name: value for name, value in vars(f).items() if isinstance(value, Field)}
-REQUESTS = (LensRequest, GenerateRequest, ChatRequest)
+REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest)
 # The API's published parameter order: a parameter is only ever added at the end (old clients keep working).
 PUBLISHED = {
     "lens": ["prompt", "lens", "layers", "k", "targets", "chat", "raw"],
     "compare": ["prompts", "lens", "layers", "k", "targets", "chat", "raw"],
     "generate": ["prompt", "max_tokens", "lens", "layers", "k", "temperature", "seed", "chat", "raw"],
     "chat": ["messages", "lens", "layer", "max_tokens", "temperature", "k", "seed"],
+    "intervene": ["prompt", "intervention", "word", "layer", "alphas", "direction", "from_word", "objective",
+                  "positions", "prompt_only", "ablation", "reference", "source", "source_positions", "lens", "layers",
+                  "k", "targets", "new_tokens", "temperature", "seed", "chat", "raw"],
 }
 
 
@@ -72,7 +75,7 @@ def test_a_link_reads_each_request_field_with_its_parser():
             assert field is getattr(permalinks, name.upper())
             continue
         assert schema_field(field).parse is field.parse, name
-        if name not in ("prompt", "prompts"):                   # the page opens on an example prompt
+        if name not in ("prompt", "prompts", "word", "layer"):  # the page opens on an example
             assert getattr(View(), name) == schema_field(field).default, name
 
 
@@ -88,7 +91,7 @@ def test_the_api_is_made_from_the_schema():
             assert schema_field(field) is field
             assert (p.annotation, p.default) == api.api_form(field)
             assert field.help in fn.__doc__
-            if p.default is not inspect.Parameter.empty:
+            if p.default is not inspect.Parameter.empty and not field.required:
                 assert field(p.default) == field.default          # the API's default means the field's
 
 

@@ -7,13 +7,15 @@ model or imports torch; it only arranges numbers already in a result.
 
     tokens.py   token text made visible and unique     grid.py     the heatmap every chart draws
     lens.py     one prompt's charts                     compare.py  several prompts side by side
+    intervention.py  before and after an intervention, their difference, the dose-response curve
 """
 
+from . import intervention
 from .compare import compare_heatmaps, compare_targets
 from .grid import LENS_TITLES, METRICS, DisplaySettings, Grid, Metric, window_of
 from .lens import generation_heatmap, lens_diff, lens_heatmap, lens_pair, target_curves
 from .tokens import clip, column_labels, display_tokens, show_token
 
 __all__ = ["LENS_TITLES", "METRICS", "DisplaySettings", "Grid", "Metric", "clip", "column_labels", "compare_heatmaps",
-           "compare_targets", "display_tokens", "generation_heatmap", "lens_diff", "lens_heatmap", "lens_pair",
-           "show_token", "target_curves", "window_of"]
+           "compare_targets", "display_tokens", "generation_heatmap", "intervention", "lens_diff", "lens_heatmap",
+           "lens_pair", "show_token", "target_curves", "window_of"]

@@ -4,7 +4,7 @@ The CLI, the API and the tabs call `LensService`; it tokenises, plans and valida
 runs them through the engine core (`lensapp.engine`) and assembles results.
 """
 
-from .requests import ChatRequest, GenerateRequest, LensRequest, RequestError
+from .requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest, RequestError
 from .service import LensService
 
-__all__ = ["ChatRequest", "GenerateRequest", "LensRequest", "LensService", "RequestError"]
+__all__ = ["ChatRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "LensService", "RequestError"]

@@ -22,12 +22,14 @@ from typing import Any, Callable
 
 from ..config import (
     LENS_CHOICES,
+    MAX_ALPHA,
     MAX_CHAT_MESSAGES,
     MAX_GENERATE_TOKENS,
     MAX_K,
     MAX_LAYERS_CHARS,
     MAX_PROMPT_CHARS,
     MAX_SEED,
+    MAX_SWEEP,
     MAX_TARGET_CHARS,
     MAX_TARGETS,
     MAX_TEMPERATURE,
@@ -217,6 +219,35 @@ def prompts(raw) -> tuple[str, ...]:
 CHAT_ROLES = ("system", "user", "assistant")
 
 
+def numbers(name: str, lo: float, hi: float, max_count: int) -> Callable[[Any], tuple[float, ...]]:
+    """1..max_count numbers in lo..hi: comma-separated text, a list, or one number."""
+    one = number(name, lo, hi)
+
+    def parse(raw) -> tuple[float, ...]:
+        items = [raw] if not isinstance(raw, (list, tuple)) else raw
+        items = [t for item in items for t in (item.split(",") if isinstance(item, str) else [item])
+                 if not isinstance(t, str) or t.strip()]
+        if not items or len(items) > max_count:
+            raise RequestError(f"{name} takes 1 to {max_count} values; got {len(items)}")
+        return tuple(one(x) for x in items)
+    return parse
+
+
+def indices(name: str) -> Callable[[Any], str]:
+    """Positions in a prompt as text, like layers: 'all', '3', '-1', '2-4' (checked against the prompt later)."""
+    def parse(raw) -> str:
+        if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw) < 1 << 31:
+            raw = str(raw)
+        if isinstance(raw, str) and not raw.strip():
+            raise RequestError(f"no {name} given: name one like 20, -1 or a span like 18-22")
+        try:
+            return layers(raw)
+        except RequestError:
+            raise RequestError(f"{name} must be 'all', numbers like 0,5,-1 or a range like 2-4; "
+                               f"got {show(raw)}") from None
+    return parse
+
+
 def messages(raw) -> tuple[dict, ...]:
     """A conversation: [{"role": system | user | assistant, "content": text}, ...], ending with the user's."""
     if not isinstance(raw, (list, tuple)) or not raw:
@@ -298,3 +329,52 @@ CHAT_LAYER = Field("layer", "the readout's layer (negative counts from the end; 
                    examples=((-10, -10), ("", None), ("3", 3)), hostile=("x", 1.5, True))
 CHAT_MAX_TOKENS = replace(MAX_TOKENS, default=32)
 CHAT_K = replace(K, default=3)
+
+# -- interventions (service/intervening.py) --------------------------------------------------------------
+
+INTERVENTIONS = ("steer", "ablate", "patch")
+DIRECTIONS = ("logit", "jacobian", "fitted")
+KIND = Field("intervention", "steer (add a direction), ablate (remove it) or patch (copy cells from a source prompt)",
+             "steer", choice("intervention", INTERVENTIONS), examples=(("patch", "patch"),), hostile=("erase", ""))
+WORD = Field("word", "the word whose direction is added (steer) or removed (ablate)", "",
+             text("the word", MAX_TARGET_CHARS, empty_ok=True), examples=((" Rome", " Rome"), ("", "")),
+             hostile=("x" * (MAX_TARGET_CHARS + 1), NUL, 5))
+FROM_WORD = Field("from_word", "steer from this word toward `word`: the difference of their directions", "",
+                  text("the from word", MAX_TARGET_CHARS, empty_ok=True), flag="--from",
+                  examples=(("Paris", "Paris"),), hostile=(NUL, SURROGATE))
+DIRECTION = Field("direction", "a word's logit-lens direction (its unembedding row through the final norm's scale), "
+                  "its Jacobian-lens direction (J_l^T of that), or a vector fitted to make the lens read it",
+                  "logit", choice("direction", DIRECTIONS), flag="--direction",
+                  examples=(("jacobian", "jacobian"),), hostile=("random", 1))
+OBJECTIVE = Field("objective", "what a fitted vector must make read the word: the lens at its layer, or the output",
+                  "output", choice("objective", ("lens", "output")), flag="--objective",
+                  examples=(("lens", "lens"),), hostile=("loss",))
+SPAN = Field("layer", "the layer, or a span of layers (L-L2), whose output is changed", "",
+             indices("layer"), flag="--layer", required=True,
+             examples=(("20", "20"), ("18-22", "18-22"), ("-5", "-5"), (22, "22")), hostile=("twenty", "1;2", 1.5, ""))
+ALPHAS = Field("alphas", "steering strengths: the added vector's length in units of the layer's typical residual norm "
+               f"(comma-separated, up to {MAX_SWEEP}: a dose-response sweep)", (0.0, 0.1, 0.2, 0.4, 0.8),
+               numbers("alpha", -MAX_ALPHA, MAX_ALPHA, MAX_SWEEP), flag="--alpha",
+               examples=(("0,4,8", (0.0, 4.0, 8.0)), (2, (2.0,)), ([0, 0.5], (0.0, 0.5))),
+               hostile=("", "nan", "1," * 13, str(MAX_ALPHA + 1), "big"))
+POSITIONS = Field("positions", "the prompt positions changed: all, P, P-P2 (negative counts from the end)", "all",
+                  indices("positions"), flag="--position",
+                  examples=(("all", "all"), ("-1", "-1"), ("2-4", "2-4")), hostile=("first", "1.5"))
+PROMPT_ONLY = Field("prompt_only", "steer the prompt only, not the tokens a generation adds", False,
+                    flag("prompt_only"), flag="--prompt-only", examples=((True, True),), hostile=("maybe",))
+ABLATION = Field("ablation", "remove the component along the direction (project), or set it to its mean over a "
+                 "reference text (mean)", "project", choice("ablation", ("project", "mean")), flag="--ablation",
+                 examples=(("mean", "mean"),), hostile=("zero",))
+REFERENCE = Field("reference", "the text whose mean a mean ablation uses (empty: a paragraph of general English)", "",
+                  text("the reference", MAX_PROMPT_CHARS, empty_ok=True), flag="--reference",
+                  examples=(("Some text.", "Some text."),), hostile=(NUL,))
+SOURCE = Field("source", "patch: the prompt whose cells are copied", "",
+               text("the source prompt", MAX_PROMPT_CHARS, empty_ok=True), flag="--patch-from",
+               examples=(("The Eiffel Tower is in", "The Eiffel Tower is in"),), hostile=(NUL, SURROGATE))
+SOURCE_POSITIONS = Field("source_positions", "patch: the source's positions (empty: as many as the target's, aligned "
+                         "at the end)", "", lambda raw: "" if isinstance(raw, str) and not raw.strip()
+                         else indices("source_positions")(raw), flag="--source-position",
+                         examples=(("", ""), ("3-5", "3-5")), hostile=("x",))
+NEW_TOKENS = Field("new_tokens", f"tokens to generate with and without the intervention (0..{MAX_GENERATE_TOKENS}: "
+                   "none)", 0, whole("new_tokens", 0, MAX_GENERATE_TOKENS), flag="--max-tokens",
+                   examples=((0, 0), ("16", 16)), hostile=(-1, MAX_GENERATE_TOKENS + 1, "some"))

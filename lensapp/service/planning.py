@@ -22,34 +22,40 @@ _RANGE = re.compile(r"(-?\d+)-(-?\d+)")
 def parse_layers(text: str, n_layers: int, allowed: list[int] | None = None) -> list[int]:
     """'all' | 'last' | '3' | '0,5,-1' | '10-20' -> sorted unique layer indices of an n_layers model (negative
     counts from the end), among `allowed` when given; RequestError otherwise."""
+    return parse_indices(text, n_layers, "layer", allowed)
+
+
+def parse_indices(text: str, n: int, noun: str, allowed: list[int] | None = None) -> list[int]:
+    """The same selection of `n` things (layers of a model, positions of a prompt), named by `noun`."""
     text = layers(text).lower()
-    pool = list(range(n_layers)) if allowed is None else sorted(allowed)
+    pool = list(range(n)) if allowed is None else sorted(allowed)
     if text == "all":
         return pool
     chosen: set[int] = set()
     for part in text.replace(" ", "").split(","):
         if part == "last":
-            chosen.add(n_layers - 1)
+            chosen.add(n - 1)
         elif m := _RANGE.fullmatch(part):
-            lo, hi = _layer_index(int(m[1]), n_layers), _layer_index(int(m[2]), n_layers)
+            lo, hi = _index(int(m[1]), n, noun), _index(int(m[2]), n, noun)
             if lo > hi:
-                raise RequestError(f"layer range {part!r} runs backwards")
+                raise RequestError(f"{noun} range {part!r} runs backwards")
             chosen.update(range(lo, hi + 1))
         elif part:
-            chosen.add(_layer_index(int(part), n_layers))
+            chosen.add(_index(int(part), n, noun))
     if not chosen:
-        raise RequestError("no layers selected")
+        raise RequestError(f"no {noun}s selected")
     outside = sorted(chosen - set(pool))
     if outside:
-        what = f"0..{n_layers - 1}" if allowed is None else f"the Jacobian lens's layers {span(pool)}"
-        raise RequestError(f"layers {span(outside)} are not in {what}")
+        what = f"0..{n - 1}" if allowed is None else f"the Jacobian lens's layers {span(pool)}"
+        raise RequestError(f"{noun}s {span(outside)} are not in {what}")
     return sorted(chosen)
 
 
-def _layer_index(i: int, n_layers: int) -> int:
-    j = i + n_layers if i < 0 else i
-    if not 0 <= j < n_layers:
-        raise RequestError(f"layer {i} is outside this {n_layers}-layer model (0..{n_layers - 1})")
+def _index(i: int, n: int, noun: str) -> int:
+    j = i + n if i < 0 else i
+    if not 0 <= j < n:
+        where = f"this {n}-layer model" if noun == "layer" else f"this {n}-token prompt"
+        raise RequestError(f"{noun} {i} is outside {where} (0..{n - 1})")
     return j
 
 

@@ -12,21 +12,35 @@ from dataclasses import dataclass, fields
 
 from ..engine.protocol import GREEDY_BELOW
 from .fields import (
+    ABLATION,
+    ALPHAS,
     CHAT,
     CHAT_K,
     CHAT_LAYER,
     CHAT_LENS,
     CHAT_MAX_TOKENS,
+    DIRECTION,
+    FROM_WORD,
+    KIND,
     LAYERS,
     LENS,
     MAX_TOKENS,
     MESSAGES,
+    NEW_TOKENS,
+    OBJECTIVE,
+    POSITIONS,
     PROMPT,
+    PROMPT_ONLY,
     PROMPTS,
     RAW,
+    REFERENCE,
     SEED,
+    SOURCE,
+    SOURCE_POSITIONS,
+    SPAN,
     TARGETS,
     TEMPERATURE,
+    WORD,
     K,
     RequestError,
     fields_of,
@@ -90,4 +104,34 @@ class ChatRequest(_Parsed):
     seed: int | None = SEED.declared()
 
 
-__all__ = ["ChatRequest", "GenerateRequest", "LensRequest", "RequestError"]
+@dataclass(frozen=True)
+class InterveneRequest(_Parsed):
+    """Steer, ablate or patch the residual stream at `layer` (a layer or a span), then read every lens again
+    (service/intervening.py says what each field does)."""
+
+    prompt: str = PROMPT.declared()
+    intervention: str = KIND.declared()
+    word: str = WORD.declared()
+    layer: str = SPAN.declared()
+    alphas: tuple[float, ...] = ALPHAS.declared()
+    direction: str = DIRECTION.declared()
+    from_word: str = FROM_WORD.declared()
+    objective: str = OBJECTIVE.declared()
+    positions: str = POSITIONS.declared()
+    prompt_only: bool = PROMPT_ONLY.declared()
+    ablation: str = ABLATION.declared()
+    reference: str = REFERENCE.declared()
+    source: str = SOURCE.declared()
+    source_positions: str = SOURCE_POSITIONS.declared()
+    lens: str = LENS.declared()
+    layers: str = LAYERS.declared()
+    k: int = K.declared()
+    targets: tuple[str, ...] = TARGETS.declared()
+    new_tokens: int = NEW_TOKENS.declared()
+    temperature: float = TEMPERATURE.declared()
+    seed: int | None = SEED.declared()
+    chat: bool = CHAT.declared()
+    raw: bool = RAW.declared()
+
+
+__all__ = ["ChatRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "RequestError"]

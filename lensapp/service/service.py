@@ -25,13 +25,14 @@ from ..engine.loading import ResolvedModel, backend_factory, describe_model
 from ..engine.memory import Budget
 from ..engine.preflight import preflight
 from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
-from ..results import ChatReply, Comparison, GenerationResult, LensResult, Target
+from ..results import ChatReply, Comparison, GenerationResult, InterventionResult, LensResult, Target
 from . import planning
 from .cache import ResultCache
 from .fields import RequestError, show
+from .intervening import Intervener
 from .planning import span
 from .prompts import Prompts, load_tokenizer
-from .requests import ChatRequest, GenerateRequest, LensRequest
+from .requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class LensService:
         self._jlens_key = _fingerprint(jlens)
         self.cache = ResultCache(cfg.cache_entries, cfg.cache_mb << 20)
         self.budget: Budget | None = None        # the memory plan checked at start (engine/memory.py)
+        self.intervener = Intervener(self)
 
     @classmethod
     def start(cls, cfg: Config, start_engine: bool = True) -> LensService:
@@ -127,9 +129,12 @@ class LensService:
                         float(req.temperature), req.seed, req.raw)
         return self.cache.get_or_compute(key, compute)
 
-    def check(self, req: LensRequest | GenerateRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> None:
+    def check(self, req: LensRequest | GenerateRequest | InterveneRequest,
+              max_prompts: int = MAX_COMPARE_PROMPTS) -> None:
         """Every check a request gets, without running it (the CLI asks before an engine starts)."""
-        if isinstance(req, LensRequest):
+        if isinstance(req, InterveneRequest):
+            self.intervener.plan(req)
+        elif isinstance(req, LensRequest):
             self._plan_lens(req.checked(), max_prompts)
         else:
             self._plan_generate(req.checked())
@@ -179,6 +184,14 @@ class LensService:
         key = self._key("chat", tuple((m["role"], m["content"]) for m in req.messages), req.lens, layer,
                         req.max_tokens, float(req.temperature), req.k, req.seed)
         return self.cache.get_or_compute(key, compute)
+
+    def intervene(self, req: InterveneRequest, progress=None) -> InterventionResult:
+        """Steer, ablate or patch, and read before and after (service/intervening.py); identical requests are
+        computed once (a generation here always has a seed: 0 unless given). `progress(step, p, norm)` hears
+        a fitted vector's steps."""
+        req = req.checked()
+        key = self._key("intervene", *(getattr(req, f) for f in req.__dataclass_fields__))
+        return self.cache.get_or_compute(key, lambda: self.intervener.run(req, progress))
 
     def chat_layers(self, lens: str) -> list[int]:
         if lens == "jacobian":

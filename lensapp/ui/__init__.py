@@ -19,6 +19,7 @@ from .api import register_api
 from .compare_tab import build_compare_tab
 from .generate_tab import build_generate_tab
 from .guard import Guard
+from .intervene_tab import build_intervene_tab
 from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, build_lens_tab
 from .prefetch import LinkPrefetch
 from .tabs import PRIVATE, Downloads, TabParts, md_text
@@ -81,7 +82,8 @@ def build_ui(service, cfg) -> UI:
             parts = [build_lens_tab(LOGIT_TAB, service, guard, downloads),
                      build_lens_tab(JACOBIAN_TAB, service, guard, downloads),
                      build_generate_tab(service, guard, downloads),
-                     build_compare_tab(service, guard, downloads)]
+                     build_compare_tab(service, guard, downloads),
+                     build_intervene_tab(service, guard, downloads)]
         with gr.Row():
             link = gr.Textbox(label="Link to this view (inputs are kept in the address bar)", interactive=False,
                               scale=6, elem_id="permalink",

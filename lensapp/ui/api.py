@@ -24,14 +24,16 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from ..service import ChatRequest, GenerateRequest, LensRequest
+from ..service import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
 from ..service import fields as f
 from ..service.fields import Field
 
 REQUIRED = inspect.Parameter.empty
 # How a field appears in the API where its value's own type is not the whole story: (type hint, default).
-API_FORMS = {"prompt": (str, REQUIRED), "prompts": (list[str], REQUIRED), "targets": (str, ""),
-             "seed": (int | None, None), "messages": (list[dict], REQUIRED), "layer": (int | None, None)}
+# A required field that follows optional ones takes "" (it then says it was not given).
+API_FORMS = {f.PROMPT: (str, REQUIRED), f.PROMPTS: (list[str], REQUIRED), f.TARGETS: (str, ""),
+             f.SEED: (int | None, None), f.MESSAGES: (list[dict], REQUIRED), f.CHAT_LAYER: (int | None, None),
+             f.SPAN: (str, ""), f.ALPHAS: (str, ",".join(f"{a:g}" for a in f.ALPHAS.default))}
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,13 @@ ENDPOINTS = (
              (f.MESSAGES, f.CHAT_LENS, f.CHAT_LAYER, f.CHAT_MAX_TOKENS, f.TEMPERATURE, f.CHAT_K, f.SEED),
              "text, tokens, lens, layer, dropped_turns, and readout: per generated token, its top-k {token, prob}.",
              lambda service, v: service.chat(ChatRequest.parse(**v)).to_json()),
+    Endpoint("intervene", "Steer, ablate or patch a layer's output, and read every lens before and after.",
+             (f.PROMPT, f.KIND, f.WORD, f.SPAN, f.ALPHAS, f.DIRECTION, f.FROM_WORD, f.OBJECTIVE, f.POSITIONS,
+              f.PROMPT_ONLY, f.ABLATION, f.REFERENCE, f.SOURCE, f.SOURCE_POSITIONS, f.LENS, f.LAYERS, f.K, f.TARGETS,
+              f.NEW_TOKENS, f.TEMPERATURE, f.SEED, f.CHAT, f.RAW),
+             "The CLI's `intervene --json` object: before (a /lens object), after (one per alpha, or per layer of a "
+             "patch), labels, intervention (what was done), dose_response, and generated text when asked.",
+             lambda service, v: service.intervene(InterveneRequest.parse(**v)).to_json()),
 )
 
 
@@ -98,6 +107,6 @@ def endpoint_function(endpoint: Endpoint, service, guard) -> Callable:
 
 def api_form(field: Field) -> tuple[Any, Any]:
     """(type hint, default) of `field` as an API parameter."""
-    if field.name in API_FORMS:
-        return API_FORMS[field.name]
+    if field in API_FORMS:
+        return API_FORMS[field]
     return type(field.default), field.default

@@ -25,9 +25,11 @@ from ..service.fields import Field, RequestError
 from ..service.planning import parse_layers
 
 FORMAT_VERSION = 1
-TABS = ("logit", "jacobian", "generate", "compare")
+TABS = ("logit", "jacobian", "generate", "compare", "intervene")
 DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_COMPARE = ("The capital of France is", "The capital of Italy is")
+# The intervention the Intervene tab opens on: steer the capital of France toward Rome, two thirds of the way up.
+DEFAULT_WORD, DEFAULT_SPAN = "Rome", "-8"
 
 # What only a view has. The prompt(s) a page opens on are examples, not a request's defaults.
 TAB = Field("tab", "which tab the link opens", "logit", f.choice("tab", TABS))
@@ -36,6 +38,8 @@ START = Field("start", "the first position drawn of a long prompt (none: the las
               f.optional_whole("start", 0, 1 << 20))
 VIEW_PROMPT = replace(f.PROMPT, default=DEFAULT_PROMPT, required=False)
 VIEW_PROMPTS = replace(f.PROMPTS, default=DEFAULT_COMPARE, required=False)
+VIEW_WORD = replace(f.WORD, default=DEFAULT_WORD)
+VIEW_SPAN = replace(f.SPAN, default=DEFAULT_SPAN, required=False)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,20 @@ class View:
     raw: bool = f.RAW.declared()
     start: int | None = START.declared()
     prompts: tuple[str, ...] = VIEW_PROMPTS.declared()      # the compare tab's (prompt1, prompt2, ... in a link)
+    intervention: str = f.KIND.declared()
+    word: str = VIEW_WORD.declared()
+    layer: str = VIEW_SPAN.declared()
+    alphas: tuple[float, ...] = f.ALPHAS.declared()
+    direction: str = f.DIRECTION.declared()
+    from_word: str = f.FROM_WORD.declared()
+    objective: str = f.OBJECTIVE.declared()
+    positions: str = f.POSITIONS.declared()
+    prompt_only: bool = f.PROMPT_ONLY.declared()
+    ablation: str = f.ABLATION.declared()
+    reference: str = f.REFERENCE.declared()
+    source: str = f.SOURCE.declared()
+    source_positions: str = f.SOURCE_POSITIONS.declared()
+    new_tokens: int = f.NEW_TOKENS.declared()
 
 
 VIEW_FIELDS = f.fields_of(View)
@@ -65,6 +83,10 @@ TAB_FIELDS = {
     "jacobian": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start"),
     "generate": ("prompt", "max_tokens", "temperature", "seed", "lens", "layers", "k", "chat", "raw"),
     "compare": ("prompts", "lens", "layers", "k", "targets", "metric", "chat", "raw"),
+    "intervene": ("prompt", "intervention", "word", "layer", "alphas", "direction", "from_word", "objective",
+                  "positions",
+                  "prompt_only", "ablation", "reference", "source", "source_positions", "lens", "layers", "k",
+                  "targets", "metric", "new_tokens", "temperature", "seed", "chat", "raw"),
 }
 
 
@@ -87,7 +109,7 @@ def as_text(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, tuple):
-        return ", ".join(value)
+        return ", ".join(as_text(x) for x in value)
     return str(value)
 
 
@@ -213,7 +235,7 @@ def _printable(text: str) -> str:
 
 def _show(value) -> str:
     if isinstance(value, tuple):
-        return ", ".join(value) or "none"
+        return as_text(value) or "none"
     if isinstance(value, str):
         return repr(f.clip(value)) if value else "none"
     return str(value)
