@@ -177,3 +177,11 @@ def test_generation_with_edits_is_the_hooked_models_greedy_generation(tiny, edit
     assert got.token_ids != plain.token_ids or got.steps[0]["logit"]["top_probs"].ne(
         plain.steps[0]["logit"]["top_probs"]).any()
     assert [int(s["logit"]["top_ids"][-1, -1, 0]) for s in got.steps] == got.token_ids
+
+
+def test_the_chat_readout_refuses_edits(tiny):
+    service, _ = tiny
+    ids = service.prompts.ids(PROMPT)
+    spec = spec_for(service, ids, [1], [Edit(layer=1, kind="add", vector=torch.zeros(service.info.d_model))])
+    with pytest.raises(ValueError, match="chat readout takes no edits"):
+        service.engine.chat(spec, Sampling(max_tokens=2))

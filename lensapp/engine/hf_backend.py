@@ -70,7 +70,8 @@ class TransformersBackend:
         return GenerationOutput(token_ids=ids, steps=list(saved["steps"])[:len(ids)])
 
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
-        """The chat readout as a plain traced generation (no edits here)."""
+        """The chat readout as a plain traced generation (no edits, as on vLLM)."""
+        spec.check_chat()
         gen = await self.run_generate(spec, sampling)
         name = spec.lenses[0]
         return ChatOutput(token_ids=gen.token_ids,

@@ -139,6 +139,11 @@ class LensSpec:
         if self.keep_positions is not None and not all(0 <= p < len(self.input_ids) for p in self.keep_positions):
             raise ValueError(f"keep_positions {self.keep_positions} are outside 0..{len(self.input_ids) - 1}")
 
+    def check_chat(self) -> None:
+        """ValueError for a chat readout with edits (see `Backend.run_chat`)."""
+        if self.edits:
+            raise ValueError("the chat readout takes no edits; steer a generation through run_generate")
+
 
 @dataclass(frozen=True)
 class JStack:
@@ -227,7 +232,8 @@ class Backend(Protocol):
         """Generate, reading the newest position at every step."""
 
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
-        """Generate with the one-layer, one-lens chat readout."""
+        """Generate with the one-layer, one-lens chat readout (ValueError for a spec with edits: its readout is
+        installed once for every chat request; steer a chat through `run_generate`)."""
 
     def failure(self) -> str | None:
         """Why this backend can no longer serve (its engine process died), or None while it can."""

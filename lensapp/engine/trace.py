@@ -73,6 +73,12 @@ def continuation_trace(model, site: Site, spec: LensSpec, index: int) -> dict:
     return {"logprobs": continuation_body(model, spec, site, index)}
 
 
+def read_residuals(model, layout: Layout, layers, d_model: int) -> torch.Tensor:
+    """[len(layers), P, d_model]: the residual stream after each listed block, unedited (the benches' read)."""
+    blocks = find(model, layout.blocks)
+    return torch.stack([residual(blocks[layer].output, layout).reshape(-1, d_model) for layer in layers])
+
+
 def read_streams(model, site: Site, layers, edits: tuple[Edit, ...] = (), first: int = 0,
                  prompt_len: int = 0) -> dict[int, torch.Tensor]:
     """{layer: the residual stream after block `layer`, [rows, d_model]} for each of `layers`, making

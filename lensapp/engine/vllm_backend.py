@@ -118,6 +118,7 @@ class VLLMBackend:
 
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
         """Generate with the chat readout, (re)installed only when the layer, lens or k changes."""
+        spec.check_chat()
         key = (spec.layers[0], spec.jlens_rows[0] if spec.jlens_rows else None, spec.k, tuple(self.jlens_layers))
         if key != self._chat_key:
             await self._install_chat_readout(*key[:3])
