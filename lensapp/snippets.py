@@ -121,6 +121,7 @@ with model.trace(INPUT, temperature=0.0, max_tokens=1):
 
 INTERVENE = '''# Lens Explorer: an intervention ({kind}), on HF transformers
 # pip install nnsight torch transformers
+import nnsight
 import torch
 from nnsight import TransformersModel
 
@@ -145,7 +146,7 @@ def p_word(edit=None, text=PROMPT):
         for layer in LAYERS:
             if edit is not None:
                 edit(layer, stream(blocks[layer].output))
-        logits = model.{head}.output[0, -1].save()
+        logits = nnsight.save(model.{head}.output[0, -1])
     return logits.float().softmax(-1)[target].item()
 
 
@@ -175,7 +176,7 @@ print("ablated:", p_word(ablate))
 PATCH = '''SOURCE = {source!r}
 SOURCE_POSITIONS = {sources!r}
 with torch.no_grad(), model.trace(SOURCE):
-    saved = {{layer: stream(blocks[layer].output)[SOURCE_POSITIONS].save() for layer in LAYERS}}
+    saved = nnsight.save({{layer: stream(blocks[layer].output)[SOURCE_POSITIONS] for layer in LAYERS}})
 for patched in LAYERS:                             # one layer at a time, as the app's sweep
     def patch(layer, h):
         if layer == patched:

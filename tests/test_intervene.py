@@ -30,8 +30,8 @@ def service(vllm_service):
 
 
 def steer(service, **extra):
-    return service.intervene(InterveneRequest.parse(prompt=FRANCE, intervention="steer", word="Rome", layer="22",
-                                                    alphas="0,0.1,0.2,0.4,0.8", **extra))
+    return service.intervene(InterveneRequest.parse(**{"prompt": FRANCE, "intervention": "steer", "word": "Rome",
+                                                       "layer": "22", "alphas": "0,0.1,0.2,0.4,0.8", **extra}))
 
 
 def test_steering_raises_the_word_over_a_sweep_and_alpha_0_reads_as_the_plain_lens(service):
@@ -138,3 +138,34 @@ def test_the_cli_prints_before_after_and_the_intervention(embedded_dir, capsys):
     assert set(out) >= {"before", "after", "intervention", "dose_response", "generated"}
     assert out["before"]["layers"] == list(range(30)) and len(out["after"]) == 2
     assert out["intervention"]["kind"] == "steer" and out["after"][1]["model_next_token"] == " Rome"
+
+
+@pytest.mark.parametrize("kind", ["steer", "ablate", "patch"])
+def test_show_the_code_reproduces_the_intervention(service, tmp_path, kind):
+    """The nnsight script of 'Show the code', run as a file (nnsight reads its source), prints the word's
+    probability before and after each change as the app read it (transformers and vLLM: within 2e-3)."""
+    import runpy
+    import sys
+    from io import StringIO
+
+    from lensapp import snippets
+
+    request = {"steer": {"prompt": FRANCE, "word": "Rome", "layer": "22", "alphas": "0,0.4"},
+               "ablate": {"prompt": EIFFEL, "word": "Paris", "direction": "jacobian", "layer": "20-28"},
+               "patch": {"prompt": COLOSSEUM, "source": EIFFEL, "layer": "8-9", "positions": "1-3",
+                         "source_positions": "1-3", "targets": "Paris"}}[kind] | {"intervention": kind}
+    r = service.intervene(InterveneRequest.parse(**request))
+    model = service.model
+    code = snippets.intervention_snippet(family=model.family, model=model.path, prompt=r.before.prompt,
+                                         intervention=r.intervention, jlens=str(config.SHIPPED_JLENS))
+    script = tmp_path / "intervention.py"
+    script.write_text(code)
+    out, sys.stdout = sys.stdout, StringIO()
+    try:
+        runpy.run_path(str(script))
+        printed = sys.stdout.getvalue()
+    finally:
+        sys.stdout = out
+    values = [float(line.rsplit(" ", 1)[-1]) for line in printed.strip().splitlines()]
+    want = r.dose_response()["prob"].tolist()
+    np.testing.assert_allclose(values, want, atol=2e-3, err_msg=printed)

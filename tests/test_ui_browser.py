@@ -356,3 +356,44 @@ def test_a_long_prompt_shows_a_window_and_the_code(page, app_url, embedded_dir):
                            timeout=30_000)
     shot(page, "long-prompt")
     assert not page.errors
+
+
+STEER_LINK = ("v=1&tab=intervene&prompt=The%20capital%20of%20France%20is&intervention=steer&word=Rome&layer=22"
+              "&alphas=0%2C0.2%2C0.4&layers=18-29&k=3")
+PATCH_LINK = ("v=1&tab=intervene&prompt=The%20Colosseum%20is%20in%20the%20city%20of&intervention=patch"
+              "&source=The%20Eiffel%20Tower%20is%20in%20the%20city%20of&layer=8-10&positions=1-3"
+              "&source_positions=1-3&targets=Paris&layers=6-29")
+
+
+def test_a_steer_link_restores_runs_once_and_draws_before_after_and_difference(page, app_url):
+    blind_event_urls(page)
+    open_app(page, app_url, STEER_LINK)
+    wait_plot(page, "intervene-pair")
+    assert page.get_by_role("tab", name="Intervene").get_attribute("aria-selected") == "true"
+    assert (field(page, "intervene-word").input_value(), field(page, "intervene-layer").input_value(),
+            field(page, "intervene-alphas").input_value()) == ("Rome", "22", "0, 0.2, 0.4")
+    before, after = cells(page, "intervene-pair", 0), cells(page, "intervene-pair", 1)
+    assert {int(c["layer"]) for c in before} == set(range(18, 30)) == {int(c["layer"]) for c in after}
+    top = max(int(c["layer"]) for c in after)
+    last = [c for c in after if int(c["layer"]) == top][-1]
+    assert last["#1"].split()[0] == "␣Rome"                      # after alpha 0.4 the model says Rome
+    wait_plot(page, "intervene-diff")
+    wait_plot(page, "intervene-dose")
+    assert "Typical residual norm" in page.inner_text("#intervene-summary")
+    assert page.locator("#intervene-change").is_visible()
+    shot(page, "intervene-steer")
+    assert not page.errors and not page.dialogs
+
+
+def test_a_patch_link_restores_runs_once_and_draws_before_after_and_difference(page, app_url):
+    blind_event_urls(page)
+    open_app(page, app_url, PATCH_LINK)
+    wait_plot(page, "intervene-pair")
+    assert field(page, "intervene-source").input_value() == "The Eiffel Tower is in the city of"
+    assert page.get_by_role("radio", name="patch").is_checked()
+    wait_plot(page, "intervene-diff")
+    assert "Copied from" in page.inner_text("#intervene-summary")
+    assert "layer 8" in page.inner_text("#intervene-summary") or page.locator("#intervene-change").is_visible()
+    assert page.locator("#intervene-source-table").count() == 1
+    shot(page, "intervene-patch")
+    assert not page.errors and not page.dialogs

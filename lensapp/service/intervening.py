@@ -277,7 +277,7 @@ class Intervener:
         edits = [[Edit(layer, "replace", out.kept[i].float(), plan.positions)] for i, layer in enumerate(span)]
         source = self._result(out, req.source, plan.source_ids, spec.layers, [])
         details = {"source": req.source, "target_positions": list(plan.positions),
-                   "source_positions": list(plan.sources)}
+                   "source_positions": list(plan.sources), "word": req.targets[0] if req.targets else None}
         return Changes([f"layer {layer}" for layer in span], [float(layer) for layer in span], edits, details, source)
 
     def _positions(self, text: str, n: int) -> tuple[int, ...] | None:
