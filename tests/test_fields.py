@@ -133,7 +133,10 @@ def test_the_tabs_open_on_the_schemas_defaults(tiny_app):
 DOORS = [(f.K, "--k", "lens"), (f.LAYERS, "--layers", "lens"), (f.LENS, "--lens", "lens"),
          (f.TARGETS, "--target", "lens"), (f.MAX_TOKENS, "--max-tokens", "generate"),
          (f.TEMPERATURE, "--temperature", "generate"), (f.SEED, "--seed", "generate"), (f.PROMPT, None, "generate"),
-         (f.CHAT, None, "lens"), (f.RAW, None, "generate")]
+         (f.CHAT, None, "lens"), (f.RAW, None, "generate"), (f.SPAN, "--layer", "intervene"),
+         (f.ALPHAS, "--alpha", "intervene"), (f.POSITIONS, "--position", "intervene"),
+         (f.DIRECTION, "--direction", "intervene"), (f.ABLATION, "--ablation", "intervene"),
+         (f.NEW_TOKENS, "--max-tokens", "intervene"), (f.FROM_WORD, "--from", "intervene")]
 CASES = [(field, flag, endpoint, raw) for field, flag, endpoint in DOORS for raw in field.hostile
          if isinstance(raw, str)]
 
@@ -148,20 +151,22 @@ def test_a_hostile_value_gets_the_same_answer_at_every_door(tiny_app, field, fla
         field(raw)
     message = str(e.value)
 
-    view, notices = permalinks.decode({"tab": "generate", field.name: raw})
+    view, notices = permalinks.decode({"tab": endpoint if endpoint == "intervene" else "generate", field.name: raw})
     assert getattr(view, field.name) == getattr(View(), field.name)
     assert len(notices) == 1 and message in notices[0], notices
 
     service, _ = tiny_app
     call = api.endpoint_function(next(x for x in api.ENDPOINTS if x.name == endpoint), service,
                                  Guard(RateLimiter(0)))
-    args = {"prompt": "Hi", field.name: raw}
+    args = {"prompt": "Hi", **({"word": "Rome", "layer": "3"} if endpoint == "intervene" else {}), field.name: raw}
     with pytest.raises(gr.Error) as e:
         call(**args)
     assert e.value.message == message
 
     if flag is not None or field is f.PROMPT:
-        command = "lens" if endpoint == "lens" else "generate"
+        command = endpoint if endpoint != "chat" else "generate"
         argv = [command, raw, "--jlens", "none"] if field is f.PROMPT else [command, "Hi", flag, raw]
+        if command == "intervene":
+            argv[2:2] = ["--steer", "Rome"] + (["--layer", "3"] if field is not f.SPAN else [])
         code, out, err = run_cli(argv)
         assert (code, out, err) == (2, "", f"error: {message}\n")
