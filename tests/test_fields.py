@@ -25,8 +25,8 @@ SCHEMA = {name: value for name, value in vars(f).items() if isinstance(value, Fi
 REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest)
 # The API's published parameter order: a parameter is only ever added at the end (old clients keep working).
 PUBLISHED = {
-    "lens": ["prompt", "lens", "layers", "k", "targets", "chat", "raw"],
-    "compare": ["prompts", "lens", "layers", "k", "targets", "chat", "raw"],
+    "lens": ["prompt", "lens", "layers", "k", "targets", "chat", "raw", "skip_punctuation"],
+    "compare": ["prompts", "lens", "layers", "k", "targets", "chat", "raw", "skip_punctuation"],
     "generate": ["prompt", "max_tokens", "lens", "layers", "k", "temperature", "seed", "chat", "raw"],
     "chat": ["messages", "lens", "layer", "max_tokens", "temperature", "k", "seed"],
     "intervene": ["prompt", "intervention", "word", "layer", "alphas", "direction", "from_word", "objective",
