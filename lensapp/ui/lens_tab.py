@@ -32,6 +32,8 @@ choose; hover a cell for its top-k.
 
 - Read a column bottom to top to watch a prediction form. The top row is the model's real output.
 - `␣` is a space, `↵` a newline, `⇥` a tab: tokens often start with a space.
+- *Skip punctuation and whitespace* shows each cell's best word instead of a `.` or `␣`, with its rank as a
+  superscript (`␣city³`: rank 3); the hover still lists the true top-k, and the colour is still the metric's.
 - Early layers of most models read out noise or the current token itself; that is expected.
 - *KL to final* is how far a layer's guess is from the model's final distribution (0 = the same).
 - *Target* metrics score the first token of each target word as it would follow the prompt (a leading
