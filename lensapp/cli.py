@@ -3,6 +3,7 @@
 Examples:
     lensapp lens "The capital of France is" --lens both --layers 20-29 --k 5 --target Paris
     lensapp lens "The capital of France is" "The capital of Italy is" --json > capitals.json
+    lensapp lens "The Eiffel Tower is in the city of" --skip-punctuation
     lensapp generate "Once upon a time" --max-tokens 16 --temperature 0.8 --seed 7 --json
     lensapp intervene "The capital of France is" --steer Rome --layer 22 --alpha 0,0.2,0.4 --json
     lensapp intervene "The Eiffel Tower is in the city of" --ablate Paris --direction jacobian --layer 20-28
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 # The request commands and their fields (service/fields.py), in the order `--help` lists them.
 REQUEST_COMMANDS = {
     "lens": ("every layer's readout for one or more prompts, run together",
-             (fields.PROMPTS, fields.LENS, fields.TARGETS, fields.LAYERS, fields.K, fields.CHAT, fields.RAW)),
+             (fields.PROMPTS, fields.LENS, fields.TARGETS, fields.LAYERS, fields.K, fields.CHAT, fields.RAW,
+              fields.SKIP_PUNCTUATION)),
     "generate": ("generate, with a readout of the newest position at every step",
                  (fields.PROMPT, fields.MAX_TOKENS, fields.TEMPERATURE, fields.SEED, fields.LENS, fields.LAYERS,
                   fields.K, fields.CHAT, fields.RAW)),
@@ -153,12 +155,24 @@ def format_lens(r) -> str:
         grid = r.top1_grid(name).map(repr)
         grid.columns = [repr(t) for t in r.input_tokens]
         out += [f"\n[{name} lens] top-1 per layer (rows) and input position (columns)", grid.to_string(),
+                *_display_grid(r, name),
                 f"\n[{name} lens] top-{r.lenses[name].top_ids.shape[-1]} at the last position",
                 r.top_k_table(name).to_string(index=False)]
         for t in r.lenses[name].targets:
             out.append(f"target {t.text!r} ({t.scored_as}): p at last position by layer "
                        + " ".join(f"{p:.3g}" for p in t.probs[:, -1]))
     return "\n".join(out)
+
+
+def _display_grid(r, name: str) -> list[str]:
+    """With --skip-punctuation: the token each cell shows, and its rank where it is not the top-1."""
+    readout = r.lenses[name]
+    if readout.display_ranks is None:
+        return []
+    grid = r.display_grid(name)
+    grid.columns = [repr(t) for t in r.input_tokens]
+    return [f"\n[{name} lens] skipping punctuation: the best word per cell (#rank where it is not the top-1; "
+            f"'(none)': no word in the top {readout.searched})", grid.to_string()]
 
 
 def format_intervention(r) -> str:

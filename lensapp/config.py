@@ -19,6 +19,9 @@ Fixed limits that protect the machine (a public Space, a workshop of thirty peop
   MAX_CHAT_MESSAGES       = 64     messages in one conversation
   MAX_ALPHA               = 20.0   a steering vector's length, in units of the layer's typical residual norm
   MAX_SWEEP               = 12     alphas in one steering request (or layers in one patch sweep)
+  PUNCTUATION_WIDTH       = 40     top-k the worker reads when a view skips punctuation (what it searches)
+  MAX_TITLE_CHARS         = 120    a link's title
+  MAX_NOTE_CHARS          = 1000   a link's note
 and the configurable ones, with their defaults for a public CPU Space: `max_prompt_tokens`,
 `max_work` (cells a request may read), `max_batch`, `queue_size`, `request_timeout`, `rate_limit`,
 `max_fit_steps` and `max_fit_seconds` (a fitted steering vector's bounds).
@@ -44,6 +47,9 @@ MAX_COMPARE_PROMPTS = 4
 MAX_CHAT_MESSAGES = 64
 MAX_ALPHA = 20.0
 MAX_SWEEP = 12
+PUNCTUATION_WIDTH = 40
+MAX_TITLE_CHARS = 120
+MAX_NOTE_CHARS = 1000
 DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache is sized for it)
 
 # The lenses, and what a request's `lens` field may name.

@@ -25,8 +25,8 @@ SCHEMA = {name: value for name, value in vars(f).items() if isinstance(value, Fi
 REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest)
 # The API's published parameter order: a parameter is only ever added at the end (old clients keep working).
 PUBLISHED = {
-    "lens": ["prompt", "lens", "layers", "k", "targets", "chat", "raw"],
-    "compare": ["prompts", "lens", "layers", "k", "targets", "chat", "raw"],
+    "lens": ["prompt", "lens", "layers", "k", "targets", "chat", "raw", "skip_punctuation"],
+    "compare": ["prompts", "lens", "layers", "k", "targets", "chat", "raw", "skip_punctuation"],
     "generate": ["prompt", "max_tokens", "lens", "layers", "k", "temperature", "seed", "chat", "raw"],
     "chat": ["messages", "lens", "layer", "max_tokens", "temperature", "k", "seed"],
     "intervene": ["prompt", "intervention", "word", "layer", "alphas", "direction", "from_word", "objective",
@@ -36,12 +36,14 @@ PUBLISHED = {
 
 
 def schema_field(field: Field) -> Field:
-    """The schema's declaration `field` is, or is made from (a view may change only the default)."""
+    """The schema's declaration `field` is, or is made from (a view may change only the default, and a link
+    may call it by a short name: permalinks.SHORT_NAMES)."""
     for declared in SCHEMA.values():
         if declared is field:
             return declared
+    name = permalinks.SHORT_NAMES.get(field.name, field.name)
     for declared in SCHEMA.values():
-        if declared.name == field.name and declared.parse is field.parse:
+        if declared.name == name and declared.parse is field.parse:
             return declared
     raise AssertionError(f"{field.name} is not a field of service/fields.py")
 
@@ -71,7 +73,7 @@ def test_every_request_field_is_declared_in_the_schema(cls):
 
 def test_a_link_reads_each_request_field_with_its_parser():
     for name, field in permalinks.VIEW_FIELDS.items():
-        if name in ("tab", "metric", "start"):                  # what only a view has
+        if name in ("tab", "metric", "start", "title", "note"):  # what only a view has
             assert field is getattr(permalinks, name.upper())
             continue
         assert schema_field(field).parse is field.parse, name

@@ -139,3 +139,43 @@ def test_compare_links_need_two_prompts():
 def test_new_fields_fall_back_too(query, field):
     view, notices = pl.decode(query)
     assert getattr(view, field) == getattr(View(), field) and f"link's {field}" in notices[0]
+
+
+def test_punctuation_title_and_note_round_trip():
+    view = View(tab="logit", punct=True, title="Where Paris appears",
+                note="Look at layer 22, `␣city`: <script>window.pwned=1</script>\nand below.")
+    q = pl.encode(view)
+    assert q["punct"] == "1" and q["title"] == view.title and q["note"] == view.note
+    back, notices = pl.decode(pl.query_string(view))
+    assert notices == [] and (back.punct, back.title, back.note) == (True, view.title, view.note)
+    assert pl.decode(pl.query_string(View(tab="compare", punct=True)))[0].punct
+    plain = pl.encode(View(tab="generate"))
+    assert "title" not in plain and "note" not in plain and "punct" not in plain      # only when they say something
+
+
+@pytest.mark.parametrize("query, field", [
+    ({"title": "x" * 121}, "title"),
+    ({"title": "one\ntwo"}, "title"),
+    ({"title": "a\x1bb"}, "title"),
+    ({"note": "x" * 1001}, "note"),
+    ({"note": "a\x00b"}, "note"),
+    ({"note": "a\x07b"}, "note"),
+    ({"note": "a\ud800b"}, "note"),
+    ({"punct": "maybe"}, "punct"),
+])
+def test_hostile_titles_notes_and_punct_fall_back_with_a_notice(query, field):
+    view, notices = pl.decode(query)
+    assert getattr(view, field) == getattr(View(), field)
+    assert len(notices) == 1 and f"link's {field}" in notices[0] and "default" in notices[0]
+
+
+def test_a_note_is_text_and_points_at_cells():
+    from lensapp.ui.notes import highlight_of, note_markdown
+
+    md = note_markdown("<b>Title</b>", "layer 22: `␣city` <script>window.pwned=1</script>")
+    assert "<script>" not in md and "<b>" not in md and "&lt;script&gt;" in md
+    hl = highlight_of("Look at layer 22 and layers 3-4, `␣city` or ` town`")
+    assert hl.layers == {22, 3, 4} and hl.tokens == {" city", " town"}
+    assert hl.marks(22, " city") and hl.marks(3, " town") and not hl.marks(21, " city") and not hl.marks(22, "x")
+    assert not highlight_of("nothing here") and not highlight_of(None)
+    assert highlight_of("`Paris`").marks(5, " Paris")                   # a token without its space still matches

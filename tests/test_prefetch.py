@@ -39,6 +39,16 @@ def test_a_lens_link_prefetches_the_request_its_page_will_send():
     assert service.asked == [want]
 
 
+def test_a_link_that_skips_punctuation_prefetches_that_request():
+    service = StandIn()
+    prefetch = LinkPrefetch(service)
+    assert prefetch(link(tab="logit", prompt="The Eiffel Tower is in the city of", punct=1))
+    service.release.set()
+    prefetch._runner.shutdown(wait=True)
+    want, _ = lens_request(LOGIT_TAB, service, "The Eiffel Tower is in the city of", "all", 5, (), False, False, True)
+    assert service.asked == [want] and want.skip_punctuation
+
+
 def test_only_into_an_idle_engine_and_one_at_a_time():
     busy = StandIn(in_flight=1)
     assert not LinkPrefetch(busy)(link(tab="logit", prompt="x"))

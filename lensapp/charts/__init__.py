@@ -12,10 +12,10 @@ model or imports torch; it only arranges numbers already in a result.
 
 from . import intervention
 from .compare import compare_heatmaps, compare_targets
-from .grid import LENS_TITLES, METRICS, DisplaySettings, Grid, Metric, window_of
-from .lens import generation_heatmap, lens_diff, lens_heatmap, lens_pair, target_curves
+from .grid import LENS_TITLES, METRICS, DisplaySettings, Grid, Highlight, Metric, window_of
+from .lens import generation_heatmap, lens_diff, lens_heatmap, lens_pair, lens_table, target_curves
 from .tokens import clip, column_labels, display_tokens, show_token
 
-__all__ = ["LENS_TITLES", "METRICS", "DisplaySettings", "Grid", "Metric", "clip", "column_labels", "compare_heatmaps",
-           "compare_targets", "display_tokens", "generation_heatmap", "intervention", "lens_diff", "lens_heatmap",
-           "lens_pair", "show_token", "target_curves", "window_of"]
+__all__ = ["LENS_TITLES", "METRICS", "DisplaySettings", "Grid", "Highlight", "Metric", "clip", "column_labels",
+           "compare_heatmaps", "compare_targets", "display_tokens", "generation_heatmap", "intervention", "lens_diff",
+           "lens_heatmap", "lens_pair", "lens_table", "show_token", "target_curves", "window_of"]

@@ -60,6 +60,8 @@ class Grid:
 
     layers [L]; columns [C] display tokens; top_tokens [L][C][k]; top_probs [L, C, k];
     entropy, kl [L, C]; targets: (text, probs [L, C], ranks [L, C]); first: position of column 0.
+    shown: when punctuation is skipped, (tokens [L][C], ranks [L, C], probs [L, C], width searched): what
+    each cell shows instead of its top-1 (rank 0: no word found, the top-1 is shown).
     """
 
     layers: list[int]
@@ -71,12 +73,14 @@ class Grid:
     kl: np.ndarray
     targets: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)
     first: int = 0
+    shown: tuple | None = None
 
     @classmethod
     def from_lens(cls, result: LensResult, lens: str) -> Grid:
         r = result.lenses[lens]
+        shown = None if r.display_ranks is None else (r.display_tokens, r.display_ranks, r.display_probs, r.searched)
         return cls(list(result.layers), "position", list(result.input_tokens), r.top_tokens, r.top_probs,
-                   r.entropy, r.kl_to_final, [(t.text, t.probs, t.ranks) for t in r.targets])
+                   r.entropy, r.kl_to_final, [(t.text, t.probs, t.ranks) for t in r.targets], shown=shown)
 
     @classmethod
     def from_generation(cls, gen: GenerationResult, lens: str) -> Grid:
@@ -99,7 +103,18 @@ class Grid:
         return replace(self, column_tokens=self.column_tokens[cols],
                        top_tokens=[row[cols] for row in self.top_tokens], top_probs=self.top_probs[:, cols],
                        entropy=self.entropy[:, cols], kl=self.kl[:, cols],
-                       targets=[(t, p[:, cols], r[:, cols]) for t, p, r in self.targets], first=self.first + start)
+                       targets=[(t, p[:, cols], r[:, cols]) for t, p, r in self.targets], first=self.first + start,
+                       shown=None if self.shown is None else (
+                           [row[cols] for row in self.shown[0]], self.shown[1][:, cols], self.shown[2][:, cols],
+                           self.shown[3]))
+
+    def cell(self, i: int, c: int) -> tuple[str, float, int]:
+        """What cell (row i, column c) shows: (token, probability, rank); rank 1 is the top-1, 0 says that
+        no word was found while skipping punctuation (the top-1 is shown)."""
+        if self.shown is None:
+            return self.top_tokens[i][c][0], float(self.top_probs[i, c, 0]), 1
+        tokens, ranks, probs, _ = self.shown
+        return tokens[i][c], float(probs[i, c]), int(ranks[i, c])
 
     def metric_values(self, metric: str, target: int = 0) -> np.ndarray:
         """[L, C] values of a METRICS key (target metrics read target number `target`)."""
@@ -128,20 +143,55 @@ class Grid:
         return text if text[:1].isspace() else " " + text
 
 
-def cell_rows(grid: Grid, values: np.ndarray, shade: np.ndarray, s: DisplaySettings) -> list[dict]:
+@dataclass(frozen=True)
+class Highlight:
+    """Cells a link's note points at: those in `layers` (any, when empty) whose shown token is one of
+    `tokens` (any, when empty); nothing when both are empty."""
+
+    layers: frozenset = frozenset()
+    tokens: frozenset = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.layers or self.tokens)
+
+    def marks(self, layer: int, token: str) -> bool:
+        if not self:
+            return False
+        return ((not self.layers or layer in self.layers)
+                and (not self.tokens or token in self.tokens or token.strip() in {t.strip() for t in self.tokens}))
+
+
+SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def cell_text(token: str, rank: int, s: DisplaySettings) -> str:
+    """A cell's text: its token, clipped; a word found below the top-1 carries its rank as a superscript."""
+    if rank <= 1:
+        return clip(show_token(token), s.max_cell_chars)
+    mark = str(rank).translate(SUPERSCRIPT)
+    return clip(show_token(token), s.max_cell_chars - len(mark)) + mark
+
+
+def cell_rows(grid: Grid, values: np.ndarray, shade: np.ndarray, s: DisplaySettings,
+              highlight: Highlight = Highlight()) -> list[dict]:
     labels = column_labels(grid.column_tokens, s.max_label_chars)
     k = min(grid.top_probs.shape[-1], s.tooltip_k)
     rows = []
     for i, layer in enumerate(grid.layers):
         for c, label in enumerate(labels):
             top = grid.top_tokens[i][c]
+            token, p, rank = grid.cell(i, c)
             row = {
                 "layer": int(layer), grid.column_kind: grid.first + c, "column": label,
                 "token": show_token(grid.column_tokens[c]),
-                "top1": clip(show_token(top[0]), s.max_cell_chars),
+                "top1": cell_text(token, rank, s),
                 "value": finite(values[i, c]),
                 "ink": "white" if shade[i, c] < 0.55 else "black",
+                "noted": highlight.marks(int(layer), token),
             }
+            if grid.shown is not None:
+                row["shown"] = (f"{show_token(token)}   {100 * p:.1f}% (skipping punctuation: rank {rank})" if rank
+                                else f"no word in the top {grid.shown[3]}: showing #1")
             for j in range(k):
                 row[f"t{j + 1}"] = f"{show_token(top[j])}   {100 * float(grid.top_probs[i, c, j]):.1f}%"
             rows.append(row)
@@ -172,12 +222,14 @@ def domain_of(values: np.ndarray, metric: Metric) -> tuple[float, float]:
 
 
 def heatmap(grid: Grid, metric: str, target: int, s: DisplaySettings, title: str,
-            domain: tuple[float, float] | None = None, pad: int = 0, x_title: str | None = None) -> alt.LayerChart:
-    """One layer x column heatmap; `pad` empty columns before the first (their labels show nothing)."""
+            domain: tuple[float, float] | None = None, pad: int = 0, x_title: str | None = None,
+            highlight: Highlight = Highlight()) -> alt.LayerChart:
+    """One layer x column heatmap; `pad` empty columns before the first (their labels show nothing); the
+    cells `highlight` marks are outlined."""
     values = grid.metric_values(metric, target)          # raises on an unknown metric or missing target
     m = METRICS[metric]
     domain = domain or domain_of(values, m)
-    rows = cell_rows(grid, values, shade(values, m, domain), s)
+    rows = cell_rows(grid, values, shade(values, m, domain), s, highlight)
     order = [PAD * (i + 1) for i in range(pad)] + column_labels(grid.column_tokens, s.max_label_chars)
     if x_title is None:
         x_title = "prompt tokens (position →)" if grid.column_kind == "position" else "generated token (step →)"
@@ -190,6 +242,8 @@ def heatmap(grid: Grid, metric: str, target: int, s: DisplaySettings, title: str
                alt.Tooltip(f"{grid.column_kind}:O", title=grid.column_kind),
                alt.Tooltip("token:N", title="input token" if grid.column_kind == "position" else "generated"),
                alt.Tooltip("value:Q", title=grid.metric_title(metric, target), format=".4~g")]
+    if grid.shown is not None:
+        tooltip.append(alt.Tooltip("shown:N", title="shown"))
     tooltip += [alt.Tooltip(f"t{j + 1}:N", title=f"#{j + 1}") for j in range(k)]
     base = alt.Chart().encode(x=x, y=y, tooltip=tooltip)
     rect = base.mark_rect(stroke="white", strokeWidth=0.5).encode(
@@ -197,7 +251,12 @@ def heatmap(grid: Grid, metric: str, target: int, s: DisplaySettings, title: str
                         legend=alt.Legend(orient="top", direction="horizontal", gradientLength=220, titleLimit=400)))
     text = base.mark_text(fontSize=s.font_size, limit=s.cell_width - 4).encode(
         text="top1:N", color=alt.condition("datum.ink === 'white'", alt.value("white"), alt.value("black")))
-    return alt.layer(rect, text, data=alt.Data(values=rows)).properties(
+    marks = [rect, text]
+    if any(r["noted"] for r in rows):
+        # White under black: an outline that shows on both ends of the colour scale.
+        marks += [base.mark_rect(filled=False, stroke=colour, strokeWidth=width).transform_filter("datum.noted")
+                  for colour, width in (("white", 5), ("black", 2.5))]
+    return alt.layer(*marks, data=alt.Data(values=rows)).properties(
         width=alt.Step(s.cell_width), height=alt.Step(s.cell_height), title=title)
 
 

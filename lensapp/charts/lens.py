@@ -11,32 +11,49 @@ from __future__ import annotations
 
 import altair as alt
 import numpy as np
+import pandas as pd
 
 from ..results import GenerationResult, LensResult
-from .grid import LENS_TITLES, METRICS, DisplaySettings, Grid, domain_of, finish, finite, heatmap, window_of
+from .grid import (
+    LENS_TITLES,
+    METRICS,
+    DisplaySettings,
+    Grid,
+    Highlight,
+    domain_of,
+    finish,
+    finite,
+    heatmap,
+    window_of,
+)
 from .tokens import clip, column_labels, show_token
 
 
 def lens_heatmap(result: LensResult, lens: str = "logit", metric: str = "top1_prob", target: int = 0,
-                 settings: DisplaySettings = DisplaySettings(), start: int | None = None):
-    """Layers x prompt tokens; each cell the lens's top-1 token, coloured by `metric`."""
+                 settings: DisplaySettings = DisplaySettings(), start: int | None = None,
+                 highlight: Highlight = Highlight()):
+    """Layers x prompt tokens; each cell the lens's top-1 token (or, skipping punctuation, its best word),
+    coloured by `metric`; the cells `highlight` names are outlined."""
     grid = Grid.from_lens(result, lens)
     cols = window_of(len(grid.column_tokens), start, settings)
-    title = f"{LENS_TITLES[lens]}: top-1 token per layer and position" + _range(cols, len(grid.column_tokens))
+    what = "top-1 token" if grid.shown is None else "best word (skipping punctuation; ² = rank 2)"
+    title = f"{LENS_TITLES[lens]}: {what} per layer and position" + _range(cols, len(grid.column_tokens))
     chart = heatmap(grid.window(cols.start, cols.stop), metric, target, settings, title,
-                    domain=domain_of(grid.metric_values(metric, target), METRICS[metric]))
+                    domain=domain_of(grid.metric_values(metric, target), METRICS[metric]), highlight=highlight)
     return finish(_with_overview(chart, grid, metric, target, cols, settings), settings, f"{lens}-lens")
 
 
 def lens_pair(result: LensResult, metric: str = "top1_prob", target: int = 0,
-              settings: DisplaySettings = DisplaySettings(), start: int | None = None):
+              settings: DisplaySettings = DisplaySettings(), start: int | None = None,
+              highlight: Highlight = Highlight()):
     """Jacobian lens and logit lens side by side over the same cells, on one colour scale."""
     grids = {lens: Grid.from_lens(result, lens) for lens in ("jacobian", "logit")}
     both = np.concatenate([g.metric_values(metric, target) for g in grids.values()], axis=1)
     domain = domain_of(both, METRICS[metric])
     cols = window_of(len(result.input_ids), start, settings)
     charts = [heatmap(g.window(cols.start, cols.stop), metric, target, settings,
-                      LENS_TITLES[lens] + _range(cols, len(result.input_ids)), domain) for lens, g in grids.items()]
+                      LENS_TITLES[lens] + _range(cols, len(result.input_ids)), domain, highlight=highlight)
+              for lens, g in grids.items()]
     chart = alt.hconcat(*charts, spacing=24).resolve_scale(color="shared")
     return finish(chart, settings, "jacobian-vs-logit")
 
@@ -153,6 +170,23 @@ def generation_heatmap(gen: GenerationResult, lens: str = "logit", metric: str =
                      domain) for name, g in zip(names, grids)]
     chart = parts[0] if len(parts) == 1 else alt.vconcat(*parts, spacing=24).resolve_scale(color="shared")
     return finish(chart, settings, f"{lens}-generation")
+
+
+def lens_table(result: LensResult, lens: str = "logit") -> pd.DataFrame:
+    """The heatmap as text, for a screen reader: a row per layer (the top layer first, as drawn), a column
+    per position ("3: ␣Paris"), each cell "token (p=0.42)", with its rank where punctuation was skipped."""
+    grid = Grid.from_lens(result, lens)
+    columns = [f"{pos}: {show_token(tok)}" for pos, tok in enumerate(grid.column_tokens)]
+    rows = []
+    for i in reversed(range(len(grid.layers))):
+        row = []
+        for c in range(len(columns)):
+            token, p, rank = grid.cell(i, c)
+            note = "" if grid.shown is None or rank == 1 else (
+                f", rank {rank}" if rank else f", no word in the top {grid.shown[3]}")
+            row.append(f"{show_token(token)} (p={p:.2f}{note})")
+        rows.append(row)
+    return pd.DataFrame(rows, index=pd.Index(grid.layers[::-1], name="layer"), columns=columns)
 
 
 def _range(cols: range, total: int) -> str:

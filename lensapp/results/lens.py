@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .export import dumps, round_floats
+from .punctuation import pick_display
 
 if TYPE_CHECKING:
     from ..engine.protocol import LensOutput, Readout
@@ -73,6 +74,9 @@ class LensReadout:
 
     top_ids [L, P, k] int, top_probs [L, P, k] float32, top_tokens [L][P][k] str,
     entropy [L, P] nats, kl_to_final [L, P] nats = KL(model's final distribution || lens).
+    display_tokens [L][P], display_ranks [L, P], display_probs [L, P]: with skip_punctuation, the
+        token each cell shows (the best of the `searched` tokens that is not punctuation), its rank
+        (1 = top; 0: none found, the cell shows its top-1) and probability; None otherwise.
     """
 
     top_ids: np.ndarray
@@ -81,19 +85,27 @@ class LensReadout:
     entropy: np.ndarray
     kl_to_final: np.ndarray
     targets: list[TargetScore] = field(default_factory=list)
+    display_tokens: list[list[str]] | None = None
+    display_ranks: np.ndarray | None = None
+    display_probs: np.ndarray | None = None
+    searched: int = 0
 
     def __post_init__(self):
         L, P, k = self.top_ids.shape
         if self.top_probs.shape != (L, P, k) or self.entropy.shape != (L, P) or self.kl_to_final.shape != (L, P):
             raise ValueError(f"inconsistent readout shapes: ids {self.top_ids.shape}, probs {self.top_probs.shape}, "
                              f"entropy {self.entropy.shape}, kl {self.kl_to_final.shape}")
+        if self.display_ranks is not None and self.display_ranks.shape != (L, P):
+            raise ValueError(f"display ranks {self.display_ranks.shape} != (layers {L}, positions {P})")
 
     @classmethod
     def from_readout(cls, raw: Readout, decode: Decode, targets: list[Target] = (),
-                     continuations: list = ()) -> LensReadout:
+                     continuations: list = (), k: int | None = None, skip_punctuation: bool = False) -> LensReadout:
         """raw: `lenses.layer_readouts` tensors ([L, P, ...]); continuations[j]: target j's whole-word
-        log-probability per layer [L], or None where it is scored by its first token."""
+        log-probability per layer [L], or None where it is scored by its first token. k: the top-k kept
+        (the worker may have read more, to find words for skip_punctuation: they pick the display only)."""
         ids = raw["top_ids"].cpu().numpy().astype(np.int64)
+        probs = raw["top_probs"].float().cpu().numpy()
         scores = []
         for j, target in enumerate(targets):
             cont = continuations[j] if j < len(continuations) else None
@@ -108,10 +120,17 @@ class LensReadout:
         for i in set(flat):
             vocab_cache[i] = decode([i])[0]
         tokens = [[[vocab_cache[int(i)] for i in pos] for pos in layer] for layer in ids]
+        display = {}
+        if skip_punctuation:
+            shown, ranks = pick_display(tokens, probs)
+            picked = np.take_along_axis(probs, np.maximum(ranks - 1, 0)[..., None], axis=-1)[..., 0]
+            display = {"display_tokens": shown, "display_ranks": ranks, "display_probs": picked,
+                       "searched": ids.shape[-1]}
+        k = ids.shape[-1] if k is None else min(k, ids.shape[-1])
         return cls(
-            top_ids=ids, top_probs=raw["top_probs"].float().cpu().numpy(), top_tokens=tokens,
+            top_ids=ids[..., :k], top_probs=probs[..., :k], top_tokens=[[pos[:k] for pos in layer] for layer in tokens],
             entropy=raw["entropy"].float().cpu().numpy(), kl_to_final=raw["kl_to_final"].float().cpu().numpy(),
-            targets=scores,
+            targets=scores, **display,
         )
 
     def to_json(self) -> dict:
@@ -119,7 +138,15 @@ class LensReadout:
             "top_tokens": self.top_tokens, "top_ids": self.top_ids.tolist(), "top_probs": round_floats(self.top_probs),
             "entropy": round_floats(self.entropy), "kl_to_final": round_floats(self.kl_to_final),
             "targets": [t.to_json() for t in self.targets],
+            **self.display_json(),
         }
+
+    def display_json(self) -> dict:
+        """With skip_punctuation: the token each cell shows and its rank (0: none in the `searched` top tokens)."""
+        if self.display_ranks is None:
+            return {}
+        return {"display_tokens": self.display_tokens, "display_ranks": self.display_ranks.astype(int).tolist(),
+                "display_probs": round_floats(self.display_probs), "display_searched": self.searched}
 
 
 @dataclass
@@ -145,13 +172,14 @@ class LensResult:
     @classmethod
     def from_output(cls, output: LensOutput, *, prompt: str, ids: list[int], layers: list[int], decode: Decode,
                     targets: list[Target] = (), continuation_of: list[int | None] = (),
-                    model: str = "", jlens: dict | None = None) -> LensResult:
+                    model: str = "", jlens: dict | None = None, k: int | None = None,
+                    skip_punctuation: bool = False) -> LensResult:
         """One prompt's engine output -> a result. continuation_of[j]: index of target j's continuation
         in output.continuations (None: scored by its first token only)."""
         lenses = {}
         for name, raw in output.readouts.items():
             conts = [None if c is None else output.continuations[c][name] for c in continuation_of]
-            lenses[name] = LensReadout.from_readout(raw, decode, targets, conts)
+            lenses[name] = LensReadout.from_readout(raw, decode, targets, conts, k, skip_punctuation)
         return cls(prompt=prompt, input_ids=list(ids), input_tokens=decode(ids), layers=list(layers), lenses=lenses,
                    model_next_id=output.model_next_id, model_next_token=decode([output.model_next_id])[0],
                    model=model, jlens=jlens if "jacobian" in lenses else None)
@@ -162,6 +190,15 @@ class LensResult:
         r = self.lenses[lens]
         return pd.DataFrame([[pos[0] for pos in layer] for layer in r.top_tokens],
                             index=self.layers, columns=range(len(self.input_ids)))
+
+    def display_grid(self, lens: str = "logit") -> pd.DataFrame:
+        """With skip_punctuation: each cell's shown token as repr, '#r' after it where it is rank r > 1."""
+        r = self.lenses[lens]
+        if r.display_ranks is None:
+            raise ValueError("this result was read without skip_punctuation")
+        cells = [[repr(tok) + ("" if rank == 1 else " (none)" if rank == 0 else f" #{rank}")
+                  for tok, rank in zip(layer, ranks)] for layer, ranks in zip(r.display_tokens, r.display_ranks)]
+        return pd.DataFrame(cells, index=self.layers, columns=range(len(self.input_ids)))
 
     def top_k_table(self, lens: str = "logit", position: int = -1) -> pd.DataFrame:
         """Top-k at one position, a row per layer: layer, rank-1 token, p, rank-2 token, p, ..."""

@@ -33,6 +33,7 @@ from ..config import (
     MAX_TARGET_CHARS,
     MAX_TARGETS,
     MAX_TEMPERATURE,
+    PUNCTUATION_WIDTH,
 )
 
 
@@ -307,6 +308,10 @@ TARGETS = Field("targets", "words to score at every cell (comma-separated)", (),
 CHAT = Field("chat", "wrap the prompt in the tokenizer's chat template (instruct models)", False, flag("chat"),
              flag="--chat", examples=((True, True), ("1", True), ("no", False), (0, False)),
              hostile=("maybe", 2, "2", [True]))
+SKIP_PUNCTUATION = Field("skip_punctuation", "each cell shows the best of the top "
+                         f"{PUNCTUATION_WIDTH} tokens that is not punctuation or whitespace, with its rank (the "
+                         "top-k stays the true one)", False, flag("skip_punctuation"), flag="--skip-punctuation",
+                         examples=((True, True), ("1", True), ("0", False)), hostile=("some", 2, [1]))
 RAW = Field("raw", "raw logits: norm(h) @ W_U.T, skipping the family's logit arithmetic (soft-capping, scale)",
             False, flag("raw"), flag="--raw", examples=((False, False), ("true", True)), hostile=("x", -1))
 MAX_TOKENS = Field("max_tokens", f"tokens to generate (1..{MAX_GENERATE_TOKENS})", 8,

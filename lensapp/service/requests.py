@@ -35,6 +35,7 @@ from .fields import (
     RAW,
     REFERENCE,
     SEED,
+    SKIP_PUNCTUATION,
     SOURCE,
     SOURCE_POSITIONS,
     SPAN,
@@ -71,6 +72,7 @@ class LensRequest(_Parsed):
     targets: tuple[str, ...] = TARGETS.declared()
     raw: bool = RAW.declared()
     chat: bool = CHAT.declared()
+    skip_punctuation: bool = SKIP_PUNCTUATION.declared()
 
 
 @dataclass(frozen=True)

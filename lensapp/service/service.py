@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import jlens as jlens_files
-from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, Config
+from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, PUNCTUATION_WIDTH, Config
 from ..engine.core import Engine
 from ..engine.host import memory_in_use
 from ..engine.loading import ResolvedModel, backend_factory, describe_model
@@ -96,11 +96,12 @@ class LensService:
             outputs = self.engine.lens([plan.specs[i] for i in todo])
             return [LensResult.from_output(out, prompt=req.prompts[i], ids=plan.ids[i], layers=plan.layers,
                                            decode=self.prompts.decode, targets=plan.targets,
-                                           continuation_of=plan.continuation_of, model=self.info.name, jlens=describe)
+                                           continuation_of=plan.continuation_of, model=self.info.name, jlens=describe,
+                                           k=req.k, skip_punctuation=req.skip_punctuation)
                     for i, out in zip(todo, outputs)]
 
         keys = [self._key("lens", p, req.chat, plan.lenses, tuple(plan.layers), req.k,
-                          tuple(t.text for t in plan.targets), req.raw) for p in req.prompts]
+                          tuple(t.text for t in plan.targets), req.raw, req.skip_punctuation) for p in req.prompts]
         return self.cache.get_many(keys, compute)
 
     def compare(self, req: LensRequest) -> Comparison:
@@ -148,7 +149,9 @@ class LensService:
         ids = [self.prompts.ids(p, req.chat) for p in req.prompts]
         planning.check_work(sum(planning.lens_work(len(i), len(layers), req.lens) for i in ids), self.cfg.max_work,
                             "this request")
-        specs = [planning.lens_spec(i, layers, req.k, names, self.info.n_layers, self.jlens_layers, target_ids,
+        # Skipping punctuation widens the top-k the worker reads (bounded) so a word can be found in it.
+        k = max(req.k, PUNCTUATION_WIDTH) if req.skip_punctuation else req.k
+        specs = [planning.lens_spec(i, layers, k, names, self.info.n_layers, self.jlens_layers, target_ids,
                                     req.raw) for i in ids]
         return _Plan(names, layers, ids, specs, targets, planning.continuation_index(target_ids))
 

@@ -14,7 +14,7 @@ from typing import Callable
 import gradio as gr
 
 from ..service.limits import RateLimiter
-from . import permalinks, status
+from . import notes, permalinks, status
 from .api import register_api
 from .compare_tab import build_compare_tab
 from .generate_tab import build_generate_tab
@@ -28,6 +28,9 @@ CSS = """
 .lens-plot .altair { overflow-x: auto; justify-content: flex-start !important; align-items: flex-start !important; }
 .lens-plot .altair > div { flex: none; }
 #link-notice, .lens-warning, #engine-status { border-left: 4px solid #e69f00; padding-left: 0.75em; }
+#link-note { border-left: 4px solid #0072b2; padding-left: 0.75em; }
+.grid-table table { border-collapse: collapse; font-size: 0.85em; }
+.grid-table th, .grid-table td { border: 1px solid var(--border-color-primary); padding: 2px 6px; white-space: nowrap; }
 #permalink textarea, #permalink input { font-family: var(--font-mono); font-size: 0.85em; }
 .lens-readout { display: flex; flex-wrap: wrap; gap: 4px; }
 .lens-tok { display: inline-block; border: 1px solid var(--border-color-primary); border-radius: 4px;
@@ -78,9 +81,11 @@ def build_ui(service, cfg) -> UI:
         banner = gr.Markdown(status.status_line(health), visible=bool(status.status_line(health)),
                              elem_id="engine-status")
         notice = gr.Markdown(visible=False, elem_id="link-notice")
+        note_view = gr.Markdown(visible=False, elem_id="link-note")
+        title, note = notes.note_boxes()            # placed by the link below; the lens tabs read the note
         with gr.Tabs(selected="logit", elem_id="tabs") as tabs:
-            parts = [build_lens_tab(LOGIT_TAB, service, guard, downloads),
-                     build_lens_tab(JACOBIAN_TAB, service, guard, downloads),
+            parts = [build_lens_tab(LOGIT_TAB, service, guard, downloads, note),
+                     build_lens_tab(JACOBIAN_TAB, service, guard, downloads, note),
                      build_generate_tab(service, guard, downloads),
                      build_compare_tab(service, guard, downloads),
                      build_intervene_tab(service, guard, downloads)]
@@ -89,6 +94,9 @@ def build_ui(service, cfg) -> UI:
                               scale=6, elem_id="permalink",
                               placeholder="Run or edit an input: the link that reproduces it appears here")
             copy = gr.Button("Copy link", scale=1, min_width=120, size="sm", elem_id="copy-link")
+        with gr.Row():
+            title.render()
+            note.render()
         query = gr.Textbox(visible=False, elem_id="permalink-query")
         pending = gr.State("")
         register_api(service, guard)
@@ -106,13 +114,14 @@ def build_ui(service, cfg) -> UI:
         for p in parts:
             if not p.fields:
                 continue
-            comps = list(p.fields.values())
+            comps = list(p.fields.values()) + [title, note]
             triggers = [c.change for c in comps] + [p.run_button.click]
             gr.on(triggers, _query_fn(p), comps, query, queue=False, trigger_mode="always_last", **PRIVATE)
         for p, tab in zip(parts, tabs.children):
             if p.fields:
-                tab.select(_query_fn(p), list(p.fields.values()), query, queue=False, **PRIVATE)
+                tab.select(_query_fn(p), list(p.fields.values()) + [title, note], query, queue=False, **PRIVATE)
         query.change(None, query, link, js=JS_SET_URL, **PRIVATE)
+        gr.on([title.change, note.change], notes.shown, [title, note], note_view, queue=False, **PRIVATE)
         copy.click(None, None, None, js=JS_COPY_LINK, **PRIVATE).then(
             lambda: gr.Info("Link copied to the clipboard."), None, None, queue=False, **PRIVATE)
 
@@ -131,10 +140,12 @@ def build_ui(service, cfg) -> UI:
             out = {tabs: gr.Tabs(selected=view.tab), pending: view.tab}
             out.update(dict(zip(target.fields.values(), target.values(view))))
             out[notice] = gr.Markdown("\n".join(f"- {md_text(n)}" for n in notices), visible=bool(notices))
+            out.update({title: view.title, note: view.note, note_view: notes.shown(view.title, view.note)})
             return out
 
         all_fields = [c for p in parts for c in p.fields.values()]
-        load = demo.load(restore, query, [tabs, pending, notice] + all_fields, js=JS_OPENED_WITH, **PRIVATE)
+        load = demo.load(restore, query, [tabs, pending, notice, title, note, note_view] + all_fields,
+                         js=JS_OPENED_WITH, **PRIVATE)
         for p in parts:
             if p.run is not None:
                 load = load.then(_run_if(p), [pending] + p.run_inputs, p.outputs, **PRIVATE)
@@ -142,8 +153,9 @@ def build_ui(service, cfg) -> UI:
 
 
 def _query_fn(p: TabParts):
+    """The link of the tab's inputs, then the link's title and note."""
     def make_query(*values):
-        return permalinks.query_string(p.to_view(*values))
+        return permalinks.query_string(notes.with_notes(p.to_view(*values[:-2]), *values[-2:]))
     return make_query
 
 

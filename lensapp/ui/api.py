@@ -52,11 +52,12 @@ def _lens(service, v: dict) -> dict:
 
 ENDPOINTS = (
     Endpoint("lens", "Every layer's lens readout for one prompt.",
-             (f.PROMPT, f.LENS, f.LAYERS, f.K, f.TARGETS, f.CHAT, f.RAW),
+             (f.PROMPT, f.LENS, f.LAYERS, f.K, f.TARGETS, f.CHAT, f.RAW, f.SKIP_PUNCTUATION),
              "The CLI's `lens --json` object: tokens, layers, and per lens top_tokens/top_probs [layer][pos][k], "
-             "entropy, kl_to_final, targets.", _lens),
+             "entropy, kl_to_final, targets (with skip_punctuation also display_tokens, display_ranks and "
+             "display_probs [layer][pos]: rank 0 where no word was found).", _lens),
     Endpoint("compare", "2 to 4 prompts read the same way, in flight together (aligned at their last token).",
-             (f.PROMPTS, f.LENS, f.LAYERS, f.K, f.TARGETS, f.CHAT, f.RAW),
+             (f.PROMPTS, f.LENS, f.LAYERS, f.K, f.TARGETS, f.CHAT, f.RAW, f.SKIP_PUNCTUATION),
              "One object per prompt: exactly what /lens returns for that prompt alone.",
              lambda service, v: service.compare(LensRequest.parse(**v)).to_json(), answer=list[dict]),
     Endpoint("generate", "Generate, reading the newest token at every step.",

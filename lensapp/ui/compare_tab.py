@@ -8,7 +8,7 @@ from .. import charts
 from ..config import MAX_COMPARE_PROMPTS, MAX_K
 from ..service import LensRequest
 from .examples import compare_examples
-from .lens_tab import colour_metric
+from .lens_tab import colour_metric, grid_tables, punctuation_box
 from .permalinks import View, as_text, view_of
 from .tabs import PRIVATE, Downloads, TabParts, build_chart, lens_choices, md_text
 
@@ -50,10 +50,13 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
             chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
             raw = gr.Checkbox(label="Raw logits", value=d.raw, elem_id="compare-raw",
                               info="h·W_U alone, without the model's own logit soft-capping or scaling")
+            punct = punctuation_box(d.punct, "compare-punct")
         run_button = gr.Button("Compare", variant="primary", elem_id="compare-run", elem_classes=["run"])
         examples = compare_examples(boxes[0], boxes[1], targets)
         summary = gr.Markdown(elem_id="compare-summary")
         heatmaps = gr.Plot(elem_id="compare-heatmaps", elem_classes=["lens-plot"], show_label=False)
+        with gr.Accordion("Heatmaps as tables", open=False, elem_id="compare-grid-box"):
+            grid_table = gr.HTML(elem_id="compare-grid-table", elem_classes=["grid-table"])
         curves = gr.Plot(visible=False, elem_id="compare-targets-plot", elem_classes=["lens-plot"], show_label=False)
         table = gr.Dataframe(label="Each prompt's top-1 at its last position, every layer", interactive=False,
                              wrap=True, elem_id="compare-table")
@@ -62,11 +65,11 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
             json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
 
     def readout(*values):
-        lens, layers, k, targets, metric, chat, raw = values[MAX_COMPARE_PROMPTS:]
+        lens, layers, k, targets, metric, chat, raw, punct = (*values[MAX_COMPARE_PROMPTS:], False)[:8]
         if not isinstance(lens, str) or lens not in {value for _, value in choices}:
             lens = "logit"
         req = LensRequest.parse(prompts=filled(values[:MAX_COMPARE_PROMPTS]), lens=lens, layers=layers, k=k,
-                                targets=targets, chat=chat, raw=raw)
+                                targets=targets, chat=chat, raw=raw, skip_punctuation=punct)
         metric, words = colour_metric(metric, req.targets), req.targets
         comparison = service.compare(req)
         shown = ("jacobian", "logit") if lens == "both" else (lens,)
@@ -80,28 +83,30 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
                 columns=lambda c: c.replace("prompt ", "#") if c.startswith("prompt ") else c)),
             downloads.button("compare", ".csv", comparison.to_csv()),
             downloads.button("compare", ".json", comparison.dumps()),
+            "".join(f"<h4>Prompt {n}</h4>" + grid_tables(r, shown) for n, r in enumerate(comparison.results, 1)),
         )
 
     def run(*values, request: gr.Request = None):
         return guard.ui(request, readout, *values)
 
-    inputs = [*boxes, lens, layers, k, targets, metric, chat, raw]
-    outputs = [summary, heatmaps, curves, table, csv_file, json_file]
+    inputs = [*boxes, lens, layers, k, targets, metric, chat, raw, punct]
+    outputs = [summary, heatmaps, curves, table, csv_file, json_file, grid_table]
     run_button.click(run, inputs, outputs, **PRIVATE)
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
 
     def to_view(*values) -> View:
-        names = ("lens", "layers", "k", "targets", "metric", "chat", "raw")
+        names = ("lens", "layers", "k", "targets", "metric", "chat", "raw", "punct")
         return view_of("compare", prompts=filled(values[:MAX_COMPARE_PROMPTS]),
                        **dict(zip(names, values[MAX_COMPARE_PROMPTS:])))
 
     def from_view(view: View) -> list:
         prompts = list(view.prompts)[:MAX_COMPARE_PROMPTS]
         prompts += [""] * (MAX_COMPARE_PROMPTS - len(prompts))
-        return [*prompts, view.lens, view.layers, view.k, as_text(view.targets), view.metric, view.chat, view.raw]
+        return [*prompts, view.lens, view.layers, view.k, as_text(view.targets), view.metric, view.chat, view.raw,
+                view.punct]
 
     fields = {**{f"prompt{i + 1}": box for i, box in enumerate(boxes)}, "lens": lens, "layers": layers, "k": k,
-              "targets": targets, "metric": metric, "chat": chat, "raw": raw}
+              "targets": targets, "metric": metric, "chat": chat, "raw": raw, "punct": punct}
     return TabParts("compare", fields, to_view, run, inputs, outputs, run_button, from_view=from_view)
 
 

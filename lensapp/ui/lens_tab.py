@@ -14,14 +14,15 @@ import numpy as np
 import pandas as pd
 
 from .. import charts
-from ..config import MAX_K
+from ..config import MAX_K, PUNCTUATION_WIDTH
 from ..service import LensRequest
 from ..service import fields as f
 from ..service.planning import jlens_subset, span
 from ..snippets import lens_snippet
 from .examples import lens_examples
+from .notes import highlight_of
 from .permalinks import METRIC, START, View, as_text, view_of
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, md_text, warn
+from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, md_text, table_html, warn
 
 LOGIT_HOW_TO = """
 Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
@@ -31,6 +32,8 @@ choose; hover a cell for its top-k.
 
 - Read a column bottom to top to watch a prediction form. The top row is the model's real output.
 - `␣` is a space, `↵` a newline, `⇥` a tab: tokens often start with a space.
+- *Skip punctuation and whitespace* shows each cell's best word instead of a `.` or `␣`, with its rank as a
+  superscript (`␣city³`: rank 3); the hover still lists the true top-k, and the colour is still the metric's.
 - Early layers of most models read out noise or the current token itself; that is expected.
 - *KL to final* is how far a layer's guess is from the model's final distribution (0 = the same).
 - *Target* metrics score the first token of each target word as it would follow the prompt (a leading
@@ -85,17 +88,20 @@ JACOBIAN_TAB = LensTab("jacobian", "Jacobian lens", "What each layer is disposed
                        "Run both lenses")
 
 
-def lens_request(tab: LensTab, service, prompt, layers, k, targets, chat, raw) -> tuple[LensRequest, list[int]]:
+def lens_request(tab: LensTab, service, prompt, layers, k, targets, chat, raw,
+                 punct=False) -> tuple[LensRequest, list[int]]:
     """The request `tab` sends for these inputs, read by the fields' parsers, and the asked-for layers left
     out for having no J (the page and a link's prefetch, `ui.prefetch`, must send the same one)."""
-    req = LensRequest.parse(prompts=[prompt], lens=tab.lens, layers=layers, k=k, targets=targets, chat=chat, raw=raw)
+    req = LensRequest.parse(prompts=[prompt], lens=tab.lens, layers=layers, k=k, targets=targets, chat=chat, raw=raw,
+                            skip_punctuation=punct)
     if tab.lens == "logit":
         return req, []
     have, missing = jlens_subset(req.layers, service.info.n_layers, service.jlens_layers)
     return replace(req, layers=",".join(map(str, have))), missing
 
 
-def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabParts:
+def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.Textbox | None = None) -> TabParts:
+    """note: the link's note box (its references outline cells), when the page has one."""
     d = View()
     info = service.info
     jacobian = tab.lens != "logit"
@@ -122,6 +128,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
             metric = gr.Dropdown(label="Colour cells by", value=d.metric, elem_id=f"{tab.name}-metric",
                                  choices=[(m.title, key) for key, m in charts.METRICS.items()])
             chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
+            punct = punctuation_box(d.punct, f"{tab.name}-punct")
         with gr.Accordion("Advanced", open=False):
             raw = gr.Checkbox(label="Raw logits", value=d.raw, elem_id=f"{tab.name}-raw",
                               info="Unembed with h·W_U alone, skipping the model's own logit soft-capping or "
@@ -133,6 +140,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
         window = gr.Slider(0, 1, value=0, step=1, visible=False, label="Positions shown: the first of the window",
                            elem_id=f"{tab.name}-window")
         heatmap = gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot"], show_label=False)
+        with gr.Accordion("Heatmap as a table", open=False, elem_id=f"{tab.name}-grid-box"):
+            grid_table = gr.HTML(elem_id=f"{tab.name}-grid-table", elem_classes=["grid-table"])
         diff = gr.Plot(elem_id=f"{tab.name}-diff", elem_classes=["lens-plot"], show_label=False, visible=jacobian)
         position = gr.Dropdown(label="Token table: position", choices=[], interactive=True,
                                elem_id=f"{tab.name}-position")
@@ -154,22 +163,24 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
         state = gr.State()
     shown = ("jacobian", "logit") if jacobian else ("logit",)
 
-    def draw(result, metric, first):
-        """The heatmap(s) of `result` from position `first` (None: the last ones)."""
+    def draw(result, metric, first, note=None):
+        """The heatmap(s) of `result` from position `first` (None: the last ones); the cells the link's
+        note names outlined."""
+        highlight = highlight_of(note)
         if jacobian:
-            return (build_chart(charts.lens_pair, result, metric, start=first),
+            return (build_chart(charts.lens_pair, result, metric, start=first, highlight=highlight),
                     build_chart(charts.lens_diff, result, start=first))
-        return build_chart(charts.lens_heatmap, result, "logit", metric, start=first), gr.skip()
+        return build_chart(charts.lens_heatmap, result, "logit", metric, start=first, highlight=highlight), gr.skip()
 
-    def readout(prompt, layers, k, targets, metric, chat, raw, start):
-        req, missing = lens_request(tab, service, prompt, layers, k, targets, chat, raw)
+    def readout(prompt, layers, k, targets, metric, chat, raw, start, punct=False, note=None):
+        req, missing = lens_request(tab, service, prompt, layers, k, targets, chat, raw, punct)
         metric = colour_metric(metric, req.targets)
         if missing:
             warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
         result = service.lens(req)[0]
         last = len(result.input_ids) - 1
         cols = charts.window_of(len(result.input_ids), START(start), charts.DisplaySettings())
-        pair, diff_chart = draw(result, metric, cols.start)
+        pair, diff_chart = draw(result, metric, cols.start, note)
         return (
             result,
             pair,
@@ -183,13 +194,14 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
                     visible=bool(req.targets)),
             downloads.button(f"{tab.name}-lens", ".csv", result.to_csv()),
             downloads.button(f"{tab.name}-lens", ".json", result.dumps()),
+            grid_tables(result, shown),
         )
 
-    def run(prompt, layers, k, targets, metric, chat, raw, start, request: gr.Request = None):
-        return guard.ui(request, readout, prompt, layers, k, targets, metric, chat, raw, start)
+    def run(prompt, layers, k, targets, metric, chat, raw, start, punct=False, note=None, request: gr.Request = None):
+        return guard.ui(request, readout, prompt, layers, k, targets, metric, chat, raw, start, punct, note)
 
-    outputs = [state, heatmap, diff, window, summary, position, table, curves, csv_file, json_file]
-    inputs = [prompt, layers, k, targets, metric, chat, raw, start]
+    outputs = [state, heatmap, diff, window, summary, position, table, curves, csv_file, json_file, grid_table]
+    inputs = [prompt, layers, k, targets, metric, chat, raw, start, punct] + ([note] if note is not None else [])
     run_button.click(run, inputs, outputs, **PRIVATE)
     prompt.submit(run, inputs, outputs, **PRIVATE)
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
@@ -202,15 +214,15 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
 
     position.input(show_position, [state, position], table, **PRIVATE)
 
-    def move_window(result, metric, first):
+    def move_window(result, metric, first, note=None):
         """Redraw from the result in hand (no new readout); the link remembers the window."""
         if result is None:
             return gr.skip(), gr.skip(), gr.skip()
         metric = colour_metric(metric, result.lenses[shown[0]].targets, quiet=True)
         first = int_or(first, 0)
-        return (*draw(result, metric, first), first)
+        return (*draw(result, metric, first, note), first)
 
-    window.release(move_window, [state, metric, window], [heatmap, diff, start], **PRIVATE)
+    window.release(move_window, [state, metric, window] + inputs[9:], [heatmap, diff, start], **PRIVATE)
 
     def show_code(result, form, chat):
         if result is None:
@@ -221,9 +233,22 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads) -> TabPar
     form.change(show_code, [state, form, chat], code, **PRIVATE)
 
     fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat,
-              "raw": raw, "start": start}
+              "raw": raw, "start": start, "punct": punct}
     return TabParts(tab.name, fields, lambda *values: view_of(tab.name, **dict(zip(fields, values))), run, inputs,
                     outputs, run_button, handlers={"show_position": show_position, "move_window": move_window})
+
+
+def punctuation_box(value: bool, elem_id: str) -> gr.Checkbox:
+    return gr.Checkbox(label="Skip punctuation and whitespace", value=value, elem_id=elem_id,
+                       info=f"Each cell shows the best word among the top {PUNCTUATION_WIDTH} (² = its rank); "
+                            "hover still shows the true top-k.")
+
+
+def grid_tables(result, lenses: tuple[str, ...]) -> str:
+    """Each heatmap as an HTML table a screen reader reads (a row per layer, a column per position)."""
+    return "".join(table_html(charts.lens_table(result, lens), f"{charts.LENS_TITLES[lens]}: the token each cell "
+                              "shows, per layer (rows, the top layer first) and position (columns)")
+                   for lens in lenses)
 
 
 def colour_metric(metric, targets, quiet: bool = False) -> str:

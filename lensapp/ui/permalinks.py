@@ -40,6 +40,14 @@ VIEW_PROMPT = replace(f.PROMPT, default=DEFAULT_PROMPT, required=False)
 VIEW_PROMPTS = replace(f.PROMPTS, default=DEFAULT_COMPARE, required=False)
 VIEW_WORD = replace(f.WORD, default=DEFAULT_WORD)
 VIEW_SPAN = replace(f.SPAN, default=DEFAULT_SPAN, required=False)
+# A link's words, shown above its view (ui/notes.py): bounded text, shown as text, never stored.
+TITLE = Field("title", f"the link's title, shown above its view (one line, up to {config.MAX_TITLE_CHARS} characters)",
+              "", lambda raw: _one_line(f.text("the title", config.MAX_TITLE_CHARS, empty_ok=True)(raw)))
+NOTE = Field("note", f"a note shown above the view (up to {config.MAX_NOTE_CHARS} characters; 'layer 22' or a token "
+             "in backticks outlines its cells)", "", f.text("the note", config.MAX_NOTE_CHARS, empty_ok=True))
+# Request fields a link names more briefly: link name -> the request field's name.
+SHORT_NAMES = {"punct": f.SKIP_PUNCTUATION.name}
+PUNCT = replace(f.SKIP_PUNCTUATION, name="punct")
 
 
 @dataclass(frozen=True)
@@ -74,20 +82,24 @@ class View:
     source: str = f.SOURCE.declared()
     source_positions: str = f.SOURCE_POSITIONS.declared()
     new_tokens: int = f.NEW_TOKENS.declared()
+    punct: bool = PUNCT.declared()
+    title: str = TITLE.declared()
+    note: str = NOTE.declared()
 
 
 VIEW_FIELDS = f.fields_of(View)
 # Which fields a tab's link carries (the rest are that tab's defaults). Only ever add fields.
 TAB_FIELDS = {
-    "logit": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start"),
-    "jacobian": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start"),
+    "logit": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start", "punct"),
+    "jacobian": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start", "punct"),
     "generate": ("prompt", "max_tokens", "temperature", "seed", "lens", "layers", "k", "chat", "raw"),
-    "compare": ("prompts", "lens", "layers", "k", "targets", "metric", "chat", "raw"),
+    "compare": ("prompts", "lens", "layers", "k", "targets", "metric", "chat", "raw", "punct"),
     "intervene": ("prompt", "intervention", "word", "layer", "alphas", "direction", "from_word", "objective",
                   "positions",
                   "prompt_only", "ablation", "reference", "source", "source_positions", "lens", "layers", "k",
                   "targets", "metric", "new_tokens", "temperature", "seed", "chat", "raw"),
 }
+NOTE_FIELDS = ("title", "note")        # any tab's link may carry them (only when they are not empty)
 
 
 def encode(view: View) -> dict[str, str]:
@@ -99,6 +111,7 @@ def encode(view: View) -> dict[str, str]:
             out.update({f"prompt{i}": p for i, p in enumerate(value, 1)})
         elif value is not None:
             out[name] = as_text(value)
+    out.update({name: getattr(view, name) for name in NOTE_FIELDS if getattr(view, name)})
     return out
 
 
@@ -226,6 +239,12 @@ def _compare_prompts(params: dict[str, str], notices: list[str]) -> tuple[str, .
         notices.append(f"The link compares fewer than two prompts; using the examples ({', '.join(DEFAULT_COMPARE)}).")
         return ()
     return tuple(prompts)
+
+
+def _one_line(text: str) -> str:
+    if "\n" in text or "\r" in text:
+        raise RequestError("the title must be one line")
+    return text
 
 
 def _printable(text: str) -> str:

@@ -54,7 +54,8 @@ class LinkPrefetch:
         tab = {"logit": LOGIT_TAB, "jacobian": JACOBIAN_TAB}.get(view.tab)
         if tab is None or (tab is JACOBIAN_TAB and service.jlens is None):
             return None
-        req, _ = lens_request(tab, service, view.prompt, view.layers, view.k, view.targets, view.chat, view.raw)
+        req, _ = lens_request(tab, service, view.prompt, view.layers, view.k, view.targets, view.chat, view.raw,
+                              view.punct)
         return req
 
     def _idle(self) -> bool:
