@@ -1,8 +1,10 @@
 """`lensapp serve` (and `python app.py`): the web app, up in seconds, the model behind it loading.
 
-Settings -> service -> UI -> HTTP. The page and `/health` answer as soon as the model's config,
-tokenizer and lens are read; vLLM starts in the background (a minute on a small CPU) while the page
-says so, and the engine restarts it if it dies. The engine (and vLLM's EngineCore and worker
+Settings -> port -> service -> UI -> HTTP. The port is bound first and answers a plain "starting" page
+and `/health` from the standard library (`shell.py`) while Gradio, torch, vLLM and nnsight are imported;
+the real page replaces it on the same socket as soon as the model's config, tokenizer and lens are read.
+vLLM starts in the background (a minute on a small CPU) while the page says so, and the engine restarts
+it if it dies. The engine (and vLLM's EngineCore and worker
 processes) is started inside `serve()`, never at import: vLLM's spawned processes re-import the
 main module. It is closed on exit, on SIGTERM and on Ctrl-C, so no engine process outlives the app.
 """
@@ -10,15 +12,13 @@ main module. It is closed on exit, on SIGTERM and on Ctrl-C, so no engine proces
 from __future__ import annotations
 
 import atexit
-import errno
 import gc
 import logging
 import signal
-import socket
 import sys
 import threading
 
-from . import config
+from . import config, shell
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +29,22 @@ def serve(args) -> int:
     except config.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if problem := listen_problem(cfg.host, cfg.port):
-        print(f"error: {problem}", file=sys.stderr)
+    try:
+        sock = shell.listen(cfg.host, cfg.port)
+    except shell.ListenError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
+    starting = shell.Shell(sock).start()
+    print(f"Starting Lens Explorer ({cfg.model}, {cfg.backend}) on http://{cfg.host}:{cfg.port}/", flush=True)
     config.prepare_process_environment()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from .service import LensService
 
-    print(f"Starting Lens Explorer ({cfg.model}, {cfg.backend}) on http://{cfg.host}:{cfg.port}/", flush=True)
     try:
         service = LensService.start(cfg)
     except ValueError as e:          # a lens, model or setting that cannot work: one line, exit 2
+        starting.handover().close()
         print(f"error: {e}", file=sys.stderr)
         return 2
     closed = threading.Lock()
@@ -55,7 +59,7 @@ def serve(args) -> int:
     try:
         server = make_server(service, cfg)
         tune_garbage_collector()
-        server.run()
+        server.run(sockets=[starting.handover()])
     except KeyboardInterrupt:
         pass
     finally:
@@ -65,20 +69,12 @@ def serve(args) -> int:
 
 
 def listen_problem(host: str, port: int) -> str | None:
-    """Why the server could not listen on host:port, or None. Checked before the engine starts: uvicorn
-    finds out only once vLLM has loaded (half a minute here), then exits with its own traceback noise."""
+    """Why the server could not listen on host:port, or None. `serve` binds before anything else starts:
+    uvicorn would find out only once vLLM has loaded, then exit with its own traceback noise."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except (OSError, UnicodeError) as e:
-        return f"cannot listen on {host!r}: {getattr(e, 'strerror', None) or e}"
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)       # as uvicorn binds: a closing socket is fine
-        try:
-            s.bind(address)
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return f"port {port} on {host} is in use (another app?); choose another with --port"
-            return f"cannot listen on {host}:{port}: {e.strerror or e}"
+        shell.listen(host, port).close()
+    except shell.ListenError as e:
+        return str(e)
     return None
 
 

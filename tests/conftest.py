@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -240,15 +241,25 @@ def _free_port() -> int:
 
 
 def _wait_for(url: str, proc, log: Path) -> None:
+    """Until /health says the model serves. The port answers a "starting" page within seconds (`shell.py`),
+    so a 200 on `/` says nothing; fails at once when the app exits or says its model is down."""
+    import json
+
     deadline = time.time() + START_TIMEOUT
     while time.time() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
+            try:
+                with urllib.request.urlopen(url + "health", timeout=5) as r:
+                    h = json.loads(r.read())
+            except urllib.error.HTTPError as e:        # 503: down or restarting, the body says which
+                h = json.loads(e.read())
+            if h.get("state") == "ready":
+                return
+            if h.get("state") == "down":
+                pytest.fail(f"the app says the model is down: {h.get('reason')}\n{log.read_text()[-3000:]}")
+        except (OSError, ValueError):
             pass
         time.sleep(2)
     pytest.fail(f"app.py did not serve {url} within {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
