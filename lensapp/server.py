@@ -19,31 +19,31 @@ import sys
 import threading
 
 from . import config, shell
+from . import workshop as workshops
 
 log = logging.getLogger(__name__)
 
 
 def serve(args) -> int:
     try:
-        cfg = config.from_args(args)
-    except config.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
+        cfg, plan = settings(args)
         sock = shell.listen(cfg.host, cfg.port)
-    except shell.ListenError as e:
+    except (config.ConfigError, workshops.WorkshopError, shell.ListenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    starting = shell.Shell(sock).start()
+    starting = shell.Shell(sock, plan.title if plan else "Lens Explorer").start()
     print(f"Starting Lens Explorer ({cfg.model}, {cfg.backend}) on http://{cfg.host}:{cfg.port}/", flush=True)
     config.prepare_process_environment()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    from . import ui
     from .service import LensService
 
     try:
+        if plan is not None:
+            ui.check_links(plan)
         service = LensService.start(cfg)
-    except ValueError as e:          # a lens, model or setting that cannot work: one line, exit 2
+    except ValueError as e:          # a lens, model, setting or link that cannot work: one line each, exit 2
         starting.handover().close()
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -57,7 +57,7 @@ def serve(args) -> int:
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: _stop(server))
     server = None
     try:
-        server = make_server(service, cfg)
+        server = make_server(service, cfg, plan)
         tune_garbage_collector()
         server.run(sockets=[starting.handover()])
     except KeyboardInterrupt:
@@ -66,6 +66,15 @@ def serve(args) -> int:
         signal.signal(signal.SIGTERM, previous)
         shutdown()
     return 0
+
+
+def settings(args) -> tuple[config.Config, workshops.Workshop | None]:
+    """The Config, and the workshop its file describes (whose settings fill what the flags left default)."""
+    cfg = config.from_args(args)
+    if not cfg.workshop:
+        return cfg, None
+    plan = workshops.load(cfg.workshop)
+    return plan.apply(cfg), plan
 
 
 def listen_problem(host: str, port: int) -> str | None:
@@ -93,15 +102,25 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def make_app(service, cfg):
-    """FastAPI with `/health` (plain JSON for a Space, a load balancer or a person) and the Gradio app at `/`."""
+def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = False):
+    """FastAPI with `/health` (plain JSON for a Space, a load balancer or a person) and the Gradio app at `/`.
+    With `warm`, every tab's example is computed once the engine serves (`ui/front.py`). With a workshop,
+    what was run is counted (`service/usage.py`) and served to the host at `/workshop`."""
     import gradio as gr
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
     from . import ui
+    from .service.usage import Usage
 
-    demo = ui.build_app(service, cfg)
+    usage = None
+    if plan is not None:
+        usage = Usage(service.info.n_layers, [ex.title for ex in plan.exercises], plan.record_prompts)
+        service.observer = usage.record
+    built = ui.build_ui(service, cfg, plan, usage)
+    demo = built.demo
+    if warm:
+        built.front.warm_in_background()
     # Gradio runs as many handlers as the engine admits (max_batch running + queue_size waiting) and
     # holds a bounded number more in its own queue; beyond that it refuses at once ("Queue is full!
     # Please try again."), which is what a flood of users hears (bench/load.py's flood). The engine's
@@ -115,7 +134,18 @@ def make_app(service, cfg):
     @app.get("/health")
     def health():
         h = service.health()
+        if usage is not None:
+            h["workshop"] = usage.summary()
         return JSONResponse(h, status_code=200 if h["state"] in ("ready", "starting") else 503)
+
+    def what_was_run(request):      # a plain Starlette route: FastAPI cannot read this module's lazy annotations
+        if cfg.auth_pairs and not _logged_in(request, cfg.auth_pairs):
+            return JSONResponse({"error": "the host's login is needed"}, status_code=401,
+                                headers={"WWW-Authenticate": 'Basic realm="Lens Explorer workshop"'})
+        return JSONResponse(usage.to_json())
+
+    if usage is not None:
+        app.add_route("/workshop", what_was_run, methods=["GET"])
 
     return gr.mount_gradio_app(app, demo, path="/", css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"],
                                auth=cfg.auth_pairs or None, server_name=cfg.host, server_port=cfg.port)
@@ -138,10 +168,26 @@ class PrefetchLinks:
         await self.app(scope, receive, send)
 
 
-def make_server(service, cfg):
+def _logged_in(request, pairs: list[tuple[str, str]]) -> bool:
+    """HTTP basic credentials that are one of the app's logins (`curl -u user:password .../workshop`)."""
+    import base64
+    import hmac
+
+    scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        user, _, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return any(hmac.compare_digest(user.encode(), u.encode()) & hmac.compare_digest(password.encode(), p.encode())
+               for u, p in pairs)
+
+
+def make_server(service, cfg, plan: workshops.Workshop | None = None):
     import uvicorn
 
-    app = make_app(service, cfg)
+    app = make_app(service, cfg, plan, warm=True)
     return uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                                          timeout_graceful_shutdown=5))
 

@@ -26,6 +26,7 @@ config.prepare_process_environment()
 CACHE = Path(os.environ.get("LENSAPP_CACHE_DIR") or config.Config().resolved_cache_dir)
 REPO = Path(__file__).resolve().parents[1]
 J_LAYERS = [0, 4, 8, 12, 16, 20, 24, 28]      # the running app's random Jacobian lens
+WORKSHOP = REPO / "tests" / "data" / "workshop.yaml"     # the running app's workshop
 START_TIMEOUT = 360                           # s for `python app.py` to serve its page
 APP_LOG: list[Path] = []                      # the running app's log, quoted when a wait fails
 APP_PID: list[int] = []                       # the running app's process (other children of pytest may be zombies)
@@ -176,8 +177,9 @@ def hf_service(embedded_dir):
 
 @pytest.fixture(scope="session")
 def app_url(tmp_path_factory, model_dims):
-    """`python app.py --jlens <random lens>` on a free port, one for the session (the browser tests and the
-    API's hostile-input test share it); SIGTERM at the end leaves no vLLM process."""
+    """`python app.py --jlens <random lens> --workshop tests/data/workshop.yaml` (every tab, three exercises) on
+    a free port, one for the session (the browser tests and the API's hostile-input test share it); SIGTERM at
+    the end leaves no vLLM process."""
     import psutil
     import torch
 
@@ -195,7 +197,8 @@ def app_url(tmp_path_factory, model_dims):
            "GRADIO_ANALYTICS_ENABLED": "False"}
     log = open(tmp / "app.log", "w")
     APP_LOG[:] = [tmp / "app.log"]
-    proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path)], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path), "--workshop", str(WORKSHOP)],
+                            cwd=REPO, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
     APP_PID[:] = [proc.pid]
     url = f"http://127.0.0.1:{port}/"
@@ -217,6 +220,50 @@ def app_url(tmp_path_factory, model_dims):
         p.kill()
     assert not alive, f"processes outlived the app: {[p.pid for p in alive]}"
     assert proc.returncode == 0, (tmp / "app.log").read_text()[-3000:]
+
+
+# -- the browser (Debian's Chromium, driven by Playwright) ----------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("needs Debian chromium: run scripts/setup-test-deps.sh")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def _page(browser, **context):
+    """A fresh page that records script errors and dialogs (an injected alert would be one)."""
+    ctx = browser.new_context(**context)
+    pg = ctx.new_page()
+    pg.errors, pg.dialogs = [], []
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    return ctx, pg
+
+
+@pytest.fixture
+def page(browser):
+    ctx, pg = _page(browser, viewport={"width": 1400, "height": 1000})
+    yield pg
+    ctx.close()
+
+
+@pytest.fixture
+def phone(browser):
+    """A page as a phone shows it: 390 x 844 CSS pixels, touch, a mobile user agent's layout."""
+    ctx, pg = _page(browser, viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True,
+                    has_touch=True)
+    yield pg
+    ctx.close()
 
 
 def descendant(parent_pid: int, fragment: str):
@@ -272,6 +319,6 @@ def pytest_collection_modifyitems(items):
         names = set(getattr(item, "fixturenames", ()))
         if names & {"vllm_service", "app_url"} or item.get_closest_marker("engine") or "real_engine" in item.name:
             item.add_marker(pytest.mark.engine)
-        if "app_url" in names or "page" in names:
+        if names & {"app_url", "page", "phone"}:
             item.add_marker(pytest.mark.browser)
     items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
