@@ -134,6 +134,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     @app.get("/health")
     def health():
         h = service.health()
+        h["front_page"] = "ready" if built.front.warmed.is_set() else "computing"   # every tab's example
         if usage is not None:
             h["workshop"] = usage.summary()
         return JSONResponse(h, status_code=200 if h["state"] in ("ready", "starting") else 503)

@@ -302,8 +302,8 @@ def _wait_for(url: str, proc, log: Path) -> None:
                     h = json.loads(r.read())
             except urllib.error.HTTPError as e:        # 503: down or restarting, the body says which
                 h = json.loads(e.read())
-            if h.get("state") == "ready":
-                return
+            if h.get("state") == "ready" and h.get("front_page") == "ready":    # its examples computed: none
+                return                                                           # runs under a test's counts
             if h.get("state") == "down":
                 pytest.fail(f"the app says the model is down: {h.get('reason')}\n{log.read_text()[-3000:]}")
         except (OSError, ValueError):
