@@ -43,12 +43,12 @@ CSS = """
 .lens-tok .top1 { font-size: 0.75em; opacity: 0.75; }
 .lens-tok .topk { font-size: 0.75em; display: block; }
 #exercise-question { border-left: 4px solid #56b4e9; padding-left: 0.75em; }
-/* A phone (390 px): every row wraps to the width, each control takes the whole line, nothing scrolls sideways
-   but a chart inside its own box. */
+/* A phone (390 px): rows and Gradio's groups of form fields wrap to the width (tests/test_first_visit.py
+   checks that no control lies outside it); nothing scrolls sideways but a chart inside its own box. */
 @media (max-width: 640px) {
   .gradio-container { padding-left: 4px !important; padding-right: 4px !important; }
-  .gradio-container .row { flex-wrap: wrap !important; }
-  .gradio-container .row > * { flex: 1 1 100% !important; min-width: 0 !important; }
+  .gradio-container .row, .gradio-container .form { flex-wrap: wrap !important; }
+  .gradio-container .row > *, .gradio-container .form > .block { flex: 1 1 100% !important; min-width: 0 !important; }
   .lens-plot, .lens-plot .altair { max-width: 100%; }
 }
 """
@@ -163,7 +163,7 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
 
         def then_run(event):
             for p in runnable:
-                event = event.then(_run_if(p), [pending] + p.run_inputs, p.outputs, **PRIVATE)
+                event = event.then(_run_if(p, service), [pending] + p.run_inputs, p.outputs, **PRIVATE)
 
         then_run(demo.load(restore, query, [tabs, pending, notice] + all_fields, js=JS_OPENED_WITH, **PRIVATE))
         for i, button in enumerate(panel.buttons if panel is not None else []):
@@ -187,21 +187,23 @@ def _query_fn(p: TabParts):
     return make_query
 
 
-def _run_if(p: TabParts):
+def _run_if(p: TabParts, service):
     """The tab's readout, when the link being restored is for this tab or the page opened without one. The
     front page's examples leave the tab's inputs as they are: an input set by a tab the visitor is not on
     would rewrite the address bar to that tab's link (a generation's seed)."""
     inputs = {id(c) for c in p.fields.values()}
-    keep = [id(c) in inputs for c in p.outputs]
+    is_input = [id(c) in inputs for c in p.outputs]
 
     def run(pending, *values, request: gr.Request = None):
         if pending not in (p.name, FRONT):
             return tuple(gr.skip() for _ in p.outputs)
         if pending != FRONT:
             return p.run(*values, request=request)
+        if service.health().get("state") == "down":   # the status line says so once, not a failure per tab
+            return tuple(gr.skip() for _ in p.outputs)
         with not_counted():                      # the example every visit draws: nobody's choice, not counted
             out = p.run(*values, request=request)
-        return tuple(gr.skip() if k else o for o, k in zip(out, keep))
+        return tuple(gr.skip() if skip else o for o, skip in zip(out, is_input))
     return run
 
 
