@@ -52,6 +52,9 @@ MAX_TITLE_CHARS = 120
 MAX_NOTE_CHARS = 1000
 DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache is sized for it)
 
+# The app's tabs, by the name a link (`tab=`) and a workshop file (`tabs:`) give them.
+TABS = ("logit", "jacobian", "generate", "compare", "intervene")
+
 # The lenses, and what a request's `lens` field may name.
 LENSES = ("logit", "jacobian")
 LENS_CHOICES = {"logit": ("logit",), "jacobian": ("jacobian",), "both": ("logit", "jacobian")}
@@ -110,6 +113,8 @@ class Config:
     cache_mb: int = _setting(256, "memory the result cache may hold, in MB")
     cache_dir: str = _setting("", "converted models and lens downloads; empty = the user cache dir "
                                   "(`/data/lensapp` when a Space has persistent storage)")
+    workshop: str = _setting("", "a workshop file (YAML: title, tabs, exercises; docs/workshop.md): an Exercises "
+                                 "panel, only its tabs, and counts of what was run at /workshop")
     host: str = _setting("127.0.0.1", "interface to listen on")
     port: int = _setting(7860, "port to listen on")
 

@@ -1,8 +1,10 @@
 """`lensapp serve` (and `python app.py`): the web app, up in seconds, the model behind it loading.
 
-Settings -> service -> UI -> HTTP. The page and `/health` answer as soon as the model's config,
-tokenizer and lens are read; vLLM starts in the background (a minute on a small CPU) while the page
-says so, and the engine restarts it if it dies. The engine (and vLLM's EngineCore and worker
+Settings -> port -> service -> UI -> HTTP. The port is bound first and answers a plain "starting" page
+and `/health` from the standard library (`shell.py`) while Gradio, torch, vLLM and nnsight are imported;
+the real page replaces it on the same socket as soon as the model's config, tokenizer and lens are read.
+vLLM starts in the background (a minute on a small CPU) while the page says so, and the engine restarts
+it if it dies. The engine (and vLLM's EngineCore and worker
 processes) is started inside `serve()`, never at import: vLLM's spawned processes re-import the
 main module. It is closed on exit, on SIGTERM and on Ctrl-C, so no engine process outlives the app.
 """
@@ -10,37 +12,39 @@ main module. It is closed on exit, on SIGTERM and on Ctrl-C, so no engine proces
 from __future__ import annotations
 
 import atexit
-import errno
 import gc
 import logging
 import signal
-import socket
 import sys
 import threading
 
-from . import config
+from . import config, shell
+from . import workshop as workshops
 
 log = logging.getLogger(__name__)
 
 
 def serve(args) -> int:
     try:
-        cfg = config.from_args(args)
-    except config.ConfigError as e:
+        cfg, plan = settings(args)
+        sock = shell.listen(cfg.host, cfg.port)
+    except (config.ConfigError, workshops.WorkshopError, shell.ListenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if problem := listen_problem(cfg.host, cfg.port):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+    starting = shell.Shell(sock, plan.title if plan else "Lens Explorer").start()
+    print(f"Starting Lens Explorer ({cfg.model}, {cfg.backend}) on http://{cfg.host}:{cfg.port}/", flush=True)
     config.prepare_process_environment()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    from . import ui
     from .service import LensService
 
-    print(f"Starting Lens Explorer ({cfg.model}, {cfg.backend}) on http://{cfg.host}:{cfg.port}/", flush=True)
     try:
+        if plan is not None:
+            ui.check_links(plan)
         service = LensService.start(cfg)
-    except ValueError as e:          # a lens, model or setting that cannot work: one line, exit 2
+    except ValueError as e:          # a lens, model, setting or link that cannot work: one line each, exit 2
+        starting.handover().close()
         print(f"error: {e}", file=sys.stderr)
         return 2
     closed = threading.Lock()
@@ -53,9 +57,9 @@ def serve(args) -> int:
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: _stop(server))
     server = None
     try:
-        server = make_server(service, cfg)
+        server = make_server(service, cfg, plan)
         tune_garbage_collector()
-        server.run()
+        server.run(sockets=[starting.handover()])
     except KeyboardInterrupt:
         pass
     finally:
@@ -64,21 +68,22 @@ def serve(args) -> int:
     return 0
 
 
+def settings(args) -> tuple[config.Config, workshops.Workshop | None]:
+    """The Config, and the workshop its file describes (whose settings fill what the flags left default)."""
+    cfg = config.from_args(args)
+    if not cfg.workshop:
+        return cfg, None
+    plan = workshops.load(cfg.workshop)
+    return plan.apply(cfg), plan
+
+
 def listen_problem(host: str, port: int) -> str | None:
-    """Why the server could not listen on host:port, or None. Checked before the engine starts: uvicorn
-    finds out only once vLLM has loaded (half a minute here), then exits with its own traceback noise."""
+    """Why the server could not listen on host:port, or None. `serve` binds before anything else starts:
+    uvicorn would find out only once vLLM has loaded, then exit with its own traceback noise."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except (OSError, UnicodeError) as e:
-        return f"cannot listen on {host!r}: {getattr(e, 'strerror', None) or e}"
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)       # as uvicorn binds: a closing socket is fine
-        try:
-            s.bind(address)
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return f"port {port} on {host} is in use (another app?); choose another with --port"
-            return f"cannot listen on {host}:{port}: {e.strerror or e}"
+        shell.listen(host, port).close()
+    except shell.ListenError as e:
+        return str(e)
     return None
 
 
@@ -97,15 +102,25 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def make_app(service, cfg):
-    """FastAPI with `/health` (plain JSON for a Space, a load balancer or a person) and the Gradio app at `/`."""
+def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = False):
+    """FastAPI with `/health` (plain JSON for a Space, a load balancer or a person) and the Gradio app at `/`.
+    With `warm`, every tab's example is computed once the engine serves (`ui/front.py`). With a workshop,
+    what was run is counted (`service/usage.py`) and served to the host at `/workshop`."""
     import gradio as gr
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
     from . import ui
+    from .service.usage import Usage
 
-    demo = ui.build_app(service, cfg)
+    usage = None
+    if plan is not None:
+        usage = Usage(service.info.n_layers, [ex.title for ex in plan.exercises], plan.record_prompts)
+        service.observer = usage.record
+    built = ui.build_ui(service, cfg, plan, usage)
+    demo = built.demo
+    if warm:
+        built.front.warm_in_background()
     # Gradio runs as many handlers as the engine admits (max_batch running + queue_size waiting) and
     # holds a bounded number more in its own queue; beyond that it refuses at once ("Queue is full!
     # Please try again."), which is what a flood of users hears (bench/load.py's flood). The engine's
@@ -119,7 +134,19 @@ def make_app(service, cfg):
     @app.get("/health")
     def health():
         h = service.health()
+        h["front_page"] = "ready" if built.front.warmed.is_set() else "computing"   # every tab's example
+        if usage is not None:
+            h["workshop"] = usage.summary()
         return JSONResponse(h, status_code=200 if h["state"] in ("ready", "starting") else 503)
+
+    def what_was_run(request):      # a plain Starlette route: FastAPI cannot read this module's lazy annotations
+        if cfg.auth_pairs and not _logged_in(request, cfg.auth_pairs):
+            return JSONResponse({"error": "the host's login is needed"}, status_code=401,
+                                headers={"WWW-Authenticate": 'Basic realm="Lens Explorer workshop"'})
+        return JSONResponse(usage.to_json())
+
+    if usage is not None:
+        app.add_route("/workshop", what_was_run, methods=["GET"])
 
     return gr.mount_gradio_app(app, demo, path="/", css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"],
                                auth=cfg.auth_pairs or None, server_name=cfg.host, server_port=cfg.port)
@@ -142,10 +169,26 @@ class PrefetchLinks:
         await self.app(scope, receive, send)
 
 
-def make_server(service, cfg):
+def _logged_in(request, pairs: list[tuple[str, str]]) -> bool:
+    """HTTP basic credentials that are one of the app's logins (`curl -u user:password .../workshop`)."""
+    import base64
+    import hmac
+
+    scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        user, _, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return any(hmac.compare_digest(user.encode(), u.encode()) & hmac.compare_digest(password.encode(), p.encode())
+               for u, p in pairs)
+
+
+def make_server(service, cfg, plan: workshops.Workshop | None = None):
     import uvicorn
 
-    app = make_app(service, cfg)
+    app = make_app(service, cfg, plan, warm=True)
     return uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                                          timeout_graceful_shutdown=5))
 

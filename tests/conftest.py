@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -25,6 +26,7 @@ config.prepare_process_environment()
 CACHE = Path(os.environ.get("LENSAPP_CACHE_DIR") or config.Config().resolved_cache_dir)
 REPO = Path(__file__).resolve().parents[1]
 J_LAYERS = [0, 4, 8, 12, 16, 20, 24, 28]      # the running app's random Jacobian lens
+WORKSHOP = REPO / "tests" / "data" / "workshop.yaml"     # the running app's workshop
 START_TIMEOUT = 360                           # s for `python app.py` to serve its page
 APP_LOG: list[Path] = []                      # the running app's log, quoted when a wait fails
 APP_PID: list[int] = []                       # the running app's process (other children of pytest may be zombies)
@@ -175,8 +177,9 @@ def hf_service(embedded_dir):
 
 @pytest.fixture(scope="session")
 def app_url(tmp_path_factory, model_dims):
-    """`python app.py --jlens <random lens>` on a free port, one for the session (the browser tests and the
-    API's hostile-input test share it); SIGTERM at the end leaves no vLLM process."""
+    """`python app.py --jlens <random lens> --workshop tests/data/workshop.yaml` (every tab, three exercises) on
+    a free port, one for the session (the browser tests and the API's hostile-input test share it); SIGTERM at
+    the end leaves no vLLM process."""
     import psutil
     import torch
 
@@ -194,7 +197,8 @@ def app_url(tmp_path_factory, model_dims):
            "GRADIO_ANALYTICS_ENABLED": "False"}
     log = open(tmp / "app.log", "w")
     APP_LOG[:] = [tmp / "app.log"]
-    proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path)], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path), "--workshop", str(WORKSHOP)],
+                            cwd=REPO, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
     APP_PID[:] = [proc.pid]
     url = f"http://127.0.0.1:{port}/"
@@ -216,6 +220,50 @@ def app_url(tmp_path_factory, model_dims):
         p.kill()
     assert not alive, f"processes outlived the app: {[p.pid for p in alive]}"
     assert proc.returncode == 0, (tmp / "app.log").read_text()[-3000:]
+
+
+# -- the browser (Debian's Chromium, driven by Playwright) ----------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("needs Debian chromium: run scripts/setup-test-deps.sh")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def _page(browser, **context):
+    """A fresh page that records script errors and dialogs (an injected alert would be one)."""
+    ctx = browser.new_context(**context)
+    pg = ctx.new_page()
+    pg.errors, pg.dialogs = [], []
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    return ctx, pg
+
+
+@pytest.fixture
+def page(browser):
+    ctx, pg = _page(browser, viewport={"width": 1400, "height": 1000})
+    yield pg
+    ctx.close()
+
+
+@pytest.fixture
+def phone(browser):
+    """A page as a phone shows it: 390 x 844 CSS pixels, touch, a mobile user agent's layout."""
+    ctx, pg = _page(browser, viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True,
+                    has_touch=True)
+    yield pg
+    ctx.close()
 
 
 def descendant(parent_pid: int, fragment: str):
@@ -240,15 +288,25 @@ def _free_port() -> int:
 
 
 def _wait_for(url: str, proc, log: Path) -> None:
+    """Until /health says the model serves. The port answers a "starting" page within seconds (`shell.py`),
+    so a 200 on `/` says nothing; fails at once when the app exits or says its model is down."""
+    import json
+
     deadline = time.time() + START_TIMEOUT
     while time.time() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
+            try:
+                with urllib.request.urlopen(url + "health", timeout=5) as r:
+                    h = json.loads(r.read())
+            except urllib.error.HTTPError as e:        # 503: down or restarting, the body says which
+                h = json.loads(e.read())
+            if h.get("state") == "ready" and h.get("front_page") == "ready":    # its examples computed: none
+                return                                                           # runs under a test's counts
+            if h.get("state") == "down":
+                pytest.fail(f"the app says the model is down: {h.get('reason')}\n{log.read_text()[-3000:]}")
+        except (OSError, ValueError):
             pass
         time.sleep(2)
     pytest.fail(f"app.py did not serve {url} within {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
@@ -261,6 +319,6 @@ def pytest_collection_modifyitems(items):
         names = set(getattr(item, "fixturenames", ()))
         if names & {"vllm_service", "app_url"} or item.get_closest_marker("engine") or "real_engine" in item.name:
             item.add_marker(pytest.mark.engine)
-        if "app_url" in names or "page" in names:
+        if names & {"app_url", "page", "phone"}:
             item.add_marker(pytest.mark.browser)
     items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)

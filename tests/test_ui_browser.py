@@ -10,43 +10,17 @@ Screenshots of each tab land in artifacts/screenshots/ (git-ignored).
 from __future__ import annotations
 
 import csv
-import os
 import re
 
 import pytest
 from conftest import APP_LOG, J_LAYERS, REPO
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = REPO / "artifacts" / "screenshots"
 HOSTILE = "<img src=x onerror=alert(1)>"
 RUN_TIMEOUT = 90_000          # ms, one readout on a busy 2-core machine
 
 
-# -- fixtures (app_url, the running app, is conftest's: one per session) ---------------------------
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("needs Debian chromium: run scripts/setup-test-deps.sh")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser):
-    """A fresh page that records script errors and dialogs (an injected alert would be one)."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    pg = context.new_page()
-    pg.errors, pg.dialogs = [], []
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
-    yield pg
-    context.close()
+# -- fixtures: app_url (the running app), browser and page are conftest's ------------------------
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -124,7 +98,7 @@ def n_tokens(embedded_dir, text: str) -> int:
 
 def test_page_loads(page, app_url):
     open_app(page, app_url)
-    assert page.title() == "Lens Explorer"
+    assert page.title() == "Test workshop · Lens Explorer"                # the app runs tests/data/workshop.yaml
     assert "SmolLM2-135M-Instruct" in page.inner_text("#header")
     for name in ("Logit lens", "Jacobian lens", "Generation"):
         assert page.get_by_role("tab", name=name).count() == 1
@@ -231,8 +205,10 @@ def test_hostile_prompt_is_text(page, app_url):
     open_app(page, app_url)
     field(page, "logit-prompt").fill(HOSTILE)
     field(page, "logit-targets").fill(HOSTILE)
+    wait_plot(page, "logit-heatmap")                                   # the front page's example first ...
     page.click("#logit-run")
-    wait_plot(page, "logit-heatmap")
+    page.wait_for_function("() => [...document.querySelectorAll('#logit-heatmap g.role-axis-label text')]"
+                           ".some(e => e.textContent.includes('img'))", timeout=RUN_TIMEOUT)    # ... then this one
     hover_cell(page, "logit-heatmap", 0)
     tip = page.locator("#vg-tooltip-element")
     tip.wait_for(state="visible", timeout=30_000)

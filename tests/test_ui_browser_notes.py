@@ -1,30 +1,13 @@
 """In Chromium: skipping punctuation, a link's title and note, and each heatmap as a table (the session's app,
-conftest's `app_url`; the browser, page and helpers are test_ui_browser's)."""
+conftest's `app_url`, which waits for the engine; the helpers are test_ui_browser's)."""
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.request
 from urllib.parse import quote
 
-import test_ui_browser as ui_browser
 from test_ui_browser import blind_event_urls, cells, hover_cell, open_app, shot, wait_plot
 
-browser, page = ui_browser.browser, ui_browser.page          # the fixtures, shared
-
 SUPERSCRIPTS = "¹²³⁴⁵⁶⁷⁸⁹⁰"
-
-
-def wait_ready(app_url: str, timeout: float = 600) -> None:
-    """The app's engine ready (a fresh app warms up for minutes on a busy CPU; a readout then waits for it)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(app_url + "health", timeout=30) as r:
-            if json.loads(r.read())["state"] == "ready":
-                return
-        time.sleep(2)
-    raise AssertionError(f"the app's engine is not ready after {timeout} s")
 
 
 def cell_texts(page, plot: str) -> list[str]:
@@ -32,7 +15,6 @@ def cell_texts(page, plot: str) -> list[str]:
 
 
 def test_skipping_punctuation_changes_cells_and_the_hover_keeps_the_true_top_1(page, app_url):
-    wait_ready(app_url)
     open_app(page, app_url, "tab=logit&prompt=The%20Eiffel%20Tower%20is%20in%20the%20city%20of&layers=12-29&k=3")
     wait_plot(page, "logit-heatmap")
     before = cells(page, "logit-heatmap")
@@ -61,7 +43,6 @@ def test_skipping_punctuation_changes_cells_and_the_hover_keeps_the_true_top_1(p
 
 
 def test_a_notes_link_shows_text_outlines_its_cells_and_has_a_table(page, app_url):
-    wait_ready(app_url)
     note = "<script>window.pwned=1</script> Look at layer 29, `␣Paris`: <b>bold</b>?"
     blind_event_urls(page)
     open_app(page, app_url, "tab=logit&prompt=The%20capital%20of%20France%20is&layers=26-29&k=3"

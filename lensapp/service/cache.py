@@ -5,10 +5,16 @@ normalised request), built by the service. When the same link is opened by sixte
 the first request computes and the other fifteen wait for it (they never reach the engine); later
 ones are served from memory until the entry is evicted. Bounded by entries and by bytes, both from
 `Config` (`cache_entries`, `cache_mb`). Failures are shared with the waiters but never cached.
+
+Results computed or read inside `with cache.pinning():` are kept apart and never evicted, whatever the
+bounds: the front page's examples (`ui/front.py`), so a crowd of visitors never costs an engine forward
+however many other links it opens.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import threading
 from collections import OrderedDict
@@ -18,6 +24,7 @@ from typing import Callable, Hashable, TypeVar
 import numpy as np
 
 T = TypeVar("T")
+_PINNING = contextvars.ContextVar("pinning", default=False)
 
 
 class ResultCache:
@@ -25,9 +32,19 @@ class ResultCache:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._done: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
         self._in_flight: dict[Hashable, Future] = {}
+        self._pinned: dict[Hashable, object] = {}
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = self.shared = self.misses = 0
+
+    @contextlib.contextmanager
+    def pinning(self):
+        """Within this block (this thread), results are pinned: kept for good, outside the bounds."""
+        token = _PINNING.set(True)
+        try:
+            yield
+        finally:
+            _PINNING.reset(token)
 
     def get_or_compute(self, key: Hashable, compute: Callable[[], T]) -> T:
         return self.get_many([key], lambda todo: [compute()])[0]
@@ -38,12 +55,19 @@ class ResultCache:
         out: list = [None] * len(keys)
         waiting: dict[int, Future] = {}
         mine: dict[int, Future] = {}
+        pin = _PINNING.get()
         with self._lock:
             for i, key in enumerate(keys):
-                if key in self._done:
+                if key in self._pinned:
+                    self.hits += 1
+                    out[i] = self._pinned[key]
+                elif key in self._done:
                     self._done.move_to_end(key)
                     self.hits += 1
                     out[i] = self._done[key][0]
+                    if pin:                          # computed by a visitor first: pinned from now on
+                        self._pinned[key], size = self._done.pop(key)
+                        self.bytes -= size
                 elif key in self._in_flight:
                     self.shared += 1
                     waiting[i] = self._in_flight[key]
@@ -66,7 +90,10 @@ class ResultCache:
                 for i, value in zip(todo, values):
                     self._in_flight.pop(keys[i], None)
                     self.misses += 1
-                    self._store(keys[i], value)
+                    if pin:
+                        self._pinned[keys[i]] = value
+                    else:
+                        self._store(keys[i], value)
             for i, value in zip(todo, values):
                 out[i] = value
                 mine[i].set_result(value)
@@ -86,7 +113,7 @@ class ResultCache:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"entries": len(self._done), "bytes": self.bytes, "hits": self.hits,
+            return {"entries": len(self._done), "pinned": len(self._pinned), "bytes": self.bytes, "hits": self.hits,
                     "shared_in_flight": self.shared, "misses": self.misses, "in_flight": len(self._in_flight)}
 
 

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -47,6 +48,9 @@ class LensService:
         self.cache = ResultCache(cfg.cache_entries, cfg.cache_mb << 20)
         self.budget: Budget | None = None        # the memory plan checked at start (engine/memory.py)
         self.intervener = Intervener(self)
+        # Told of each request asked for: observer(kind, request), kind one of lens, compare, generate, chat,
+        # intervene (a workshop's counts: usage.py). Never told twice of one request; its errors are logged.
+        self.observer: Callable[[str, object], None] | None = None
 
     @classmethod
     def start(cls, cfg: Config, start_engine: bool = True) -> LensService:
@@ -89,6 +93,10 @@ class LensService:
     def lens(self, req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> list[LensResult]:
         """Every requested lens, layer and position for each prompt; the prompts run together."""
         req = req.checked()
+        self._observe("lens", req)
+        return self._lens(req, max_prompts)
+
+    def _lens(self, req: LensRequest, max_prompts: int) -> list[LensResult]:
         plan = self._plan_lens(req, max_prompts)
         describe = self.jlens.describe() if self.jlens is not None else None
 
@@ -110,11 +118,13 @@ class LensService:
         req = req.checked()
         if not 2 <= len(req.prompts) <= MAX_COMPARE_PROMPTS:
             raise RequestError(f"compare takes 2 to {MAX_COMPARE_PROMPTS} prompts; got {len(req.prompts)}")
-        return Comparison(self.lens(req))
+        self._observe("compare", req)
+        return Comparison(self._lens(req, MAX_COMPARE_PROMPTS))
 
     def generate(self, req: GenerateRequest) -> GenerationResult:
         """Generate and read the newest position at every step (step 0: all prompt positions)."""
         req = req.checked()
+        self._observe("generate", req)
         plan = self._plan_generate(req)
         sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
 
@@ -167,6 +177,7 @@ class LensService:
     def chat(self, req: ChatRequest) -> ChatReply:
         """Answer a conversation with a per-token readout of one lens at one layer (negative counts from the end)."""
         req = req.checked()
+        self._observe("chat", req)
         pool = self.chat_layers(req.lens)
         n = self.info.n_layers
         layer = planning.default_chat_layer(pool, n) if req.layer is None else req.layer + (n if req.layer < 0 else 0)
@@ -193,6 +204,7 @@ class LensService:
         computed once (a generation here always has a seed: 0 unless given). `progress(step, p, norm)` hears
         a fitted vector's steps."""
         req = req.checked()
+        self._observe("intervene", req)
         key = self._key("intervene", *(getattr(req, f) for f in req.__dataclass_fields__))
         return self.cache.get_or_compute(key, lambda: self.intervener.run(req, progress))
 
@@ -217,6 +229,13 @@ class LensService:
 
     def close(self) -> None:
         self.engine.close()
+
+    def _observe(self, kind: str, req) -> None:
+        if self.observer is not None:
+            try:
+                self.observer(kind, req)
+            except Exception:  # noqa: BLE001 - counting must never fail a request
+                log.exception("the request observer failed")
 
     def _key(self, kind: str, *parts) -> tuple:
         return (kind, self.info.name, self._jlens_key, parts)

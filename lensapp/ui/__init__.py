@@ -3,7 +3,8 @@
 `build_app(service, cfg)` builds the Blocks (nothing is built at import); the server mounts it with
 `CSS` and `HEAD`. Each tab lives in its own module and hands back `TabParts`; this module wires what
 spans tabs: the share-this-view link (kept in the URL as inputs change), restoring a view from a link
-on page load, the engine status line, and the API endpoints.
+on page load (or, without one, drawing every tab's example: `front.py`), the engine status line, and
+the API endpoints.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from typing import Callable
 import gradio as gr
 
 from ..service.limits import RateLimiter
+from ..service.usage import Usage, not_counted
+from ..workshop import Workshop
 from . import notes, permalinks, status
 from .api import register_api
 from .compare_tab import build_compare_tab
+from .exercises import build_exercise_panel, check_links, question_outputs
+from .front import FRONT, FrontPage
 from .generate_tab import build_generate_tab
 from .guard import Guard
 from .intervene_tab import build_intervene_tab
@@ -40,6 +45,15 @@ CSS = """
 .lens-tok .gen { font-family: var(--font-mono); }
 .lens-tok .top1 { font-size: 0.75em; opacity: 0.75; }
 .lens-tok .topk { font-size: 0.75em; display: block; }
+#exercise-question { border-left: 4px solid #56b4e9; padding-left: 0.75em; }
+/* A phone (390 px): rows and Gradio's groups of form fields wrap to the width (tests/test_first_visit.py
+   checks that no control lies outside it); nothing scrolls sideways but a chart inside its own box. */
+@media (max-width: 640px) {
+  .gradio-container { padding-left: 4px !important; padding-right: 4px !important; }
+  .gradio-container .row, .gradio-container .form { flex-wrap: wrap !important; }
+  .gradio-container .row > *, .gradio-container .form > .block { flex: 1 1 100% !important; min-width: 0 !important; }
+  .lens-plot, .lens-plot .altair { max-width: 100%; }
+}
 """
 
 # history.replaceState keeps the address bar equal to the view; returns the full link for the link box.
@@ -65,30 +79,38 @@ class UI:
     demo: gr.Blocks
     tabs: dict[str, TabParts]
     restore: Callable
+    front: FrontPage
 
 
-def build_app(service, cfg) -> gr.Blocks:
-    return build_ui(service, cfg).demo
+def build_app(service, cfg, workshop: Workshop | None = None) -> gr.Blocks:
+    return build_ui(service, cfg, workshop).demo
 
 
-def build_ui(service, cfg) -> UI:
+def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None = None) -> UI:
+    """The app; with a workshop, its title, only its tabs and its Exercises panel (openings counted in `usage`)."""
     info = service.info
     downloads = Downloads()
     guard = Guard(RateLimiter(cfg.rate_limit))
-    with gr.Blocks(title="Lens Explorer", delete_cache=(3600, 3600)) as demo:
-        gr.Markdown(f"# Lens Explorer\n{_header(service)}", elem_id="header")
+    shown = workshop.tabs if workshop is not None else permalinks.TABS
+    page_title = f"{workshop.title} · Lens Explorer" if workshop is not None else "Lens Explorer"
+    with gr.Blocks(title=page_title, delete_cache=(3600, 3600)) as demo:
+        heading = f"# {md_text(workshop.title)}\nLens Explorer · " if workshop is not None else "# Lens Explorer\n"
+        gr.Markdown(heading + _header(service), elem_id="header")
         health = service.health()
         banner = gr.Markdown(status.status_line(health), visible=bool(status.status_line(health)),
                              elem_id="engine-status")
+        panel = build_exercise_panel(workshop) if workshop is not None else None
         notice = gr.Markdown(visible=False, elem_id="link-notice")
         note_view = gr.Markdown(visible=False, elem_id="link-note")
         title, note = notes.note_boxes()            # placed by the link below; the lens tabs read the note
-        with gr.Tabs(selected="logit", elem_id="tabs") as tabs:
+        with gr.Tabs(selected=shown[0], elem_id="tabs") as tabs:
             parts = [build_lens_tab(LOGIT_TAB, service, guard, downloads, note),
                      build_lens_tab(JACOBIAN_TAB, service, guard, downloads, note),
                      build_generate_tab(service, guard, downloads),
                      build_compare_tab(service, guard, downloads),
                      build_intervene_tab(service, guard, downloads)]
+        for p, tab in zip(parts, tabs.children):
+            tab.visible = p.name in shown
         with gr.Row():
             link = gr.Textbox(label="Link to this view (inputs are kept in the address bar)", interactive=False,
                               scale=6, elem_id="permalink",
@@ -127,8 +149,11 @@ def build_ui(service, cfg) -> UI:
 
         def restore(opened_with: str | None):
             if not (opened_with or "").lstrip("?"):
-                return {pending: ""}
+                return {pending: FRONT}
             view, notices = permalinks.decode(opened_with, n_layers=info.n_layers, jlens_layers=service.jlens_layers)
+            if view.tab not in shown:
+                notices.append(f"This workshop does not show the {view.tab} tab; showing its first one instead.")
+                view = permalinks.View(tab=shown[0])
             target = by_name[view.tab]
             if not target.fields:                      # a Jacobian link on an app without a J lens
                 notices.append("This app has no Jacobian lens loaded; showing the logit lens instead.")
@@ -144,12 +169,27 @@ def build_ui(service, cfg) -> UI:
             return out
 
         all_fields = [c for p in parts for c in p.fields.values()]
-        load = demo.load(restore, query, [tabs, pending, notice, title, note, note_view] + all_fields,
-                         js=JS_OPENED_WITH, **PRIVATE)
-        for p in parts:
-            if p.run is not None:
-                load = load.then(_run_if(p), [pending] + p.run_inputs, p.outputs, **PRIVATE)
-    return UI(demo, by_name, restore)
+        runnable = [p for p in parts if p.run is not None and p.name in shown]
+
+        def then_run(event):
+            for p in runnable:
+                event = event.then(_run_if(p, service), [pending] + p.run_inputs, p.outputs, **PRIVATE)
+
+        restored = [tabs, pending, notice, title, note, note_view] + all_fields
+        then_run(demo.load(restore, query, restored, js=JS_OPENED_WITH, **PRIVATE))
+        for i, button in enumerate(panel.buttons if panel is not None else []):
+            then_run(button.click(_open_exercise(workshop, panel, i, restore, usage), None,
+                                  restored + panel.outputs, **PRIVATE))
+    return UI(demo, by_name, restore, FrontPage(service, runnable))
+
+
+def _open_exercise(workshop: Workshop, panel, index: int, restore: Callable, usage: Usage | None):
+    """Exercise `index`: its link restored as the page restores one, its question shown, the opening counted."""
+    def open_exercise():
+        if usage is not None:
+            usage.exercise(index)
+        return {**restore(workshop.exercises[index].query), **question_outputs(panel, workshop, index)}
+    return open_exercise
 
 
 def _query_fn(p: TabParts):
@@ -159,12 +199,23 @@ def _query_fn(p: TabParts):
     return make_query
 
 
-def _run_if(p: TabParts):
-    """The tab's readout, only when the link being restored is for this tab."""
+def _run_if(p: TabParts, service):
+    """The tab's readout, when the link being restored is for this tab or the page opened without one. The
+    front page's examples leave the tab's inputs as they are: an input set by a tab the visitor is not on
+    would rewrite the address bar to that tab's link (a generation's seed)."""
+    inputs = {id(c) for c in p.fields.values()}
+    is_input = [id(c) in inputs for c in p.outputs]
+
     def run(pending, *values, request: gr.Request = None):
-        if pending != p.name:
+        if pending not in (p.name, FRONT):
             return tuple(gr.skip() for _ in p.outputs)
-        return p.run(*values, request=request)
+        if pending != FRONT:
+            return p.run(*values, request=request)
+        if service.health().get("state") == "down":   # the status line says so once, not a failure per tab
+            return tuple(gr.skip() for _ in p.outputs)
+        with not_counted():                      # the example every visit draws: nobody's choice, not counted
+            out = p.run(*values, request=request)
+        return tuple(gr.skip() if skip else o for o, skip in zip(out, is_input))
     return run
 
 
@@ -177,4 +228,4 @@ def _header(service) -> str:
             f"{md_text(info.backend)} ({info.dtype}) · {lens}")
 
 
-__all__ = ["CSS", "HEAD", "UI", "LinkPrefetch", "build_app", "build_ui"]
+__all__ = ["CSS", "HEAD", "UI", "LinkPrefetch", "build_app", "build_ui", "check_links"]

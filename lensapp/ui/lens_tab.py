@@ -81,11 +81,16 @@ class LensTab:
     run_label: str
 
 
-LOGIT_TAB = LensTab("logit", "Logit lens", "What each layer would predict next, read through the model's own "
-                    "unembedding.", LOGIT_HOW_TO, "logit", "Run logit lens")
-JACOBIAN_TAB = LensTab("jacobian", "Jacobian lens", "What each layer is disposed to say, transported to the last "
-                       "layer by a fitted Jacobian, next to the plain logit lens.", JACOBIAN_HOW_TO, "both",
-                       "Run both lenses")
+# Above the chart: what the picture is, in two plain sentences ("How to read this" says the rest).
+LOGIT_INTRO = ("The picture below reads a prompt layer by layer: each row is a layer of the model (the first at "
+               "the bottom) and each column a word piece of the prompt. A cell is the word the model would say "
+               "next if it stopped at that layer, so a column read upward shows the answer forming: for *The "
+               "capital of France is*, ␣Paris takes over in the top layers.")
+JACOBIAN_INTRO = ("The same picture through the Jacobian lens, beside the plain logit lens: each layer is first "
+                  "carried to the last layer by a fitted average Jacobian, so a cell is what that layer is "
+                  "disposed to say. The view under it marks the cells where the two lenses disagree.")
+LOGIT_TAB = LensTab("logit", "Logit lens", LOGIT_INTRO, LOGIT_HOW_TO, "logit", "Run logit lens")
+JACOBIAN_TAB = LensTab("jacobian", "Jacobian lens", JACOBIAN_INTRO, JACOBIAN_HOW_TO, "both", "Run both lenses")
 
 
 def lens_request(tab: LensTab, service, prompt, layers, k, targets, chat, raw,
@@ -110,7 +115,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
             gr.Markdown(NO_LENS + (f"\n\nThe lens could not be loaded: {md_text(service.jlens_error)}"
                                    if service.jlens_error else ""), elem_id="jlens-missing")
             return TabParts(tab.name, {}, lambda: View(tab=tab.name))
-        gr.Markdown(tab.intro)
+        gr.Markdown(tab.intro, elem_id=f"{tab.name}-intro")
         for warning in (service.jlens.warnings if jacobian else []):
             gr.Markdown(f"**Note:** {md_text(warning)}.", elem_classes=["lens-warning"])
         with gr.Accordion("How to read this", open=False):

@@ -25,7 +25,7 @@ from ..service.fields import Field, RequestError
 from ..service.planning import parse_layers
 
 FORMAT_VERSION = 1
-TABS = ("logit", "jacobian", "generate", "compare", "intervene")
+TABS = config.TABS
 DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_COMPARE = ("The capital of France is", "The capital of Italy is")
 # The intervention the Intervene tab opens on: steer the capital of France toward Rome, two thirds of the way up.

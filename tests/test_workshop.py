@@ -1,0 +1,132 @@
+"""A workshop file: read and checked at start (one line per mistake, exit 2), its settings, and what was run
+counted without personal data. The page's side (the Exercises panel in Chromium) is in test_first_visit.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+from conftest import REPO
+
+from lensapp import config, workshop
+from lensapp.service.requests import ChatRequest, LensRequest
+from lensapp.service.usage import Usage, not_counted
+
+SHIPPED = REPO / "workshops" / "where-does-the-answer-appear.yaml"
+TEST_FILE = REPO / "tests" / "data" / "workshop.yaml"
+
+
+@pytest.mark.parametrize("path", [SHIPPED, TEST_FILE], ids=lambda p: p.name)
+def test_the_shipped_workshops_load_and_their_links_decode_cleanly(path):
+    from lensapp.ui import check_links
+
+    w = workshop.load(path)
+    assert len(w.exercises) >= 3 and all(ex.question and ex.query.startswith("v=1&tab=") for ex in w.exercises)
+    assert {ex.tab for ex in w.exercises} <= set(w.tabs)
+    check_links(w)                                               # the page's own decoder drops nothing
+
+
+def test_settings_fill_what_the_flags_left_default(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("title: T\nsettings: {rate_limit: 5, request_timeout: 30, auth: 'host:pw'}\n"
+                    "exercises: [{title: A, link: '?tab=logit&prompt=Hi', question: Q}]\n")
+    w = workshop.load(path)
+    cfg = w.apply(config.Config(rate_limit=9))
+    assert (cfg.rate_limit, cfg.request_timeout, cfg.auth_pairs) == (9, 30.0, [("host", "pw")])   # the flag wins
+
+
+BAD = """\
+title: ""
+tabs: [logit, admin]
+colour: blue
+settings: {port: 80, rate_limit: -1}
+exercises:
+  - title: Fine
+    link: "?tab=compare&prompt1=a&prompt2=b"
+    question: Where?
+  - title: No question
+    link: "not a link"
+"""
+
+
+def test_a_malformed_file_is_one_line_per_mistake_and_exit_2_before_anything_heavy(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD)
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "lensapp", "serve", "--port", "1", "--workshop", str(path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert time.perf_counter() - t < 30 and out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    expected = ["unknown key 'colour'", "title must be a non-empty text", "unknown tab(s) 'admin'",
+                "settings: 'port' is the command line's", "settings: rate_limit must be in",
+                "exercise 1: its link opens the 'compare' tab", "exercise 2: question must be a non-empty text",
+                "exercise 2: link must be an address of this app"]
+    assert len(lines) == len(expected), out.stderr
+    for line, words in zip(lines, expected):
+        assert line.startswith(f"error: workshop file {path}: ") or line.startswith(f"workshop file {path}: ")
+        assert words in line, (words, line)
+
+
+@pytest.mark.parametrize("text, words", [("title: [unclosed\n", "not valid YAML (line 2)"),
+                                          ("- a list\n", "it must be a mapping"),
+                                          ("title: T\nexercises: []\n", "exercises must be a list of at least one")])
+def test_other_malformed_files(tmp_path, text, words):
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    with pytest.raises(workshop.WorkshopError) as e:
+        workshop.load(path)
+    assert len(str(e.value).splitlines()) == 1 and words in str(e.value)
+
+
+def test_a_link_field_the_page_would_drop_is_a_mistake(tmp_path):
+    from lensapp.ui import check_links
+
+    path = tmp_path / "w.yaml"
+    path.write_text("title: T\nexercises: [{title: A, link: '?tab=logit&k=500', question: Q}]\n")
+    with pytest.raises(workshop.WorkshopError, match=r"exercise 1 \(A\): The link's k was left at its default"):
+        check_links(workshop.load(path))
+
+
+def test_usage_counts_without_prompts_unless_asked():
+    usage = Usage(30, ["A", "B"])
+    usage.exercise(1)
+    usage.record("lens", LensRequest.parse(prompts=["The capital of France is"], lens="logit", layers="20-22"))
+    usage.record("lens", LensRequest.parse(prompts=["x" * 120], lens="both", layers="-1"))
+    usage.record("chat", ChatRequest.parse(messages=[{"role": "user", "content": "Hi"}], layer=-2))
+    with not_counted():                                     # the front page's example
+        usage.record("lens", LensRequest.parse(prompts=["Hidden"], lens="logit"))
+    got = usage.to_json()
+    assert got["exercises"] == {"1. A": 0, "2. B": 1}
+    assert got["tabs"] == {"logit": 1, "jacobian": 1, "generate": 1}
+    assert got["layers"] == {"20": 1, "21": 1, "22": 1, "28": 1, "29": 1}
+    assert got["prompt_chars"] == {"0-19": 1, "20-49": 1, "100-199": 1}
+    assert "prompts" not in got and "capital" not in str(got) and "Hidden" not in str(got)
+    keeping = Usage(30, ["A"], record_prompts=True)
+    keeping.record("lens", LensRequest.parse(prompts=["The capital of France is"]))
+    assert [p["prompt"] for p in keeping.to_json()["prompts"]] == ["The capital of France is"]
+
+
+def test_the_counts_are_the_hosts_behind_the_login():
+    """/workshop: the counts; with a login, only for its credentials (a stand-in service, no engine)."""
+    from fastapi.testclient import TestClient
+
+    from lensapp.engine import ModelInfo
+    from lensapp.server import make_app
+
+    service = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
+                              jlens_layers=[], jlens_error=None, chat_layers=lambda lens: [0, 1, 2, 3],
+                              model=SimpleNamespace(path="stand-in", family=None), observer=None,
+                              health=lambda: {"state": "ready", "queue_depth": 0})
+    plan = workshop.load(TEST_FILE)
+    with TestClient(make_app(service, config.Config(auth="host:secret"), plan)) as client:
+        assert client.get("/workshop").status_code == 401
+        assert client.get("/workshop", auth=("host", "wrong")).status_code == 401
+        got = client.get("/workshop", auth=("host", "secret")).json()
+        assert list(got["exercises"]) == [f"{i}. {ex.title}" for i, ex in enumerate(plan.exercises, 1)]
+        assert client.get("/health").json()["workshop"]["tabs"] == {}
+    assert service.observer is not None
+    with TestClient(make_app(service, config.Config(), plan)) as client:
+        assert client.get("/workshop").status_code == 200                # no login: the host's alone
