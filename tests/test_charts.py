@@ -136,6 +136,9 @@ def test_a_long_prompt_is_drawn_as_a_window_under_an_overview():
     pair = spec(charts.lens_pair(lens_result(L=4, P=P, lenses=("logit", "jacobian"),
                                              input_tokens=[f" w{i}" for i in range(P)]), start=0))
     assert {r["position"] for r in pair["hconcat"][0]["data"]["values"]} == set(range(W))
+    table = charts.lens_table(result)                          # the table alternative: the same window
+    assert list(table.columns) == [f"{i}: ␣w{i}" for i in range(P - W, P)] and len(table) == 30
+    assert list(charts.lens_table(result, start=10).columns)[0] == "10: ␣w10"
 
 
 def test_compare_aligns_prompts_at_the_end_and_draws_no_padding():

@@ -172,15 +172,18 @@ def generation_heatmap(gen: GenerationResult, lens: str = "logit", metric: str =
     return finish(chart, settings, f"{lens}-generation")
 
 
-def lens_table(result: LensResult, lens: str = "logit") -> pd.DataFrame:
+def lens_table(result: LensResult, lens: str = "logit", settings: DisplaySettings = DisplaySettings(),
+               start: int | None = None) -> pd.DataFrame:
     """The heatmap as text, for a screen reader: a row per layer (the top layer first, as drawn), a column
-    per position ("3: ␣Paris"), each cell "token (p=0.42)", with its rank where punctuation was skipped."""
+    per position the heatmap draws ("3: ␣Paris"), each cell "token (p=0.42)", with its rank where
+    punctuation was skipped. Only the drawn window: a whole long prompt would be megabytes of HTML."""
     grid = Grid.from_lens(result, lens)
-    columns = [f"{pos}: {show_token(tok)}" for pos, tok in enumerate(grid.column_tokens)]
+    cols = window_of(len(grid.column_tokens), start, settings)
+    columns = [f"{pos}: {show_token(grid.column_tokens[pos])}" for pos in cols]
     rows = []
     for i in reversed(range(len(grid.layers))):
         row = []
-        for c in range(len(columns)):
+        for c in cols:
             token, p, rank = grid.cell(i, c)
             note = "" if grid.shown is None or rank == 1 else (
                 f", rank {rank}" if rank else f", no word in the top {grid.shown[3]}")

@@ -199,7 +199,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
                     visible=bool(req.targets)),
             downloads.button(f"{tab.name}-lens", ".csv", result.to_csv()),
             downloads.button(f"{tab.name}-lens", ".json", result.dumps()),
-            grid_tables(result, shown),
+            grid_tables(result, shown, cols.start),
         )
 
     def run(prompt, layers, k, targets, metric, chat, raw, start, punct=False, note=None, request: gr.Request = None):
@@ -222,12 +222,13 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     def move_window(result, metric, first, note=None):
         """Redraw from the result in hand (no new readout); the link remembers the window."""
         if result is None:
-            return gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         metric = colour_metric(metric, result.lenses[shown[0]].targets, quiet=True)
         first = int_or(first, 0)
-        return (*draw(result, metric, first, note), first)
+        return (*draw(result, metric, first, note), first, grid_tables(result, shown, first))
 
-    window.release(move_window, [state, metric, window] + inputs[9:], [heatmap, diff, start], **PRIVATE)
+    window.release(move_window, [state, metric, window] + inputs[9:], [heatmap, diff, start, grid_table],
+                   **PRIVATE)
 
     def show_code(result, form, chat):
         if result is None:
@@ -249,10 +250,10 @@ def punctuation_box(value: bool, elem_id: str) -> gr.Checkbox:
                             "hover still shows the true top-k.")
 
 
-def grid_tables(result, lenses: tuple[str, ...]) -> str:
-    """Each heatmap as an HTML table a screen reader reads (a row per layer, a column per position)."""
-    return "".join(table_html(charts.lens_table(result, lens), f"{charts.LENS_TITLES[lens]}: the token each cell "
-                              "shows, per layer (rows, the top layer first) and position (columns)")
+def grid_tables(result, lenses: tuple[str, ...], start: int | None = None) -> str:
+    """Each heatmap as an HTML table a screen reader reads (a row per layer, a column per position drawn)."""
+    return "".join(table_html(charts.lens_table(result, lens, start=start), f"{charts.LENS_TITLES[lens]}: the "
+                              "token each cell shows, per layer (rows, the top layer first) and position (columns)")
                    for lens in lenses)
 
 
