@@ -22,9 +22,10 @@ FRONT = "*"          # the page-load `pending` value that runs every tab's defau
 
 
 def default_args(p: TabParts) -> list:
-    """The tab's readout inputs as the page first shows them: its default view, in `run_inputs` order."""
+    """The tab's readout inputs as the page first shows them: its default view, in `run_inputs` order (an
+    input shared by the tabs, such as the link's note, as the page starts it)."""
     values = {id(c): v for c, v in zip(p.fields.values(), p.values(View(tab=p.name)))}
-    return [values[id(c)] for c in p.run_inputs]
+    return [values.get(id(c), c.value) for c in p.run_inputs]
 
 
 class FrontPage:
