@@ -20,11 +20,14 @@ the residuals travel to the last stage:
 What moves per step: tokens x d_model values per layer before the last stage (fp32 on CPU, the model's
 dtype on GPU), besides vLLM's own hidden state. docs/parallel.md sizes it for large models.
 
-This module knows vLLM's worker side (imported there through `vllm_cpu`) and nothing of text or lenses.
+`StageRunner` is the runner's side, mixed into nnsight's model runner by both workers (`vllm_cpu`,
+`vllm_gpu`). This module knows vLLM's worker side and nothing of text or lenses; it imports vLLM and
+nnsight only inside the worker (trace bodies import `is_last_stage` from it on every backend).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -131,3 +134,58 @@ class StageRelay:
         output.tensors[RESIDUALS] = torch.stack(own).contiguous()
         self.outputs.clear()
         return output
+
+
+class StageRunner:
+    """Mixed into an nnsight model runner ahead of it: under pipeline parallelism, the relay, the stand-ins,
+    and the last stage reporting the saves. Inert on one stage."""
+
+    _lensapp_relay: StageRelay | None = None
+
+    def load_model(self, *args, **kwargs):
+        from vllm.distributed import get_pp_group
+
+        super().load_model(*args, **kwargs)
+        pp = get_pp_group()
+        if pp.world_size > 1:
+            self._lensapp_relay = StageRelay(self.get_model(), pp.is_first_rank, pp.is_last_rank)
+            self.nnsight_persistent_objects = StandIns(self.nnsight_persistent_objects)
+
+    def sync_and_gather_intermediate_tensors(self, num_tokens, intermediate_tensors, sync_self):
+        from vllm.sequence import IntermediateTensors
+
+        if intermediate_tensors is not None and self._lensapp_relay is not None:
+            intermediate_tensors = IntermediateTensors(self._lensapp_relay.take(intermediate_tensors.tensors))
+        return super().sync_and_gather_intermediate_tensors(num_tokens, intermediate_tensors, sync_self)
+
+    def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None,
+                       **model_kwargs):
+        relay = self._lensapp_relay
+        if relay is not None:
+            paired = intermediate_tensors is not None and PAIRED in intermediate_tensors.tensors
+            relay.before_forward(positions.shape[-1], paired)
+        output = super()._model_forward(input_ids=input_ids, positions=positions,
+                                        intermediate_tensors=intermediate_tensors, inputs_embeds=inputs_embeds,
+                                        **model_kwargs)
+        return output if relay is None else relay.after_forward(output)
+
+    def collect_nnsight(self, *args, **kwargs):
+        """nnsight reports a trace's saves from the pipeline's first rank only (`get_pp_group().rank == 0`);
+        here every readout runs on the last stage, so that stage reports them instead."""
+        if self._lensapp_relay is None:
+            return super().collect_nnsight(*args, **kwargs)
+        from nnsight.modeling.vllm.model_runners import GPUModelRunner as runner_module  # noqa: N813
+
+        real = runner_module.get_pp_group
+        runner_module.get_pp_group = functools.partial(_Reporter, self._lensapp_relay.last)
+        try:
+            return super().collect_nnsight(*args, **kwargs)
+        finally:
+            runner_module.get_pp_group = real
+
+
+class _Reporter:
+    """What nnsight's collect reads of the pipeline group: rank 0 reports a trace's saves."""
+
+    def __init__(self, reports: bool):
+        self.rank = 0 if reports else 1

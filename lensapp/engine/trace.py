@@ -49,6 +49,11 @@ def installed_jlens(model, spec: LensSpec) -> dict | None:
     return getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
 
 
+def installed_layers(module) -> list[int]:
+    """The Jacobian layers installed on a (worker's) torch model: what a worker's RPC reports."""
+    return list((getattr(module, JLENS_ATTR, None) or {}).get("layers", []))
+
+
 def model_logits(model, site: Site) -> torch.Tensor:
     """The model's own logits at the last position [vocab] (HF: the head's output, before soft-capping
     or scaling, which change no argmax)."""

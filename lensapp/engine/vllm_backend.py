@@ -53,6 +53,8 @@ class VLLMBackend:
         if cpu:
             cpu_env.prepare(tensor_parallel_size * pipeline_parallel_size)
             from .vllm_cpu import CPUVLLM as VLLM
+        elif pipeline_parallel_size > 1:
+            from .vllm_gpu import GPUVLLM as VLLM
         else:
             from nnsight.modeling.vllm import VLLM
         extra = {"distributed_executor_backend": distributed_executor_backend} if distributed_executor_backend else {}

