@@ -229,6 +229,9 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--checkpoint-dir", type=Path, default=d.checkpoint_dir, help="where checkpoints go")
     parser.add_argument("--save-dtype", default=d.save_dtype, choices=sorted(SAVE_DTYPES),
                         help="dtype of the lens file")
+    parser.add_argument("--no-bos", action="store_true",
+                        help="fit prompts as tokenized, without the tokenizer's BOS token first (the default "
+                             "prepends it, as Anthropic's reference jlens does; recorded as provenance 'bos')")
     parser.add_argument("--shard", default=None, metavar="I/N", help="fit only every N-th fit chunk, from the I-th")
     parser.add_argument("--merge", nargs="+", metavar="LENS", default=None,
                         help="merge these lens files (weighted by n_prompts) into --out instead of fitting")
@@ -257,7 +260,7 @@ def run_fit(args: argparse.Namespace) -> int:
     cfg = FitConfig(tokens=args.tokens, skip=args.skip, dim_batch=args.dim_batch, min_prompts=args.min_prompts,
                     max_prompts=args.max_prompts, threshold=args.threshold, window=args.window,
                     checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-                    save_dtype=args.save_dtype, device=args.device)
+                    save_dtype=args.save_dtype, device=args.device, bos=not args.no_bos)
     if args.threads:
         torch.set_num_threads(args.threads)
     chunks, _ = corpora.split_holdout(corpora.load_corpus(args.corpus))

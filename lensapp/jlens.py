@@ -15,6 +15,12 @@ provenance names another model. Neither is an error: a renamed or re-saved copy 
 is common, and the shapes have been checked already.
 
 Readout: `h_l @ J_l.T`, then the model's own final norm and unembedding.
+
+BOS. Anthropic's reference `jlens` fits and reads with a BOS token first (`from_hf(force_bos=True)`,
+its default), and Neuronpedia's server prepends one too (`prepend_bos`): its published lenses were fitted
+so. `provenance["bos"]` records it for lenses fitted here; a hub lens without the key is taken to follow
+the reference; a local file without it is unknown and read as tokenized. `fitted_with_bos` says which,
+`with_bos` prepends, and `bos_warning` says when a readout's prompt does not start as the lens's did.
 Files are always read with `weights_only=True`: a lens file is data, never code.
 """
 
@@ -172,6 +178,33 @@ def load(
                         f"this model's is {unembedding}): its readouts may not mean what they seem")
     return JacobianLens(J=J, n_prompts=f.n_prompts, d_model=d_model, source=str(spec), provenance=f.provenance,
                         warnings=warnings)
+
+
+def fitted_with_bos(lens: JacobianLens) -> bool | None:
+    """Whether the lens was fitted with a BOS token first: its provenance's "bos", else True for a hub lens
+    (the reference's default), else None (not known)."""
+    bos = lens.provenance.get("bos")
+    if isinstance(bos, bool):
+        return bos
+    return True if ":" in lens.source and not Path(lens.source).exists() else None
+
+
+def with_bos(ids: Sequence[int], bos_id: int | None) -> list[int]:
+    """ids with bos_id first, unless it already is (a chat template's own) or the tokenizer has none."""
+    ids = list(ids)
+    return ids if bos_id is None or ids[:1] == [bos_id] else [bos_id] + ids
+
+
+def bos_warning(fitted: bool | None, ids: Sequence[int], bos_id: int | None) -> str | None:
+    """Why a readout of `ids` differs from how the lens was fitted (BOS first or not), or None."""
+    starts = bos_id is not None and list(ids[:1]) == [bos_id]
+    if fitted is True and not starts:
+        return ("this lens was fitted with a BOS token before every prompt, and this model's tokenizer has "
+                "none: its readouts may differ from the fitted ones")
+    if fitted is False and starts:
+        return ("this lens was fitted without a BOS token, and this prompt starts with one: "
+                "its readouts may differ from the fitted ones")
+    return None
 
 
 def same_model(a: str, b: str) -> bool:

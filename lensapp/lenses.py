@@ -21,6 +21,7 @@ Unembed = Callable[[torch.Tensor], torch.Tensor]
 # Rows of [rows, vocab] logits processed at once. Bounds the worker's peak
 # memory (4096 x 152k fp32 is 2.5 GB) while keeping each matmul large.
 ROW_CHUNK = 1024
+FP16_ROW_PEAK = 2.0 ** 14     # a transported fp16 row's largest entry, with headroom for the norm's sums
 
 
 def transport(h: torch.Tensor, J: torch.Tensor) -> torch.Tensor:
@@ -31,7 +32,20 @@ def transport(h: torch.Tensor, J: torch.Tensor) -> torch.Tensor:
     """
     if J.ndim != 2 or J.shape[0] != J.shape[1] or J.shape[1] != h.shape[-1]:
         raise ValueError(f"J of shape {tuple(J.shape)} does not fit residual of shape {tuple(h.shape)}")
+    if h.dtype == torch.float16:
+        return fit_half(h.float() @ J.float().T)
     return h @ J.to(h.dtype).T
+
+
+def fit_half(x: torch.Tensor) -> torch.Tensor:
+    """x [..., d_model] (fp32, transported) -> fp16, each row that would overflow fp16 scaled down to fit.
+
+    fp16 overflows in h @ J.T (a large-norm residual times a J with entries near 1 passes 65504), so an
+    fp16 model's transport runs in fp32. What reads it next is the final norm, which is scale-invariant
+    per row (RMSNorm, LayerNorm, up to their eps), so a scaled row reads as the unscaled one would.
+    """
+    peak = x.abs().amax(-1, keepdim=True)
+    return (x / (peak / FP16_ROW_PEAK).clamp_min(1)).half()
 
 
 def readout(
@@ -100,7 +114,9 @@ def lens_inputs(h: torch.Tensor, norm: Unembed, J: torch.Tensor | None = None) -
     """h [L, P, d_model] -> [L * P, d_model]: what the unembedding reads for each layer and position,
     transported first when J [L, d_model, d_model] is given (the Jacobian lens), then normed."""
     L, P, d = h.shape
-    if J is not None:
+    if J is not None and h.dtype == torch.float16:            # see fit_half
+        h = fit_half(torch.einsum("lpd,led->lpe", h.float(), J.float()))
+    elif J is not None:
         h = torch.einsum("lpd,led->lpe", h, J.to(h.dtype))   # h @ J.T per layer
     return norm(h.reshape(L * P, d))
 

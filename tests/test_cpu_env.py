@@ -55,6 +55,20 @@ def test_several_workers_get_a_binding_each(clean_env):
     assert cpu_env.thread_binding([4, 5, 6], 2) == "4|5"
 
 
+def test_the_binding_follows_each_starts_ranks(clean_env):
+    """A binding this module set for one start is not taken for the user's at the next (another split)."""
+    clean_env.setattr(host, "allowed_cores", lambda: [0, 1])
+    cpu_env.prepare(1)
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+    cpu_env.prepare(2)
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    cpu_env.prepare(1)
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+    clean_env.setenv("VLLM_CPU_OMP_THREADS_BIND", "1|0")
+    cpu_env.prepare(1)
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1|0"                  # the user's, whatever the ranks
+
+
 def test_a_small_dev_shm_gets_queues_that_fit(clean_env):
     clean_env.setattr(host, "allowed_cores", lambda: [0, 1])
     clean_env.setattr(host, "shm_free", lambda path="/dev/shm": 64 << 20)      # Docker's default

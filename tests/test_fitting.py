@@ -190,3 +190,19 @@ def test_merge_refuses_mismatched_d_model(tmp_path, capsys):
     assert cli.main(["fit", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert "d_model 8" in err and "d_model 4" in err and "\n" not in err
+
+
+def test_a_fit_with_a_bos_token_reads_every_prompt_with_it_first_and_says_so(model, prompts, tmp_path):
+    """As the reference `jlens` fits (force_bos=True): BOS before each prompt, and provenance["bos"]."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=model.tokenizer.backend_tokenizer, bos_token="99")
+    out = fitting.fit(model, LLAMA_HF, prompts[:2], cfg(tmp_path), tmp_path / "b.pt", tokenizer=tokenizer,
+                      progress=False)
+    lens = load(out)
+    assert lens.provenance["bos"] is True
+    want = torch.stack([brute_force(model._module, [99] + p, 0) for p in prompts[:2]]).mean(0)
+    torch.testing.assert_close(lens.J[0], want, rtol=1e-4, atol=1e-5)
+    plain = fitting.fit(model, LLAMA_HF, prompts[:2], cfg(tmp_path / "plain"), tmp_path / "p.pt", progress=False)
+    assert load(plain).provenance["bos"] is False
+    assert not torch.allclose(load(plain).J[0], lens.J[0])

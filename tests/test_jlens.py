@@ -129,3 +129,42 @@ def test_unembedding_fingerprint_from_files_matches_the_loaded_model(tmp_path, t
     other = LlamaForCausalLM(cfg)                                                    # other random weights
     assert on_disk != jlens.unembedding_fingerprint(other.get_output_embeddings().weight)
     assert jlens.model_unembedding_fingerprint(tmp_path / "nothing") is None
+
+
+def test_bos_as_the_lens_was_fitted(tmp_path):
+    """with_bos prepends once; a hub lens follows the reference (BOS), a local file says so or is unknown;
+    bos_warning names a prompt that starts unlike the fitted ones."""
+    assert jlens.with_bos([5, 6], 1) == [1, 5, 6] and jlens.with_bos([1, 5], 1) == [1, 5]
+    assert jlens.with_bos([5], None) == [5]
+    J = {0: torch.eye(4)}
+    hub = jlens.JacobianLens(J=J, n_prompts=1, d_model=4, source="neuronpedia/jacobian-lens:qwen3-8b/x.pt")
+    local = jlens.JacobianLens(J=J, n_prompts=1, d_model=4, source=str(tmp_path))
+    said = jlens.JacobianLens(J=J, n_prompts=1, d_model=4, source=str(tmp_path), provenance={"bos": False})
+    assert [jlens.fitted_with_bos(x) for x in (hub, local, said)] == [True, None, False]
+    assert jlens.bos_warning(True, [1, 5], 1) is None and jlens.bos_warning(None, [5], 1) is None
+    assert "tokenizer has none" in jlens.bos_warning(True, [5], None)
+    assert "fitted without a BOS" in jlens.bos_warning(False, [1, 5], 1)
+
+
+def test_the_service_reads_a_bos_lens_with_bos_and_warns_when_a_prompt_differs(tiny_service):
+    """The transformers backend (the service decides the ids for both backends): the J-lens of a lens fitted
+    with BOS reads BOS first; the logit lens alone reads the prompt as tokenized; a chat prompt (its template
+    starts with the tokenizer's BOS) read by a lens fitted without BOS carries a warning."""
+    from lensapp.service import LensRequest
+
+    bos, old = tiny_service.prompts.bos_id, tiny_service.jlens
+    n, d = tiny_service.info.n_layers, tiny_service.info.d_model
+    plain = tiny_service.prompts.ids("Water boils")
+    assert bos is not None and plain[0] != bos
+    try:
+        tiny_service.install_jlens(jlens.JacobianLens(J=jlens.identity(d, list(range(n - 1))), n_prompts=0,
+                                                      d_model=d, provenance={"bos": True}))
+        r = tiny_service.lens(LensRequest(prompts=("Water boils",), lens="both", k=1))[0]
+        assert r.input_ids == [bos] + plain and "warnings" not in r.jlens
+        assert tiny_service.lens(LensRequest(prompts=("Water boils",), lens="logit", k=1))[0].input_ids == plain
+        tiny_service.install_jlens(jlens.JacobianLens(J=jlens.identity(d, list(range(n - 1))), n_prompts=0,
+                                                      d_model=d, provenance={"bos": False}))
+        r = tiny_service.lens(LensRequest(prompts=("Water boils",), lens="jacobian", k=1, chat=True))[0]
+        assert r.input_ids[0] == bos and "fitted without a BOS" in r.jlens["warnings"][0]
+    finally:
+        tiny_service.install_jlens(old)

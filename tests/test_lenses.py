@@ -113,3 +113,21 @@ def test_kl_and_entropy_stay_accurate_at_realistic_logit_scales():
     assert out["kl_to_final"].abs().max() < 1e-4
     torch.testing.assert_close(out["entropy"], lenses.entropy(torch.log_softmax(logits.double(), -1)).float(),
                                atol=1e-4, rtol=1e-5)
+
+
+def test_an_fp16_transport_that_would_overflow_reads_as_fp32_does():
+    """fp16 overflows in h @ J.T (300 x 300 x 4 > 65504): the transport runs in fp32 and each row is scaled
+    to fit fp16 before the (scale-invariant) final norm, so the readout equals the fp32 one."""
+    def rms_norm(x):                          # as HF's and vLLM's: the sums in fp32, the result in x's dtype
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+    h = torch.tensor([[300.0, 280.0, -290.0, 310.0], [1.0, -2.0, 0.5, 3.0]])
+    J = 300.0 * torch.eye(4) + torch.ones(4, 4)
+    assert not torch.isfinite(h.half() @ J.half().T).all()                # the overflow this guards against
+    want = rms_norm(lenses.transport(h, J))
+    got = rms_norm(lenses.transport(h.half(), J.half()))
+    assert got.dtype == torch.float16 and torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3)
+    inputs = lenses.lens_inputs(h.half()[None], rms_norm, J.half()[None])
+    torch.testing.assert_close(inputs.float(), want, rtol=2e-3, atol=2e-3)

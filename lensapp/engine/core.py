@@ -355,8 +355,8 @@ class Engine:
             if self._warm_up is not None:
                 await self._warm_up(backend)
         except Exception as e:
+            reason = _dead(e, backend)              # before closing: a closed backend says only that
             _close_quietly(backend)
-            reason = _dead(e, backend)
             if reason is not None:                       # it died on its first requests: so it would again
                 raise StartFailed(f"it died on its first request: {reason}") from e
             raise

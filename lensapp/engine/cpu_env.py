@@ -9,7 +9,8 @@ before a restart). A value the user set always wins.
   model and every readout), so the worker is bound to every core the process may use; on one core,
   the scheduler and the worker share it. Several workers (tensor or pipeline parallelism) need a
   binding each (`VLLM_CPU_OMP_THREADS_BIND="0|1"`), else vLLM refuses ("Not enough allowed NUMA
-  nodes"): the allowed cores are split evenly among them.
+  nodes"): the allowed cores are split evenly among them. The binding is computed for the ranks of
+  each start: one this module set for an earlier start (another split) is replaced, a user's is kept.
 - Huge pages. A readout's `[rows, vocab]` logits are tens to hundreds of MB, allocated afresh each
   step; on 4 KB pages the worker faulted its way through each one. Two switches ask for transparent
   huge pages where the kernel offers them: torch's own (THP_MEM_ALLOC_ENABLE) for its tensors and
@@ -36,16 +37,21 @@ MQ_CHUNKS = 10                    # vLLM's ring length (shm_broadcast.MessageQue
 MQ_DEFAULT_MB = (16, 24)          # scheduler -> workers, each worker -> scheduler
 MQ_MIN_CHUNK_MB = 1
 SHM_HEADROOM = 0.5                # of /dev/shm left to torch and others
+_OURS: dict[str, str] = {}        # variables this module set, and to what: those are not the user's
 
 
 def prepare(ranks: int) -> None:
     """Set what vllm-cpu's processes read at start, for `ranks` workers."""
     cores = host.allowed_cores()
-    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    bind = "VLLM_CPU_OMP_THREADS_BIND"
+    if os.environ.get(bind) is None or os.environ.get(bind) == _OURS.get(bind):
+        os.environ.pop(bind, None)
         if ranks > 1:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = thread_binding(cores, ranks)
+            os.environ[bind] = thread_binding(cores, ranks)
         elif len(cores) <= CPU_ALL_CORES_UP_TO:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+            os.environ[bind] = ",".join(map(str, cores))
+        if bind in os.environ:
+            _OURS[bind] = os.environ[bind]
     for name, value in HUGE_PAGES_ENV.items():
         os.environ.setdefault(name, value)
     os.environ["GLIBC_TUNABLES"] = with_tunable(os.environ.get("GLIBC_TUNABLES", ""), HUGE_PAGES_TUNABLE)

@@ -31,7 +31,8 @@ def preflight(cfg: Config, model: ResolvedModel, jlens_layers: int) -> memory.Bu
     info = model.info
     ranks = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
     if info.backend != "transformers":
-        problem = parallel_problem(model.hf_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
+        problem = (parallel_problem(model.hf_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
+                   or executor_problem(cfg.distributed_executor_backend))
         if info.backend == "vllm-cpu":
             problem = (problem or cpu_kernel_problem(head_dim(model.hf_config), host.cpu_isa())
                        or cpu_cores_problem(ranks, len(host.allowed_cores()))
@@ -70,6 +71,22 @@ def parallel_problem(hf_config, tp: int, pp: int) -> str | None:
     if pp > hf_config.num_hidden_layers:
         return f"--pipeline-parallel-size {pp} is more stages than the model's {hf_config.num_hidden_layers} layers"
     return None
+
+
+def executor_problem(executor: str, ray_device_key: str | None = None, device: str = "") -> str | None:
+    """Why vLLM would refuse this executor on this platform, or None. vLLM's Ray executor needs the
+    platform's `ray_device_key` ("GPU" on CUDA); vllm-cpu's is empty, and `initialize_ray_cluster` raises
+    "current platform cpu does not support ray." once the engine's processes run."""
+    if executor != "ray":
+        return None
+    if ray_device_key is None:
+        from vllm.platforms import current_platform
+
+        ray_device_key, device = current_platform.ray_device_key, current_platform.device_name
+    if ray_device_key:
+        return None
+    return (f"vLLM's Ray executor does not run on {device or 'this platform'} (vLLM gives it no Ray device): "
+            "use --distributed-executor-backend mp, which splits the model on one machine")
 
 
 def cpu_cores_problem(ranks: int, cores: int) -> str | None:

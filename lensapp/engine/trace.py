@@ -8,6 +8,9 @@ k]-sized tensors are returned.
 
 Every trace saves one dict, under one name (`SAVED`), whose keys say what each value is: the
 `*_trace` functions below build it, and the backends read it back by those keys.
+
+Under pipeline parallelism every stage runs the body: an earlier stage reads (and edits) its own layers
+and returns before the readout, and the last stage, where the head is, reads every layer (`stages`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from .. import interventions, lenses
 from .families import Layout, final_norm, find, residual
 from .protocol import Edit, LensSpec
+from .stages import is_last_stage, runs_here
 from .unembed_pool import UnembedPool
 
 JLENS_ATTR = "lensapp_jlens"   # attribute on the (worker's) model holding {"layers": [...], "J": [n, d, d]}
@@ -45,6 +49,11 @@ def installed_jlens(model, spec: LensSpec) -> dict | None:
     return getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
 
 
+def installed_layers(module) -> list[int]:
+    """The Jacobian layers installed on a (worker's) torch model: what a worker's RPC reports."""
+    return list((getattr(module, JLENS_ATTR, None) or {}).get("layers", []))
+
+
 def model_logits(model, site: Site) -> torch.Tensor:
     """The model's own logits at the last position [vocab] (HF: the head's output, before soft-capping
     or scaling, which change no argmax)."""
@@ -56,6 +65,8 @@ def lens_trace(model, site: Site, spec: LensSpec) -> dict:
     asks, "kept" [len(keep_layers), positions, d_model] and "norms" [len(spec.layers)] (float32)."""
     streams = read_streams(model, site, sorted(set(spec.read_layers) | set(spec.keep_layers)), spec.edits,
                            prompt_len=len(spec.input_ids))
+    if not is_last_stage():
+        return {}
     saved = {"readouts": lens_readouts(model, spec, site, torch.stack([streams[x] for x in spec.read_layers]))}
     saved["model_next_id"] = int(model_logits(model, site).argmax())
     if spec.keep_layers:
@@ -88,15 +99,21 @@ def read_streams(model, site: Site, layers, edits: tuple[Edit, ...] = (), first:
     The step's rows are sequence positions first..first + rows - 1, of which the first prompt_len are the
     prompt's (see `interventions.edit_rows`): first is 0 for a forward over the prompt (or the prompt
     continued by a target), and the token's position for a generated one.
+
+    Under pipeline parallelism, a stage edits only its own blocks, and reads its own (an earlier stage) or
+    every layer (the last, where earlier ones arrive already edited): see `stages`.
     """
     blocks = find(model, site.layout.blocks)
     by_layer: dict[int, list[Edit]] = {}
     for edit in edits:
         by_layer.setdefault(edit.layer, []).append(edit)
-    out = {}
+    out, last = {}, is_last_stage()
     for layer in sorted(set(layers) | set(by_layer)):
+        here = runs_here(blocks[layer])
+        if not (here or last):
+            continue
         output = blocks[layer].output
-        for edit in by_layer.get(layer, ()):
+        for edit in by_layer.get(layer, ()) if here else ():
             edit_block_output(output, site.layout, edit, first, prompt_len)
         if layer in layers:
             out[layer] = residual(output, site.layout).reshape(-1, site.d_model)
@@ -139,6 +156,8 @@ def lens_body(model, spec: LensSpec, site: Site, own_logits: bool = False, pool:
     """{lens: readout fields [L, P, ...]} for one step of a generation (step 0: the prompt), the spec's
     edits made as it reads (see `read_streams`)."""
     streams = read_streams(model, site, spec.read_layers, spec.edits, **step_rows(spec, step))
+    if not is_last_stage():
+        return {}
     h = torch.stack([streams[x] for x in spec.read_layers])
     return lens_readouts(model, spec, site, h, own_logits=own_logits, pool=pool)
 
@@ -183,6 +202,8 @@ def continuation_body(model, spec: LensSpec, site: Site, index: int) -> dict:
     n = len(cont.target_ids)
     layout, head, jlens = site.layout, site.head, installed_jlens(model, spec)
     streams = read_streams(model, site, spec.layers, spec.edits, prompt_len=len(spec.input_ids))
+    if not is_last_stage():
+        return {}
     h = torch.stack([streams[x] for x in spec.layers])[:, cont.start:cont.start + n]
     norm = final_norm(model, layout)
     unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
@@ -197,7 +218,10 @@ def continuation_body(model, spec: LensSpec, site: Site, index: int) -> dict:
 def chat_readout(model, site: Site, layer: int, jrow: int | None, k: int):
     """The newest position's top-k at one layer, through the logit lens or (jrow: the installed J stack's
     row) the Jacobian lens: (ids [k], probs [k])."""
-    h = read_streams(model, site, [layer])[layer][-1:]
+    streams = read_streams(model, site, [layer])
+    if not is_last_stage():           # a placeholder: the last stage's readout is the one kept
+        return torch.zeros(k, dtype=torch.long), torch.zeros(k)
+    h = streams[layer][-1:]
     if jrow is not None:
         h = lenses.transport(h, getattr(model._module, JLENS_ATTR)["J"][jrow])
     top = lenses.readout(site.head(model, final_norm(model, site.layout)(h)).float(), k)

@@ -21,6 +21,7 @@ from . import cpu_env
 from .families import Family, find
 from .process_log import LOG
 from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling, StartFailed
+from .stages import is_last_stage
 from .trace import JLENS_ATTR, SAVED, Site, chat_readout, continuation_trace, lens_body, lens_trace
 from .unembed_pool import worker_pool
 
@@ -52,6 +53,8 @@ class VLLMBackend:
         if cpu:
             cpu_env.prepare(tensor_parallel_size * pipeline_parallel_size)
             from .vllm_cpu import CPUVLLM as VLLM
+        elif pipeline_parallel_size > 1:
+            from .vllm_gpu import GPUVLLM as VLLM
         else:
             from nnsight.modeling.vllm import VLLM
         extra = {"distributed_executor_backend": distributed_executor_backend} if distributed_executor_backend else {}
@@ -78,14 +81,16 @@ class VLLMBackend:
 
     # -- Backend protocol ---------------------------------------------------------------------------
     async def install_jlens(self, stack: JStack) -> None:
-        """Ship the J stack [n, d, d] to the worker once; later requests index into it there."""
+        """Ship the J stack [n, d, d] to the worker once; later requests index into it there. Under pipeline
+        parallelism only the last stage, where every readout runs (`stages`), keeps it."""
         import nnsight
 
         model, payload = self.model, {"layers": list(stack.layers), "J": stack.J}
         with model.trace([0], temperature=0.0, max_tokens=1, edits=[]) as tracer:
             target = model._module
             device = next(target.parameters()).device
-            setattr(target, JLENS_ATTR, {"layers": payload["layers"], "J": payload["J"].to(device)})
+            if is_last_stage():
+                setattr(target, JLENS_ATTR, {"layers": payload["layers"], "J": payload["J"].to(device)})
             saved = nnsight.save({"installed": True})       # noqa: F841 - read back by `_saved`
         if not (await _saved(tracer))["installed"]:
             raise RuntimeError("installing the Jacobian lens in the worker failed")
@@ -166,7 +171,9 @@ class VLLMBackend:
 
         model, site = self.model, self.site
         with model.trace(list(input_ids), temperature=0.0, max_tokens=1, edits=[]) as tracer:
-            saved = nnsight.save(body(model, site, *args))      # noqa: F841 - read back by `_saved`
+            out = body(model, site, *args)
+            if is_last_stage():            # an earlier pipeline stage reads no readout: it saves nothing
+                saved = nnsight.save(out)      # noqa: F841 - read back by `_saved`
         return tracer
 
     async def _install_chat_readout(self, layer: int, jrow: int | None, k: int) -> None:
@@ -177,7 +184,9 @@ class VLLMBackend:
             self._chat_edit = None
         model, site = self.model, self.site
         async with model.edit(name=CHAT_EDIT) as (tracer, edit):
-            saved = nnsight.save({"readout": []})       # rides each chat request's output.saves[SAVED]
+            # rides each chat request's output.saves[SAVED]; a registered block's saves come from the first
+            # rank that reports them, so under pipeline parallelism only the last stage (the readout's) saves
+            saved = nnsight.save({"readout": []}) if is_last_stage() else {"readout": []}
             for _ in tracer.all():
                 ids, probs = chat_readout(model, site, layer, jrow, k)
                 saved["readout"].append((ids.tolist(), probs.tolist()))

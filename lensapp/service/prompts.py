@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..config import MAX_PROMPT_CHARS
+from ..jlens import with_bos
 from ..results import Target
 from .fields import RequestError
 from .tokens import TokenDecoder
@@ -32,12 +33,19 @@ class Prompts:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def ids(self, prompt: str, chat: bool = False) -> list[int]:
-        """A prompt's token ids (in the chat template when `chat`), within the token limit."""
+    @property
+    def bos_id(self) -> int | None:
+        return getattr(self.tokenizer, "bos_token_id", None)
+
+    def ids(self, prompt: str, chat: bool = False, bos: bool = False) -> list[int]:
+        """A prompt's token ids (in the chat template when `chat`; with the tokenizer's BOS first when `bos`,
+        as a lens fitted so reads: see jlens.with_bos), within the token limit."""
         if chat:
             ids = self._template([{"role": "user", "content": prompt}])
         else:
             ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if bos and ids:
+            ids = with_bos(ids, self.bos_id)
         if not ids:
             raise RequestError("the prompt has no tokens")
         if len(ids) > self.max_prompt_tokens:

@@ -98,14 +98,14 @@ class LensService:
 
     def _lens(self, req: LensRequest, max_prompts: int) -> list[LensResult]:
         plan = self._plan_lens(req, max_prompts)
-        describe = self.jlens.describe() if self.jlens is not None else None
 
         def compute(todo: list[int]) -> list[LensResult]:
             outputs = self.engine.lens([plan.specs[i] for i in todo])
             return [LensResult.from_output(out, prompt=req.prompts[i], ids=plan.ids[i], layers=plan.layers,
                                            decode=self.prompts.decode, targets=plan.targets,
-                                           continuation_of=plan.continuation_of, model=self.info.name, jlens=describe,
-                                           k=req.k, skip_punctuation=req.skip_punctuation)
+                                           continuation_of=plan.continuation_of, model=self.info.name,
+                                           jlens=self._jlens_note(plan.ids[i]), k=req.k,
+                                           skip_punctuation=req.skip_punctuation)
                     for i, out in zip(todo, outputs)]
 
         keys = [self._key("lens", p, req.chat, plan.lenses, tuple(plan.layers), req.k,
@@ -150,13 +150,25 @@ class LensService:
         else:
             self._plan_generate(req.checked())
 
+    def _bos(self, lenses: tuple[str, ...]) -> bool:
+        """Prepend BOS to a prompt read through the Jacobian lens, when the lens was fitted so (jlens.py)."""
+        return "jacobian" in lenses and self.jlens is not None and jlens_files.fitted_with_bos(self.jlens) is True
+
+    def _jlens_note(self, ids: list[int]) -> dict | None:
+        """The lens's description for a result, with a warning when the prompt starts unlike the fitted ones."""
+        if self.jlens is None:
+            return None
+        note = self.jlens.describe()
+        warning = jlens_files.bos_warning(jlens_files.fitted_with_bos(self.jlens), ids, self.prompts.bos_id)
+        return note | {"warnings": [warning]} if warning else note
+
     def _plan_lens(self, req: LensRequest, max_prompts: int) -> _Plan:
         planning.check_prompt_count(len(req.prompts), max_prompts)
         names = LENS_CHOICES[req.lens]
         layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
         targets = [self.prompts.target(t) for t in req.targets]
         target_ids = [list(t.token_ids) for t in targets]
-        ids = [self.prompts.ids(p, req.chat) for p in req.prompts]
+        ids = [self.prompts.ids(p, req.chat, self._bos(names)) for p in req.prompts]
         planning.check_work(sum(planning.lens_work(len(i), len(layers), req.lens) for i in ids), self.cfg.max_work,
                             "this request")
         # Skipping punctuation widens the top-k the worker reads (bounded) so a word can be found in it.
@@ -168,7 +180,7 @@ class LensService:
     def _plan_generate(self, req: GenerateRequest) -> _Plan:
         names = LENS_CHOICES[req.lens]
         layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
-        ids = self.prompts.ids(req.prompt, req.chat)
+        ids = self.prompts.ids(req.prompt, req.chat, self._bos(names))
         planning.check_work(planning.generation_work(len(ids), req.max_tokens, len(layers), req.lens),
                             self.cfg.max_work, "this generation")
         spec = planning.lens_spec(ids, layers, req.k, names, self.info.n_layers, self.jlens_layers, raw=req.raw)

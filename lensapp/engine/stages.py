@@ -1,0 +1,191 @@
+"""Pipeline stages: every layer's residual read where the final norm, the unembedding and the J stack live.
+
+Under pipeline parallelism each vLLM worker holds a run of blocks, and only the last stage holds the final
+norm and the unembedding (the others have vLLM's `PPMissingLayer` there). A lens reads layer `l` through
+both, so a readout cannot run where layer `l` lives unless every stage holds a copy of the head. Instead
+the residuals travel to the last stage:
+
+- an earlier stage records each of its blocks' outputs (a plain forward hook, installed once) and, after
+  its forward, stacks the residual streams [layers, tokens, d_model] into the `IntermediateTensors` vLLM
+  sends on to the next stage anyway, under `RESIDUALS` (a middle stage adds its own to those it received);
+- the last stage takes them out before vLLM copies the tensors it knows into its buffers, and, before its
+  own forward, calls each earlier layer's `PPMissingLayer` (an identity) with that layer's residual, so
+  nnsight's hook on it fires and a trace reads `blocks[l].output` there as it would on one worker;
+- trace bodies on an earlier stage read only their own layers (making their edits) and return before the
+  readout (`is_last_stage`); the last stage's saved values are the request's (nnsight reports a trace's
+  saves from the first stage: `vllm_cpu` has the last report them instead);
+- a request's pickle names modules of the whole model, some of which are on another stage: `StandIns`
+  resolves those to a placeholder that never runs here.
+
+What moves per step: tokens x d_model values per layer before the last stage (fp32 on CPU, the model's
+dtype on GPU), besides vLLM's own hidden state. docs/parallel.md sizes it for large models.
+
+`StageRunner` is the runner's side, mixed into nnsight's model runner by both workers (`vllm_cpu`,
+`vllm_gpu`). This module knows vLLM's worker side and nothing of text or lenses; it imports vLLM and
+nnsight only inside the worker (trace bodies import `is_last_stage` from it on every backend).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+
+RESIDUALS = "lensapp_residuals"       # key in vLLM's IntermediateTensors: [earlier layers, tokens, d_model]
+PAIRED = "residual"                   # vLLM's own key when blocks return (hidden, residual) to be summed
+
+
+def is_last_stage() -> bool:
+    """True on the pipeline's last stage, on one worker, and outside vLLM (the transformers backend)."""
+    state = sys.modules.get("vllm.distributed.parallel_state")
+    if state is None or not state.model_parallel_is_initialized():
+        return True
+    return state.get_pp_group().is_last_rank
+
+
+def runs_here(block) -> bool:
+    """Whether a block (module or nnsight envoy) runs on this stage: not vLLM's placeholder for another's."""
+    module = getattr(block, "_module", block)
+    return type(module).__name__ != "PPMissingLayer"
+
+
+def stream(output) -> torch.Tensor:
+    """A block's output -> the residual stream after it ((hidden, residual) pairs summed), [tokens, d_model]."""
+    if isinstance(output, tuple):
+        hidden, res = output[0], output[1] if len(output) > 1 else None
+        return hidden if not isinstance(res, torch.Tensor) else hidden + res
+    return output
+
+
+def stage_blocks(model: torch.nn.Module) -> tuple[torch.nn.ModuleList, int, int]:
+    """The decoder's blocks and this stage's run of them [start, end) (vLLM's start_layer / end_layer)."""
+    for module in model.modules():
+        start, end = getattr(module, "start_layer", None), getattr(module, "end_layer", None)
+        if start is None or end is None:
+            continue
+        for child in module.children():
+            if isinstance(child, torch.nn.ModuleList) and len(child) >= end:
+                return child, start, end
+    raise RuntimeError(f"{type(model).__name__}: no decoder blocks with start_layer / end_layer found")
+
+
+class StandIns(dict):
+    """nnsight's map of persistent ids (`Module:<path>`) to this worker's objects, where a module of another
+    stage (`model.model.layers.2.self_attn`, `model.logits_processor`: the client's whole-model tree names
+    them, and a request's pickle carries them) resolves to a placeholder that never runs here, so is never
+    read, instead of failing the request with UnknownPersistentIdError."""
+
+    def __init__(self, objects: dict):
+        super().__init__(objects)
+        from vllm.model_executor.models.utils import PPMissingLayer
+
+        self.placeholder = PPMissingLayer()
+
+    def __contains__(self, pid) -> bool:
+        return dict.__contains__(self, pid) or (isinstance(pid, str) and pid.startswith("Module:"))
+
+    def __missing__(self, pid):
+        if isinstance(pid, str) and pid.startswith("Module:"):
+            return self.placeholder
+        raise KeyError(pid)
+
+
+class StageRelay:
+    """One worker's side of the relay: records its blocks' outputs, ships and receives residuals."""
+
+    def __init__(self, model: torch.nn.Module, first: bool, last: bool):
+        self.first, self.last = first, last
+        self.blocks, self.start, self.end = stage_blocks(model)
+        self.outputs: dict[int, object] = {}
+        self.received: torch.Tensor | None = None
+        if not last:
+            for layer in range(self.start, self.end):
+                self.blocks[layer].register_forward_hook(self._record(layer))
+
+    def _record(self, layer: int):
+        def hook(module, args, output):
+            # A reference: nnsight's edits change the output in place after this hook, and the stack
+            # is built after the forward, so it carries the edited stream.
+            self.outputs[layer] = output
+        return hook
+
+    def take(self, tensors: dict) -> dict:
+        """vLLM's received tensors without RESIDUALS, which this relay keeps for the forward."""
+        self.received = tensors.get(RESIDUALS)
+        return {k: v for k, v in tensors.items() if k != RESIDUALS}
+
+    def before_forward(self, num_tokens: int, paired: bool) -> None:
+        """On the last stage: fire each earlier layer's placeholder with its residual, in layer order."""
+        if not self.last or self.received is None:
+            return
+        for layer in range(self.start):
+            h = self.received[layer, :num_tokens]
+            self.blocks[layer]((h, None) if paired else h)
+
+    def after_forward(self, output):
+        """On an earlier stage: the IntermediateTensors to send on, with every residual so far added."""
+        if self.last or not hasattr(output, "tensors"):
+            return output
+        own = [stream(self.outputs[layer]) for layer in range(self.start, self.end)]
+        tokens = own[0].shape[0]
+        if self.received is not None:
+            own = list(self.received[:, :tokens].unbind(0)) + own
+        output.tensors[RESIDUALS] = torch.stack(own).contiguous()
+        self.outputs.clear()
+        return output
+
+
+class StageRunner:
+    """Mixed into an nnsight model runner ahead of it: under pipeline parallelism, the relay, the stand-ins,
+    and the last stage reporting the saves. Inert on one stage."""
+
+    _lensapp_relay: StageRelay | None = None
+
+    def load_model(self, *args, **kwargs):
+        from vllm.distributed import get_pp_group
+
+        super().load_model(*args, **kwargs)
+        pp = get_pp_group()
+        if pp.world_size > 1:
+            self._lensapp_relay = StageRelay(self.get_model(), pp.is_first_rank, pp.is_last_rank)
+            self.nnsight_persistent_objects = StandIns(self.nnsight_persistent_objects)
+
+    def sync_and_gather_intermediate_tensors(self, num_tokens, intermediate_tensors, sync_self):
+        from vllm.sequence import IntermediateTensors
+
+        if intermediate_tensors is not None and self._lensapp_relay is not None:
+            intermediate_tensors = IntermediateTensors(self._lensapp_relay.take(intermediate_tensors.tensors))
+        return super().sync_and_gather_intermediate_tensors(num_tokens, intermediate_tensors, sync_self)
+
+    def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None,
+                       **model_kwargs):
+        relay = self._lensapp_relay
+        if relay is not None:
+            paired = intermediate_tensors is not None and PAIRED in intermediate_tensors.tensors
+            relay.before_forward(positions.shape[-1], paired)
+        output = super()._model_forward(input_ids=input_ids, positions=positions,
+                                        intermediate_tensors=intermediate_tensors, inputs_embeds=inputs_embeds,
+                                        **model_kwargs)
+        return output if relay is None else relay.after_forward(output)
+
+    def collect_nnsight(self, *args, **kwargs):
+        """nnsight reports a trace's saves from the pipeline's first rank only (`get_pp_group().rank == 0`);
+        here every readout runs on the last stage, so that stage reports them instead."""
+        if self._lensapp_relay is None:
+            return super().collect_nnsight(*args, **kwargs)
+        from nnsight.modeling.vllm.model_runners import GPUModelRunner as runner_module  # noqa: N813
+
+        real = runner_module.get_pp_group
+        runner_module.get_pp_group = functools.partial(_Reporter, self._lensapp_relay.last)
+        try:
+            return super().collect_nnsight(*args, **kwargs)
+        finally:
+            runner_module.get_pp_group = real
+
+
+class _Reporter:
+    """What nnsight's collect reads of the pipeline group: rank 0 reports a trace's saves."""
+
+    def __init__(self, reports: bool):
+        self.rank = 0 if reports else 1
