@@ -17,7 +17,7 @@ BIN      = $(VENV)/bin
 STAMP    = $(VENV)/.installed-$(notdir $(REQS))
 DEVSTAMP = $(VENV)/.installed-dev
 
-.PHONY: install run test test-fast bench quality clean
+.PHONY: install run test test-all test-fast bench quality clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -46,9 +46,15 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python app.py
 
+# CI runs `make test` in under 25 minutes; `make test-all` adds the `extended` tests (AVX2 simulation, the
+# install from public indexes, benches, one core, more fit objectives), run before a release.
 test: $(DEVSTAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -rs tests
+	$(BIN)/python -m pytest -q -rs --durations=15 -m "not extended" tests
+
+test-all: $(DEVSTAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -rs --durations=15 tests
 
 test-fast: $(DEVSTAMP)
 	$(BIN)/python -m pytest -q -m "not engine and not browser and not slow and not network" tests

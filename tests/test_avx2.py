@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 from test_small_hosts import app_in, lens
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.extended]
 
 AVX2 = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests" / "avx2"), os.environ.get("PYTHONPATH")]))}
 

@@ -17,6 +17,7 @@ def last_json(stdout: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_gpu_bench_runs_its_tiny_shape_on_cpu():
     out = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--shape", "tiny", "--device", "cpu",
                           "--repeats", "1", "--users", "4"], capture_output=True, text=True, timeout=600)
@@ -25,6 +26,7 @@ def test_the_gpu_bench_runs_its_tiny_shape_on_cpu():
     assert r["bench"] == "gpu" and r["users"]["n"] == 4 and set(r["T16"]) == {"plain_s", "lens_s", "jlens_3_layers_s"}
 
 
+@pytest.mark.extended
 def test_a_small_load_on_the_running_app_loses_nothing(app_url):
     out = subprocess.run([sys.executable, str(BENCH / "load.py"), "--url", app_url, "--scenario", "mix",
                           "--scenario", "link", "--users", "5", "--timeout", "240"],

@@ -152,6 +152,7 @@ def dry_run(args: list[str], tmp_path: Path, name: str) -> dict[str, tuple[str, 
 
 @on_linux_x86_64
 @pytest.mark.network
+@pytest.mark.extended
 @pytest.mark.parametrize("variant", sorted(docker_variants()))
 def test_the_install_resolves_from_public_indexes(variant, tmp_path):
     """`make install REQS=...` as the Dockerfile's variant runs it (cpu is also `make run`'s default)."""
@@ -233,6 +234,7 @@ def test_dockerfile_variants_install_with_the_makefile():
 # -- the package -----------------------------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_wheel_installs_a_working_lensapp(tmp_path):
     from conftest import CACHE
 

@@ -43,7 +43,9 @@ def p_with(m, layout, ids, layer, v, rows, target, lens: bool) -> float:
     return float(logits.softmax(-1)[target])
 
 
-@pytest.mark.parametrize("objective, positions", [("lens", "last"), ("output", "last"), ("output", "all")])
+@pytest.mark.parametrize("objective, positions", [("lens", "last"),
+                                                  pytest.param("output", "last", marks=pytest.mark.extended),
+                                                  pytest.param("output", "all", marks=pytest.mark.extended)])
 def test_the_fit_reaches_its_objective_and_the_vector_does_what_it_says(model, objective, positions):
     m, layout, ids, rome = model
     cfg = SteerConfig(objective=objective, positions=positions, max_steps=60)

@@ -302,6 +302,7 @@ def test_compare_link_draws_both_prompts_aligned_without_padding(page, app_url, 
     assert not page.errors
 
 
+@pytest.mark.extended
 def test_generation_link_restores_its_seed(page, app_url):
     from gradio_client import Client
 
@@ -317,6 +318,7 @@ def test_generation_link_restores_its_seed(page, app_url):
     assert not page.errors
 
 
+@pytest.mark.extended
 def test_a_long_prompt_shows_a_window_and_the_code(page, app_url, embedded_dir):
     prompt = "one two three four five six seven eight nine ten " * 12
     n = n_tokens(embedded_dir, prompt)
