@@ -146,11 +146,13 @@ def test_bos_as_the_lens_was_fitted(tmp_path):
     assert "fitted without a BOS" in jlens.bos_warning(False, [1, 5], 1)
 
 
-def test_the_service_reads_a_bos_lens_with_bos_and_warns_when_a_prompt_differs(tiny_service):
+def test_the_service_reads_a_bos_lens_with_bos_and_warns_when_a_prompt_differs(tiny_service, monkeypatch):
     """The transformers backend (the service decides the ids for both backends): the J-lens of a lens fitted
     with BOS reads BOS first; the logit lens alone reads the prompt as tokenized; a chat prompt (its template
     starts with the tokenizer's BOS) read by a lens fitted without BOS carries a warning."""
+    from lensapp import config, ui
     from lensapp.service import LensRequest
+    from lensapp.ui import lens_tab
 
     bos, old = tiny_service.prompts.bos_id, tiny_service.jlens
     n, d = tiny_service.info.n_layers, tiny_service.info.d_model
@@ -166,5 +168,10 @@ def test_the_service_reads_a_bos_lens_with_bos_and_warns_when_a_prompt_differs(t
                                                       d_model=d, provenance={"bos": False}))
         r = tiny_service.lens(LensRequest(prompts=("Water boils",), lens="jacobian", k=1, chat=True))[0]
         assert r.input_ids[0] == bos and "fitted without a BOS" in r.jlens["warnings"][0]
+        said = []                                   # the page says it too, as a warning beside the chart
+        monkeypatch.setattr(lens_tab, "warn", said.append)
+        page = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0)).tabs["jacobian"]
+        page.run("Water boils", "all", 1, "", "top1_prob", True, False, None)
+        assert len(said) == 1 and "fitted without a BOS" in said[0]
     finally:
         tiny_service.install_jlens(old)
