@@ -66,11 +66,10 @@ def test_modules_stay_readable(path):
 
 
 # The backends themselves, and the files that choose, size or start one (a family's layout per backend, the
-# memory a backend needs, what a host must give it): these know backends by name. `trace.py` calls vLLM's
-# tensor-parallel gather for raw logits until that moves into the vLLM backend; `stages.py` is vLLM's
-# pipeline stages, seen from its workers.
+# memory a backend needs, what a host must give it): these know backends by name. `stages.py` is vLLM's
+# workers' side of pipeline stages and the tensor-parallel head; traces reach it only through `trace.Site`.
 BACKEND_FILES = {"vllm_backend.py", "vllm_cpu.py", "hf_backend.py", "cpu_env.py", "loading.py", "embedded.py",
-                 "families.py", "memory.py", "preflight.py", "trace.py", "stages.py", "vllm_gpu.py"}
+                 "families.py", "memory.py", "preflight.py", "stages.py", "vllm_gpu.py"}
 
 
 @pytest.mark.parametrize("path", sorted(p for p in (PACKAGE / "engine").glob("*.py") if p.name not in BACKEND_FILES),

@@ -22,7 +22,9 @@ dtype on GPU), besides vLLM's own hidden state. docs/parallel.md sizes it for la
 
 `StageRunner` is the runner's side, mixed into nnsight's model runner by both workers (`vllm_cpu`,
 `vllm_gpu`). This module knows vLLM's worker side and nothing of text or lenses; it imports vLLM and
-nnsight only inside the worker (trace bodies import `is_last_stage` from it on every backend).
+nnsight only inside the worker. The vLLM backend hands trace bodies `is_last_stage`, `runs_here` and
+`gather_head_shards` (raw logits under tensor parallelism) through their `trace.Site`: traces import no
+backend.
 """
 
 from __future__ import annotations
@@ -42,6 +44,22 @@ def is_last_stage() -> bool:
     if state is None or not state.model_parallel_is_initialized():
         return True
     return state.get_pp_group().is_last_rank
+
+
+def gather_head_shards(model, logits: torch.Tensor) -> torch.Tensor:
+    """Raw logits from this rank's rows of the unembedding -> the whole vocab, as `logits_processor` gathers
+    its own (tensor parallelism splits the head by vocab rows, padded)."""
+    from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
+
+    return gather_vocab(logits, model.logits_processor.org_vocab_size, get_tensor_model_parallel_world_size(),
+                        tensor_model_parallel_all_gather)
+
+
+def gather_vocab(logits: torch.Tensor, vocab: int, world_size: int, all_gather) -> torch.Tensor:
+    """Each tensor-parallel rank's vocab shard -> the whole vocab, padding trimmed (vLLM's layout)."""
+    if world_size > 1:
+        logits = all_gather(logits)
+    return logits[..., :vocab]
 
 
 def runs_here(block) -> bool:

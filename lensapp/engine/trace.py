@@ -23,11 +23,19 @@ import torch
 from .. import interventions, lenses
 from .families import Layout, final_norm, find, residual
 from .protocol import Edit, LensSpec
-from .stages import is_last_stage, runs_here
 from .unembed_pool import UnembedPool
 
 JLENS_ATTR = "lensapp_jlens"   # attribute on the (worker's) model holding {"layers": [...], "J": [n, d, d]}
 SAVED = "saved"                # the one name every trace saves its dict under: `saved = nnsight.save(...)`
+
+
+def one_worker() -> bool:
+    """One worker holds every stage: it is the last (the default for a Site)."""
+    return True
+
+
+def every_block(block) -> bool:
+    return True
 
 
 @dataclass(frozen=True)
@@ -36,12 +44,19 @@ class Site:
     so it holds no tensors: `head` is a module-level function (or a partial of one).
 
     vllm: the model's own logits are `model.logits` (vLLM's sampler input), not the head's output.
+    gather: raw logits (`h @ W_U.T`) from this worker's head -> the whole vocab (vLLM splits the head by
+        vocab rows across tensor-parallel ranks, padded); None where the head is whole.
+    last_stage / runs_here: whether this worker holds the pipeline's last stage (the head), and whether a
+        block runs here (not a placeholder for another stage's); one worker holds every stage by default.
     """
 
     layout: Layout
     head: Callable
     d_model: int
     vllm: bool = False
+    gather: Callable | None = None
+    last_stage: Callable[[], bool] = one_worker
+    runs_here: Callable[[object], bool] = every_block
 
 
 def installed_jlens(model, spec: LensSpec) -> dict | None:
@@ -65,7 +80,7 @@ def lens_trace(model, site: Site, spec: LensSpec) -> dict:
     asks, "kept" [len(keep_layers), positions, d_model] and "norms" [len(spec.layers)] (float32)."""
     streams = read_streams(model, site, sorted(set(spec.read_layers) | set(spec.keep_layers)), spec.edits,
                            prompt_len=len(spec.input_ids))
-    if not is_last_stage():
+    if not site.last_stage():
         return {}
     saved = {"readouts": lens_readouts(model, spec, site, torch.stack([streams[x] for x in spec.read_layers]))}
     saved["model_next_id"] = int(model_logits(model, site).argmax())
@@ -107,9 +122,9 @@ def read_streams(model, site: Site, layers, edits: tuple[Edit, ...] = (), first:
     by_layer: dict[int, list[Edit]] = {}
     for edit in edits:
         by_layer.setdefault(edit.layer, []).append(edit)
-    out, last = {}, is_last_stage()
+    out, last = {}, site.last_stage()
     for layer in sorted(set(layers) | set(by_layer)):
-        here = runs_here(blocks[layer])
+        here = site.runs_here(blocks[layer])
         if not (here or last):
             continue
         output = blocks[layer].output
@@ -156,7 +171,7 @@ def lens_body(model, spec: LensSpec, site: Site, own_logits: bool = False, pool:
     """{lens: readout fields [L, P, ...]} for one step of a generation (step 0: the prompt), the spec's
     edits made as it reads (see `read_streams`)."""
     streams = read_streams(model, site, spec.read_layers, spec.edits, **step_rows(spec, step))
-    if not is_last_stage():
+    if not site.last_stage():
         return {}
     h = torch.stack([streams[x] for x in spec.read_layers])
     return lens_readouts(model, spec, site, h, own_logits=own_logits, pool=pool)
@@ -175,7 +190,7 @@ def lens_readouts(model, spec: LensSpec, site: Site, h: torch.Tensor, own_logits
     """
     layout, head, jlens = site.layout, site.head, installed_jlens(model, spec)
     norm = final_norm(model, layout)
-    unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
+    unembed = (lambda x: raw_logits(model, site, x)) if spec.raw else (lambda x: head(model, x))
     hs = h.index_select(0, torch.tensor(spec.rows, device=h.device))
     target_ids = torch.tensor(spec.target_ids, dtype=torch.long, device=h.device) if spec.target_ids else None
     Js = {name: select_rows(jlens["J"], spec.jlens_rows) if name == "jacobian" else None for name in spec.lenses}
@@ -202,11 +217,11 @@ def continuation_body(model, spec: LensSpec, site: Site, index: int) -> dict:
     n = len(cont.target_ids)
     layout, head, jlens = site.layout, site.head, installed_jlens(model, spec)
     streams = read_streams(model, site, spec.layers, spec.edits, prompt_len=len(spec.input_ids))
-    if not is_last_stage():
+    if not site.last_stage():
         return {}
     h = torch.stack([streams[x] for x in spec.layers])[:, cont.start:cont.start + n]
     norm = final_norm(model, layout)
-    unembed = (lambda x: raw_logits(model, layout, x)) if spec.raw else (lambda x: head(model, x))
+    unembed = (lambda x: raw_logits(model, site, x)) if spec.raw else (lambda x: head(model, x))
     ids = torch.tensor(cont.target_ids, dtype=torch.long, device=h.device)
     out = {}
     for name in spec.lenses:
@@ -219,7 +234,7 @@ def chat_readout(model, site: Site, layer: int, jrow: int | None, k: int):
     """The newest position's top-k at one layer, through the logit lens or (jrow: the installed J stack's
     row) the Jacobian lens: (ids [k], probs [k])."""
     streams = read_streams(model, site, [layer])
-    if not is_last_stage():           # a placeholder: the last stage's readout is the one kept
+    if not site.last_stage():           # a placeholder: the last stage's readout is the one kept
         return torch.zeros(k, dtype=torch.long), torch.zeros(k)
     h = streams[layer][-1:]
     if jrow is not None:
@@ -236,24 +251,8 @@ def select_rows(stack: torch.Tensor, rows) -> torch.Tensor:
     return stack.index_select(0, torch.tensor(rows, device=stack.device))
 
 
-def raw_logits(model, layout: Layout, x: torch.Tensor) -> torch.Tensor:
-    """norm(h) @ W_U.T with no family arithmetic (no soft-capping or logit scale); whole vocab.
-
-    On vLLM the head weight is this rank's shard (and padded) under tensor parallelism, where
-    `logits_processor` would have gathered: gather and trim the same way here.
-    """
-    logits = x @ find(model, layout.head).weight.T.to(x.dtype)
-    if hasattr(model, "logits_processor"):
-        logits = gather_vocab(logits, model.logits_processor.org_vocab_size)
-    return logits
-
-
-def gather_vocab(logits: torch.Tensor, vocab: int, world_size=None, all_gather=None) -> torch.Tensor:
-    """Each tensor-parallel rank's vocab shard -> the whole vocab, padding trimmed (vLLM's layout)."""
-    if world_size is None:
-        from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
-
-        world_size, all_gather = get_tensor_model_parallel_world_size(), tensor_model_parallel_all_gather
-    if world_size > 1:
-        logits = all_gather(logits)
-    return logits[..., :vocab]
+def raw_logits(model, site: Site, x: torch.Tensor) -> torch.Tensor:
+    """norm(h) @ W_U.T with no family arithmetic (no soft-capping or logit scale); the whole vocab, gathered
+    the way the backend's own head would (`site.gather`)."""
+    logits = x @ find(model, site.layout.head).weight.T.to(x.dtype)
+    return site.gather(model, logits) if site.gather is not None else logits

@@ -21,7 +21,7 @@ from . import cpu_env
 from .families import Family, find
 from .process_log import LOG
 from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling, StartFailed
-from .stages import is_last_stage
+from .stages import gather_head_shards, is_last_stage, runs_here
 from .trace import JLENS_ATTR, SAVED, Site, chat_readout, continuation_trace, lens_body, lens_trace
 from .unembed_pool import worker_pool
 
@@ -74,7 +74,8 @@ class VLLMBackend:
         self.info = info
         self.layout = family.layout("vllm")
         self.head = functools.partial(vllm_head, self.layout)
-        self.site = Site(self.layout, self.head, info.d_model, vllm=True)
+        self.site = Site(self.layout, self.head, info.d_model, vllm=True, gather=gather_head_shards,
+                         last_stage=is_last_stage, runs_here=runs_here)
         self.jlens_layers: list[int] = []
         self._chat_edit = None            # the installed chat readout (an nnsight Registration)
         self._chat_key: tuple | None = None
