@@ -47,7 +47,8 @@ run: $(STAMP)
 	$(BIN)/python app.py
 
 # CI runs `make test` in under 25 minutes; `make test-all` adds the `extended` tests (AVX2 simulation, the
-# install from public indexes, benches, one core, more fit objectives), run before a release.
+# install from public indexes, benches, one core, more fit objectives, GPT-2 on vLLM, the CLI's stdout in a
+# subprocess, chunked-prefill seeds, two older browser checks), run before a release.
 test: $(DEVSTAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -rs --durations=15 -m "not extended" tests

@@ -79,6 +79,7 @@ def test_lens_table_and_generate_json(capsys, tiny_model_dir):
     assert isinstance(g["text"], str) and 1 <= len(g["steps"]) <= 3
 
 
+@pytest.mark.extended
 def test_json_on_stdout_is_only_json_with_the_real_engine(embedded_dir):
     """`python -m lensapp lens ... --json > x.json` on vLLM: every log line goes to stderr."""
     out = subprocess.run([sys.executable, "-m", "lensapp", "lens", "The capital of France is", "--layers", "28,29",

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from lensapp import config, jlens
 from lensapp.service import GenerateRequest, LensRequest, LensService, RequestError
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.extended]
 
 PROMPTS = ("The capital of France is a city on the river", "Water boils at one hundred degrees")
 N_POSITIONS = 256

@@ -8,6 +8,7 @@ import pytest
 pytestmark = pytest.mark.engine
 
 
+@pytest.mark.extended
 def test_seeded_samples_are_the_same_when_prompts_are_prefilled_in_chunks(embedded_dir):
     from vllm import SamplingParams
 
