@@ -232,8 +232,8 @@ class Backend(Protocol):
         """Generate, reading the newest position at every step."""
 
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
-        """Generate with the one-layer, one-lens chat readout (ValueError for a spec with edits: its readout is
-        installed once for every chat request; steer a chat through `run_generate`)."""
+        """Generate with the one-layer, one-lens chat readout of the newest position, in this request's own trace
+        (ValueError for a spec with edits: the chat readout reads, it does not steer; steer through `run_generate`)."""
 
     def failure(self) -> str | None:
         """Why this backend can no longer serve (its engine process died), or None while it can."""
