@@ -14,6 +14,7 @@ its own request's trace, so no request can change what another reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 
@@ -76,6 +77,7 @@ class VLLMBackend:
         self.site = Site(self.layout, self.head, info.d_model, vllm=True, gather=gather_head_shards,
                          last_stage=is_last_stage, runs_here=runs_here)
         self.jlens_layers: list[int] = []
+        self.steps = 0                    # outputs streamed back, one per engine step of each request (`progress`)
 
     # -- Backend protocol ---------------------------------------------------------------------------
     async def install_jlens(self, stack: JStack) -> None:
@@ -90,7 +92,7 @@ class VLLMBackend:
             if is_last_stage():
                 setattr(target, JLENS_ATTR, {"layers": payload["layers"], "J": payload["J"].to(device)})
             saved = nnsight.save({"installed": True})       # noqa: F841 - read back by `_saved`
-        if not (await _saved(tracer))["installed"]:
+        if not (await self._saved(tracer))["installed"]:
             raise RuntimeError("installing the Jacobian lens in the worker failed")
         self.jlens_layers = list(stack.layers)
 
@@ -99,7 +101,7 @@ class VLLMBackend:
         spec.check(self.info.n_layers, self.info.d_model)
         tracers = [self._trace(spec.input_ids, lens_trace, spec)]
         tracers += [self._trace(c.input_ids, continuation_trace, spec, i) for i, c in enumerate(spec.continuations)]
-        saved = await asyncio.gather(*(_saved(t) for t in tracers))
+        saved = await asyncio.gather(*(self._saved(t) for t in tracers))
         return LensOutput(readouts=saved[0]["readouts"], model_next_id=saved[0]["model_next_id"],
                           continuations=[s["logprobs"] for s in saved[1:]], kept=saved[0].get("kept"),
                           norms=saved[0].get("norms"))
@@ -115,7 +117,7 @@ class VLLMBackend:
             pool = worker_pool(model._module)
             for step in tracer.iter[:sampling.max_tokens]:
                 saved["steps"].append(lens_body(model, spec, site, own_logits=True, pool=pool, step=step))
-        saved, last = await _saved(tracer, with_output=True)
+        saved, last = await self._saved(tracer, with_output=True)
         ids = list(last.outputs[0].token_ids)
         return GenerationOutput(token_ids=ids, steps=list(saved["steps"])[:len(ids)])
 
@@ -131,11 +133,14 @@ class VLLMBackend:
             saved = nnsight.save({"readout": []})        # noqa: F841 - read back by `_saved`
             for _ in tracer.iter[:sampling.max_tokens]:
                 saved["readout"].append(chat_readout(model, site, layer, jrow, spec.k))
-        saved, last = await _saved(tracer, with_output=True)
+        saved, last = await self._saved(tracer, with_output=True)
         ids = list(last.outputs[0].token_ids)
         steps = list(saved["readout"])[:len(ids)]
         return ChatOutput(token_ids=ids, top_ids=[[int(i) for i in top_ids] for top_ids, _ in steps],
                           top_probs=[[float(p) for p in top_probs] for _, top_probs in steps])
+
+    def progress(self) -> int:
+        return self.steps
 
     def failure(self) -> str | None:
         llm = self.model.vllm_entrypoint
@@ -165,6 +170,19 @@ class VLLMBackend:
         self.model.vllm_entrypoint = None
 
     # -- traces ---------------------------------------------------------------------------------------
+    async def _saved(self, tracer, with_output: bool = False):
+        """The dict a trace saved under `SAVED`, once vLLM has finished the request (and the finished
+        RequestOutput, `with_output`), counting each step's output as it streams. A trace that saved
+        nothing under that name fails here, by name."""
+        last = None
+        async with contextlib.aclosing(tracer.backend.__aiter__()) as stream:    # closed at once if cancelled
+            async for output in stream:
+                self.steps += 1
+                last = output
+        if last is None or SAVED not in last.saves:
+            raise RuntimeError(f"the trace saved no {SAVED!r} (it saved {sorted(last.saves) if last else []})")
+        return (last.saves[SAVED], last) if with_output else last.saves[SAVED]
+
     def _trace(self, input_ids, body, *args):
         """Submit a one-step trace of `input_ids` running `body(model, site, *args)` (a `trace.*_trace`
         function, so it pickles by reference) and saving the dict it returns; `_saved` reads it back."""
@@ -176,15 +194,6 @@ class VLLMBackend:
             if is_last_stage():            # an earlier pipeline stage reads no readout: it saves nothing
                 saved = nnsight.save(out)      # noqa: F841 - read back by `_saved`
         return tracer
-
-
-async def _saved(tracer, with_output: bool = False):
-    """The dict a trace saved under `SAVED`, once vLLM has finished the request (and the finished
-    RequestOutput, `with_output`). A trace that saved nothing under that name fails here, by name."""
-    last = await tracer.backend
-    if SAVED not in last.saves:
-        raise RuntimeError(f"the trace saved no {SAVED!r} (it saved {sorted(last.saves)})")
-    return (last.saves[SAVED], last) if with_output else last.saves[SAVED]
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,10 +1,11 @@
 """The one error path: every failure reaches the user as one line of plain text.
 
 A handler runs through `Guard.ui` (the page's events) or `Guard.api` (the API endpoints): the
-client's rate is checked, and any exception becomes a `gr.Error` with a one-line message. The page
-renders an error's message as HTML, so there it is escaped (text, never markup); API clients get
-it as it is (no HTML entities). Expected failures (bad input, a busy or restarting engine) log one
-line; anything else is an engine fault and logs its traceback.
+client's rate is checked, the engine is told who is asking (its fair turns), and any exception
+becomes a `gr.Error` with a one-line message. The page renders an error's message as HTML, so there
+it is escaped (text, never markup); API clients get it as it is (no HTML entities). Expected
+failures (bad input, a busy or restarting engine) log one line; anything else is an engine fault
+and logs its traceback.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import re
 import gradio as gr
 
 from ..engine import EngineBusy, EngineError
+from ..engine.turns import asking
 from ..service.fields import RequestError
-from ..service.limits import RateLimited, RateLimiter
+from ..service.limits import RateLimited, RateLimiter, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +57,10 @@ class Guard:
 
     def _run(self, request, escape: bool, fn, *args, **kwargs):
         try:
-            self.limiter.check(client_address(request))
-            return fn(*args, **kwargs)
+            client = client_address(request)
+            self.limiter.check(client)
+            with asking(None if client is None or is_loopback(client) else client):     # whose turn (engine/turns)
+                return fn(*args, **kwargs)
         except gr.Error:
             raise
         except Exception as e:  # noqa: BLE001 - the one place every failure is turned into a message
