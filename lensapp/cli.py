@@ -190,6 +190,9 @@ def format_intervention(r) -> str:
 
 
 def _fit_progress(step: int, p: float, norm: float) -> None:
+    if step < 0:
+        print(f"waiting for the fitter: {-step} fits ahead", file=sys.stderr)
+        return
     print(f"fitting the steering vector: step {step}, p(target) {p:.3f}, |v| {norm:.3g}", file=sys.stderr)
 
 
