@@ -207,17 +207,24 @@ def test_readme_is_a_docker_space():
 
 def test_dockerfile_variants_install_with_the_makefile():
     global_args, stages = dockerfile()
-    assert global_args == {"VARIANT": "cpu"}
+    # The CPU base is a build argument (a Debian made by debootstrap where no registry answers); so is torch's
+    # index, by default the Makefile's.
+    assert global_args == {"VARIANT": "cpu", "BASE": "python:3.11-slim", "TORCH_INDEX": TORCH_INDEX}
+    assert any(c[-3:-1] == ["--extra-index-url", TORCH_INDEX] for c in make_commands("install"))
     assert docker_variants() == {"cpu": "requirements.txt", "gpu": "requirements-gpu.txt"}
     bases = {s["name"]: s["base"] for s in stages}
-    assert bases["base-cpu"].startswith("python:3.11") and bases["base-gpu"].startswith("nvidia/cuda:")
+    assert bases["base-cpu"] == "${BASE}" and bases["base-gpu"].startswith("nvidia/cuda:")
+    # The optional folder for pip (wheels, a proxy's CA) is an empty stage unless the build names a context.
+    assert bases["pip-local"] == "scratch" and not stages[0]["lines"]
     final = stages[-1]
     assert final["base"] == "base-${VARIANT}"
     lines = final["lines"]
     runs = [rest for w, rest in lines if w == "RUN"]
     assert any(re.search(r"useradd .*-u 1000 user", r) for r in runs)
     user_at = lines.index(("USER", "user"))
-    install_at = lines.index(("RUN", "PIP_NO_CACHE_DIR=1 make install REQS=$REQS"))
+    (install_at,) = [i for i, (w, rest) in enumerate(lines) if w == "RUN" and "make install" in rest]
+    assert lines[install_at][1].startswith("--mount=type=bind,from=pip-local,target=/tmp/pip-local ")
+    assert lines[install_at][1].endswith("PIP_NO_CACHE_DIR=1 make install REQS=$REQS TORCH_INDEX=$TORCH_INDEX")
     assert user_at < install_at                               # installed and converted as the user who runs it
     assert ("EXPOSE", str(space_front_matter()["app_port"])) in lines
     env = " ".join(rest for w, rest in lines if w == "ENV")
@@ -226,7 +233,7 @@ def test_dockerfile_variants_install_with_the_makefile():
     assert convert_at > install_at
     assert lines[-1] == ("CMD", '[".venv/bin/python", "app.py"]')
     # Every install goes through the Makefile: no pip command of the Dockerfile's own to drift from it.
-    assert not [r for s in stages for w, r in s["lines"] if w == "RUN" and re.search(r"\bpip\b", r)]
+    assert not [r for s in stages for w, r in s["lines"] if w == "RUN" and re.search(r"\bpip3? +install\b", r)]
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored                                 # a host venv would make `make install` a no-op
 
