@@ -69,6 +69,7 @@ def pip_local(folder: Path) -> list[str]:
     settings = pip_settings()
     wheels = [w for d in settings["find-links"] for w in Path(d.removeprefix("file://")).glob(f"torch-{pin}-*.whl")]
     certs = [Path(c) for c in settings["cert"] if Path(c).is_file()]
+    folder.chmod(0o755)                  # the build's pip runs as the image's user (uid 1000)
     if wheels:
         try:
             os.link(wheels[0], folder / wheels[0].name)
@@ -76,6 +77,7 @@ def pip_local(folder: Path) -> list[str]:
             shutil.copy(wheels[0], folder / wheels[0].name)
     if certs:
         shutil.copy(certs[0], folder / "ca.crt")
+        (folder / "ca.crt").chmod(0o644)
     if not wheels and not certs:
         return []
     return ["--build-context", f"pip-local={folder}"] + (["--build-arg", "TORCH_INDEX="] if wheels else [])
