@@ -19,9 +19,9 @@ torch, transformers, vllm, nnsight, as installed) and the model's hub revision (
 where the model came from the hub). A library's model code can change between releases (a lens fitted
 under one transformers release stopped matching its OLMo model under another: Neuronpedia issue 235), so
 `load` warns when a recorded release series (major.minor) differs from the one serving, or the revision
-does. Patch releases are recorded, not warned about. A file that records no versions (the published
-lenses, ours before they were recorded) gets no warning: there is nothing to compare, and a warning on
-every published lens would teach users to skip warnings.
+does. Patch releases are recorded, not warned about. A file that records no versions (lenses fitted
+elsewhere, ours before they were recorded) gets no warning: there is nothing to compare, and a warning on
+every such lens would teach users to skip warnings.
 
 Readout: `h_l @ J_l.T`, then the model's own final norm and unembedding.
 
