@@ -58,7 +58,7 @@ def test_the_image_holds_the_files_a_space_gets(measured):
                               "--ulimit", "nproc=1024:1024", "--entrypoint", "find", TAG, ".", "-type", "f"],
                              capture_output=True, text=True, check=True, timeout=300).stdout
     made = ("./.venv/", "./lens_explorer.egg-info/")
-    in_image = {p.removeprefix("./") for p in listing.split() if not p.startswith(made) and "__pycache__" not in p}
+    in_image = {p.removeprefix("./") for p in listing.splitlines() if not p.startswith(made) and "__pycache__" not in p}
     planned = {f.path for f in space.plan("someone/x").files}
     untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True,
                                text=True, check=True).stdout.split()
