@@ -39,6 +39,7 @@ def measured(podman):
     out = subprocess.run([sys.executable, "bench/image.py", "--build", "--tag", TAG], cwd=ROOT, capture_output=True,
                          text=True, timeout=3600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    print(out.stdout)                                     # the bench's table (pytest -s shows it)
     return json.loads(out.stdout.splitlines()[-1])
 
 
