@@ -72,6 +72,7 @@ run: prereqs $(STAMP)
 
 # The Space needs only huggingface_hub here (lensapp/space.py); a venv that lacks it gets it alone.
 space: $(BIN)/python
+	$(if $(SPACE),,$(error make space needs SPACE=OWNER/NAME, e.g. make space SPACE=you/lens-explorer))
 	@$(BIN)/python -c "import huggingface_hub" 2>/dev/null || $(BIN)/pip install -q huggingface_hub
 	$(BIN)/python -m lensapp.space push $(SPACE) --variant $(VARIANT) $(if $(DRY_RUN),--dry-run)
 
