@@ -14,8 +14,10 @@ Why not `git push`: the Hub refuses binary files pushed through git unless they 
 LFS, and this repository's history holds `lensapp/assets/*.pt` and `docs/images/*.png` as plain blobs.
 huggingface_hub asks the Hub, file by file, how to store it (its "preupload" call sends the size and the
 first 512 bytes), and uploads what the Hub marks "lfs" through Xet when `hf_xet` is installed (else LFS).
-The plan predicts that answer offline with the Hub's rule as it is documented for git pushes: a file over
-10 MB, or with a NUL byte in those 512 bytes, is binary; an empty file is always a regular one.
+The plan predicts that answer offline: a file over 10 MB, or with a NUL byte in those 512 bytes (binary, as
+git itself judges a file), goes through Xet; an empty file is always regular (huggingface_hub's own rule). The
+Hub has the last word at upload time, and whatever it marks binary huggingface_hub stores through Xet, so the
+prediction informs the dry run and never decides how a file is stored.
 
 A deployment tool: it imports huggingface_hub (only to upload) and nothing of the app's engine or UI.
 """
