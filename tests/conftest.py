@@ -226,7 +226,9 @@ def app_url(tmp_path_factory, model_dims):
 
 # -- the browser (Debian's Chromium, driven by Playwright) ----------------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"
+# Debian's package installs /usr/bin/chromium, Fedora's /usr/bin/chromium-browser.
+CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.path.exists(p)),
+                "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

@@ -166,9 +166,9 @@ class LensService:
         """The lens's description for a result, with a warning when the prompt starts unlike the fitted ones."""
         if self.jlens is None:
             return None
-        note = self.jlens.describe()
+        note = self.jlens.describe()      # with the lens's own warnings (another model, other releases), if any
         warning = jlens_files.bos_warning(jlens_files.fitted_with_bos(self.jlens), ids, self.prompts.bos_id)
-        return note | {"warnings": [warning]} if warning else note
+        return note | {"warnings": note.get("warnings", []) + [warning]} if warning else note
 
     def _plan_lens(self, req: LensRequest, max_prompts: int) -> _Plan:
         planning.check_prompt_count(len(req.prompts), max_prompts)
@@ -319,9 +319,12 @@ def load_configured_jlens(cfg: Config, model: ResolvedModel) -> tuple[jlens_file
 def load_jlens(spec: str, model: ResolvedModel, cfg: Config) -> jlens_files.JacobianLens:
     info = model.info
     fingerprint = jlens_files.model_unembedding_fingerprint(model.path, model.family.weights)
+    # The releases this process reads the lens under: vLLM's only where it serves.
+    libraries = [name for name in jlens_files.LIBRARIES if name != "vllm" or info.backend != "transformers"]
     lens = jlens_files.load(spec, d_model=info.d_model, n_layers=info.n_layers, layers=cfg.jlens_layer_list,
                             dtype=torch.bfloat16, cache_dir=cfg.resolved_cache_dir / "hub", model_name=info.name,
-                            unembedding=fingerprint)
+                            unembedding=fingerprint, versions=jlens_files.library_versions(libraries),
+                            revision=getattr(model.hf_config, "_commit_hash", None))
     for warning in lens.warnings:
         log.warning("lens %s: %s", spec, warning)
     return lens
