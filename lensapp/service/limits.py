@@ -12,7 +12,7 @@ import ipaddress
 import threading
 import time
 
-from .fields import RequestError
+from .field import RequestError
 
 
 class RateLimited(RequestError):

@@ -19,7 +19,7 @@ import gradio as gr
 
 from ..engine import EngineBusy, EngineError
 from ..engine.turns import asking
-from ..service.fields import RequestError
+from ..service.field import RequestError
 from ..service.limits import RateLimited, RateLimiter, is_loopback
 
 log = logging.getLogger(__name__)
