@@ -11,8 +11,19 @@ from __future__ import annotations
 
 import torch
 
+from .components import components_trace
 from .families import Family, find, hf_logits
-from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
+from .protocol import (
+    ChatOutput,
+    ComponentsOutput,
+    ComponentsSpec,
+    GenerationOutput,
+    JStack,
+    LensOutput,
+    LensSpec,
+    ModelInfo,
+    Sampling,
+)
 from .trace import JLENS_ATTR, Site, continuation_trace, lens_body, lens_trace
 
 
@@ -22,6 +33,10 @@ def load_transformers_model(path: str, *, device: str, dtype: torch.dtype):
 
     model = TransformersModel(path, task="text-generation", device_map=device, dtype=dtype, dispatch=True)
     model._module.eval()
+    if getattr(model._module.config, "attn_logit_softcapping", None):
+        # transformers' SDPA path drops Gemma 2's attention soft-capping without a word; the eager path
+        # applies it, as vLLM's kernels do.
+        model._module.set_attn_implementation("eager")
     return model
 
 
@@ -50,7 +65,8 @@ class TransformersBackend:
         conts = [self._trace(c.input_ids, continuation_trace, spec, i)["logprobs"]
                  for i, c in enumerate(spec.continuations)]
         return LensOutput(readouts=saved["readouts"], model_next_id=saved["model_next_id"], continuations=conts,
-                          kept=saved.get("kept"), norms=saved.get("norms"))
+                          kept=saved.get("kept"), norms=saved.get("norms"),
+                          after_attention=saved.get("after_attention"))
 
     async def run_generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
         import nnsight
@@ -79,6 +95,19 @@ class TransformersBackend:
         return ChatOutput(token_ids=gen.token_ids,
                           top_ids=[s[name]["top_ids"][0, -1].tolist() for s in gen.steps],
                           top_probs=[s[name]["top_probs"][0, -1].tolist() for s in gen.steps])
+
+    async def run_components(self, spec: ComponentsSpec) -> ComponentsOutput:
+        """The components readout, with the attention on its eager path for this trace: the only one of
+        transformers' paths that forms the weights (this backend runs one trace at a time)."""
+        spec.check(self.info.n_layers)
+        module = self.model._module
+        was = module.config._attn_implementation
+        module.set_attn_implementation("eager")
+        try:
+            saved = self._trace(spec.input_ids, components_trace, spec)
+        finally:
+            module.set_attn_implementation(was)
+        return ComponentsOutput(**saved)
 
     def _trace(self, input_ids, body, *args) -> dict:
         """Trace `input_ids` running `body(model, site, *args)` (a `trace.*_trace` function); its dict."""
