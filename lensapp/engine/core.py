@@ -37,7 +37,18 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 
 from . import parts
 from .errors import EngineBusy, EngineDown, EngineError, EngineRestarted, EngineTimeout
-from .protocol import Backend, ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
+from .protocol import (
+    Backend,
+    ChatOutput,
+    ComponentsOutput,
+    ComponentsSpec,
+    GenerationOutput,
+    JStack,
+    LensOutput,
+    LensSpec,
+    ModelInfo,
+    Sampling,
+)
 from .supervisor import Supervisor, close_quietly, dead, one_line
 from .turns import CLIENT, Admission, FairSlots, OverShare
 
@@ -111,6 +122,10 @@ class Engine(Supervisor):
 
     def chat(self, spec: LensSpec, sampling: Sampling, timeout: float | None = None) -> ChatOutput:
         return self.call("chat", lambda b: b.run_chat(spec, sampling), timeout)
+
+    def components(self, spec: ComponentsSpec, timeout: float | None = None) -> ComponentsOutput:
+        """One prompt's components readout: one engine request, taking its turn like any other."""
+        return self.call("components", lambda b: b.run_components(spec), timeout)
 
     def set_jlens(self, stack: JStack) -> None:
         """Install a J stack now (when a backend is up) and after every restart."""

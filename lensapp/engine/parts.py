@@ -36,7 +36,7 @@ def split_lens(spec: LensSpec, max_cells: int) -> list[LensSpec]:
     """`spec` as parts reading consecutive groups of its layers (the first part keeps its continuations);
     [spec] when it is small enough, or when it keeps streams or measures norms (read in one forward)."""
     layers = spec.layers
-    group = layers_per_part(len(spec.input_ids), len(spec.lenses), max_cells)
+    group = layers_per_part(len(spec.input_ids), len(spec.lenses) + bool(spec.after_attention), max_cells)
     if len(layers) <= group or spec.keep_layers or spec.norms:
         return [spec]
     parts = []
@@ -56,7 +56,11 @@ def merge_lens(parts: list[LensOutput]) -> LensOutput:
     first = parts[0]
     readouts = {lens: {field: torch.cat([p.readouts[lens][field] for p in parts]) for field in fields}
                 for lens, fields in first.readouts.items()}
-    return dataclasses.replace(first, readouts=readouts)
+    between = None
+    if first.after_attention is not None:         # read at the same layers as the readouts: the same cut
+        between = {lens: {field: torch.cat([p.after_attention[lens][field] for p in parts]) for field in fields}
+                   for lens, fields in first.after_attention.items()}
+    return dataclasses.replace(first, readouts=readouts, after_attention=between)
 
 
 def split_generation(spec: LensSpec, max_cells: int) -> tuple[list[LensSpec], LensSpec]:

@@ -113,6 +113,9 @@ class LensSpec:
     keep_* and norms are read by `run_lens` only.
     read_prompt: `run_generate` reads every prompt position at step 0; False: its step 0 reads nothing (the
       prompt is read apart, in parts: `parts.split_generation`), and its edits are made all the same.
+    after_attention: where each block's MLP part is read (a block-relative path: `anatomy.Anatomy.mlp_part`);
+      given, `run_lens` also reads the logit lens at each requested layer's residual after its attention and
+      before its MLP, the block's output less that part (`LensOutput.after_attention`).
     """
 
     input_ids: tuple[int, ...]
@@ -129,6 +132,7 @@ class LensSpec:
     keep_positions: tuple[int, ...] | None = None
     norms: bool = False
     read_prompt: bool = True
+    after_attention: str = ""
 
     @property
     def layers(self) -> list[int]:
@@ -178,6 +182,8 @@ class LensOutput:
     model_next_id: the model's own greedy next token (after the spec's edits).
     kept: float32 [len(keep_layers), positions, d_model], when the spec asked (keep_layers).
     norms: float32 [len(spec.layers)], when the spec asked (norms).
+    after_attention: {"logit": Readout [L, P, ...]} at each requested layer's residual between its attention
+      and its MLP, when the spec asked (no Jacobian lens exists for that point).
     """
 
     readouts: dict[str, Readout]
@@ -185,6 +191,7 @@ class LensOutput:
     continuations: list[dict[str, torch.Tensor]] = field(default_factory=list)
     kept: torch.Tensor | None = None
     norms: torch.Tensor | None = None
+    after_attention: dict[str, Readout] | None = None
 
 
 @dataclass
@@ -202,6 +209,61 @@ class ChatOutput:
     token_ids: list[int]
     top_ids: list[list[int]]
     top_probs: list[list[float]]
+
+
+@dataclass(frozen=True)
+class ComponentsSpec:
+    """One prompt's components readout (`engine/components.py`): who wrote the logit of `target_id` (minus
+    `foil_id`'s) at `position`, and the attention there.
+
+    model_type: picks where the parts are read (`anatomy`); head_dim: the attention's head size;
+    norm_plus_one: the family's norms multiply by (1 + weight). patterns_layer: also the attention weights of
+    that layer among positions 0..position (None: none); top_k: the most attended positions kept per head.
+    """
+
+    input_ids: tuple[int, ...]
+    position: int
+    target_id: int
+    n_layers: int
+    model_type: str
+    head_dim: int
+    foil_id: int | None = None
+    patterns_layer: int | None = None
+    top_k: int = 3
+    norm_plus_one: bool = False
+
+    def check(self, n_layers: int) -> None:
+        """ValueError when the position or the patterns' layer do not fit the prompt or the model."""
+        if not 0 <= self.position < len(self.input_ids):
+            raise ValueError(f"position {self.position} is outside the prompt's 0..{len(self.input_ids) - 1}")
+        if self.n_layers != n_layers:
+            raise ValueError(f"the spec counts {self.n_layers} layers; the model has {n_layers}")
+        if self.patterns_layer is not None and not 0 <= self.patterns_layer < n_layers:
+            raise ValueError(f"patterns layer {self.patterns_layer} is outside 0..{n_layers - 1}")
+
+
+@dataclass
+class ComponentsOutput:
+    """Each part's direct effect on the (raw) logit at the spec's position, float32 (`lensapp.attribution`).
+
+    logit []: w . norm(h), w = W_U[target] (- W_U[foil]); embed []; attn, mlp [L]; heads [L, H] (every head,
+    gathered under tensor parallelism); attn_bias [L] (the output projection's bias: attn = heads summed +
+    attn_bias); bias [] (the final norm's bias . w); sigma []: the final norm's frozen scale.
+    top_positions (int64), top_weights [L, H, k]: each head's most attended positions from the spec's position.
+    pattern [H, P + 1, P + 1] (queries x keys 0..position) of the spec's patterns layer, or None.
+    """
+
+    logit: torch.Tensor
+    embed: torch.Tensor
+    attn: torch.Tensor
+    mlp: torch.Tensor
+    heads: torch.Tensor
+    attn_bias: torch.Tensor
+    bias: torch.Tensor
+    sigma: torch.Tensor
+    top_positions: torch.Tensor
+    top_weights: torch.Tensor
+    pattern: torch.Tensor | None = None
 
 
 class StartFailed(RuntimeError):
@@ -236,6 +298,9 @@ class Backend(Protocol):
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
         """Generate with the one-layer, one-lens chat readout of the newest position, in this request's own trace
         (ValueError for a spec with edits: the chat readout reads, it does not steer; steer through `run_generate`)."""
+
+    async def run_components(self, spec: ComponentsSpec) -> ComponentsOutput:
+        """Each attention layer, head and MLP's direct effect on one logit, and the attention there."""
 
     def failure(self) -> str | None:
         """Why this backend can no longer serve (its engine process died), or None while it can."""

@@ -55,6 +55,35 @@ def gather_head_shards(model, logits: torch.Tensor) -> torch.Tensor:
                         tensor_model_parallel_all_gather)
 
 
+def unembedding_rows(head, ids: torch.Tensor) -> torch.Tensor:
+    """The unembedding's rows for `ids` [n, d_model] on every rank: vLLM's vocab-parallel lookup (each rank
+    its own rows, the rest zero, summed over ranks), which its LM head refuses to run as its own forward."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("an unembedding with a bias is not one the components readout knows")
+    return VocabParallelEmbedding.forward(head, ids)
+
+
+def project_local(module, x: torch.Tensor) -> torch.Tensor:
+    """A vLLM linear layer applied to x without its bias and without summing over ranks: this rank's slice
+    of the weight alone (vLLM's CPU layers keep their weight only in a packed form the layer applies)."""
+    method = getattr(module, "quant_method", None)
+    if method is None:
+        return torch.nn.functional.linear(x, module.weight)
+    return method.apply(module, x, None)
+
+
+def gather_heads(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """x with this rank's attention heads along `dim` -> every rank's, in head order (tensor parallelism
+    splits the heads in contiguous runs by rank)."""
+    from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
+
+    if get_tensor_model_parallel_world_size() == 1:
+        return x
+    return tensor_model_parallel_all_gather(x.contiguous(), dim=dim)
+
+
 def gather_vocab(logits: torch.Tensor, vocab: int, world_size: int, all_gather) -> torch.Tensor:
     """Each tensor-parallel rank's vocab shard -> the whole vocab, padding trimmed (vLLM's layout)."""
     if world_size > 1:

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from .. import interventions, lenses
+from .components import mid_reader
 from .families import Layout, final_norm, find, residual
 from .protocol import Edit, LensSpec
 from .unembed_pool import UnembedPool
@@ -48,6 +49,12 @@ class Site:
         vocab rows across tensor-parallel ranks, padded); None where the head is whole.
     last_stage / runs_here: whether this worker holds the pipeline's last stage (the head), and whether a
         block runs here (not a placeholder for another stage's); one worker holds every stage by default.
+    rows: (head module, ids [n]) -> the unembedding's rows [n, d_model], whole on every tensor-parallel rank;
+        None where the head's weight is whole (`components`).
+    gather_heads: (x, dim) -> x with every rank's attention heads along `dim`; None where one worker holds
+        every head (`components`).
+    project: (linear module, x) -> x through this rank's slice of its weight, no bias and no sum over ranks;
+        None where the weight is a plain tensor (`components`).
     """
 
     layout: Layout
@@ -57,6 +64,9 @@ class Site:
     gather: Callable | None = None
     last_stage: Callable[[], bool] = one_worker
     runs_here: Callable[[object], bool] = every_block
+    rows: Callable | None = None
+    gather_heads: Callable | None = None
+    project: Callable | None = None
 
 
 def installed_jlens(model, spec: LensSpec) -> dict | None:
@@ -78,11 +88,14 @@ def model_logits(model, site: Site) -> torch.Tensor:
 def lens_trace(model, site: Site, spec: LensSpec) -> dict:
     """A prompt's trace: {"readouts": {lens: Readout [L, P, ...]}, "model_next_id": int}, and when the spec
     asks, "kept" [len(keep_layers), positions, d_model] and "norms" [len(spec.layers)] (float32)."""
+    inside, mids = mid_reader(model, site, spec.after_attention) if spec.after_attention else (None, {})
     streams = read_streams(model, site, sorted(set(spec.read_layers) | set(spec.keep_layers)), spec.edits,
-                           prompt_len=len(spec.input_ids))
+                           prompt_len=len(spec.input_ids), inside=inside)
     if not site.last_stage():
         return {}
     saved = {"readouts": lens_readouts(model, spec, site, torch.stack([streams[x] for x in spec.read_layers]))}
+    if spec.after_attention:
+        saved["after_attention"] = after_attention_readouts(model, spec, site, mids, streams[spec.read_layers[-1]])
     saved["model_next_id"] = int(model_logits(model, site).argmax())
     if spec.keep_layers:
         kept = torch.stack([streams[x] for x in spec.keep_layers])
@@ -92,6 +105,17 @@ def lens_trace(model, site: Site, spec: LensSpec) -> dict:
     if spec.norms:
         saved["norms"] = interventions.typical_norm(torch.stack([streams[x] for x in spec.layers]))
     return saved
+
+
+def after_attention_readouts(model, spec: LensSpec, site: Site, mids: dict, final_h: torch.Tensor) -> dict:
+    """{"logit": readout fields [L, P, ...]}: the logit lens at each requested layer's stream between its
+    attention and its MLP (`mids`), against the model's own final distribution (the last layer's stream)."""
+    unembed = (lambda x: raw_logits(model, site, x)) if spec.raw else (lambda x: site.head(model, x))
+    norm = final_norm(model, site.layout)
+    final = lenses.FinalDistribution.from_logits(unembed(norm(final_h)).float())
+    target_ids = torch.tensor(spec.target_ids, dtype=torch.long, device=final_h.device) if spec.target_ids else None
+    h = torch.stack([mids[layer] for layer in spec.layers])
+    return {"logit": lenses.layer_readouts(h, norm, unembed, spec.k, final=final, target_ids=target_ids)}
 
 
 def continuation_trace(model, site: Site, spec: LensSpec, index: int) -> dict:
@@ -106,7 +130,7 @@ def read_residuals(model, layout: Layout, layers, d_model: int) -> torch.Tensor:
 
 
 def read_streams(model, site: Site, layers, edits: tuple[Edit, ...] = (), first: int = 0,
-                 prompt_len: int = 0) -> dict[int, torch.Tensor]:
+                 prompt_len: int = 0, inside: Callable | None = None) -> dict[int, torch.Tensor]:
     """{layer: the residual stream after block `layer`, [rows, d_model]} for each of `layers`, making
     `edits` on the way: for every layer of (layers | edit layers) in ascending order, that layer's edits
     (in their order), then its read, so a layer's read shows its edited stream.
@@ -117,6 +141,9 @@ def read_streams(model, site: Site, layers, edits: tuple[Edit, ...] = (), first:
 
     Under pipeline parallelism, a stage edits only its own blocks, and reads its own (an earlier stage) or
     every layer (the last, where earlier ones arrive already edited): see `stages`.
+
+    inside(layer), for each read layer: reads inside the block before its output is read, and returns a
+    function given that output before any edit (`components.mid_reader`: the stream between attention and MLP).
     """
     blocks = find(model, site.layout.blocks)
     by_layer: dict[int, list[Edit]] = {}
@@ -127,7 +154,10 @@ def read_streams(model, site: Site, layers, edits: tuple[Edit, ...] = (), first:
         here = site.runs_here(blocks[layer])
         if not (here or last):
             continue
+        finish = inside(layer) if inside is not None and layer in layers else None
         output = blocks[layer].output
+        if finish is not None:
+            finish(output)
         for edit in by_layer.get(layer, ()) if here else ():
             edit_block_output(output, site.layout, edit, first, prompt_len)
         if layer in layers:

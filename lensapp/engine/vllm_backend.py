@@ -19,10 +19,22 @@ import functools
 import logging
 
 from . import cpu_env
+from .components import components_trace
 from .families import Family, find
 from .process_log import LOG
-from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling, StartFailed
-from .stages import gather_head_shards, is_last_stage, runs_here
+from .protocol import (
+    ChatOutput,
+    ComponentsOutput,
+    ComponentsSpec,
+    GenerationOutput,
+    JStack,
+    LensOutput,
+    LensSpec,
+    ModelInfo,
+    Sampling,
+    StartFailed,
+)
+from .stages import gather_head_shards, gather_heads, is_last_stage, project_local, runs_here, unembedding_rows
 from .trace import JLENS_ATTR, SAVED, Site, chat_readout, continuation_trace, lens_body, lens_trace
 from .unembed_pool import worker_pool
 
@@ -75,7 +87,8 @@ class VLLMBackend:
         self.layout = family.layout("vllm")
         self.head = functools.partial(vllm_head, self.layout)
         self.site = Site(self.layout, self.head, info.d_model, vllm=True, gather=gather_head_shards,
-                         last_stage=is_last_stage, runs_here=runs_here)
+                         last_stage=is_last_stage, runs_here=runs_here, rows=unembedding_rows,
+                         gather_heads=gather_heads, project=project_local)
         self.jlens_layers: list[int] = []
         self.steps = 0                    # outputs streamed back, one per engine step of each request (`progress`)
 
@@ -104,7 +117,7 @@ class VLLMBackend:
         saved = await asyncio.gather(*(self._saved(t) for t in tracers))
         return LensOutput(readouts=saved[0]["readouts"], model_next_id=saved[0]["model_next_id"],
                           continuations=[s["logprobs"] for s in saved[1:]], kept=saved[0].get("kept"),
-                          norms=saved[0].get("norms"))
+                          norms=saved[0].get("norms"), after_attention=saved[0].get("after_attention"))
 
     async def run_generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
         """Greedy or seeded sampling with a readout (and the spec's edits) at every step."""
@@ -138,6 +151,11 @@ class VLLMBackend:
         steps = list(saved["readout"])[:len(ids)]
         return ChatOutput(token_ids=ids, top_ids=[[int(i) for i in top_ids] for top_ids, _ in steps],
                           top_probs=[[float(p) for p in top_probs] for _, top_probs in steps])
+
+    async def run_components(self, spec: ComponentsSpec) -> ComponentsOutput:
+        """The prompt's components readout in its own trace (`components`)."""
+        spec.check(self.info.n_layers)
+        return ComponentsOutput(**await self._saved(self._trace(spec.input_ids, components_trace, spec)))
 
     def progress(self) -> int:
         return self.steps
