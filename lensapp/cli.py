@@ -1,4 +1,5 @@
-"""Command line: `lensapp lens | generate | intervene | fit | serve | space`, on the service and results the app uses.
+"""Command line: `lensapp lens | generate | intervene | components | fit | serve | space`, on the service and results
+the app uses.
 
 Examples:
     lensapp lens "The capital of France is" --lens both --layers 20-29 --k 5 --target Paris
@@ -9,6 +10,7 @@ Examples:
     lensapp intervene "The Eiffel Tower is in the city of" --ablate Paris --direction jacobian --layer 20-28
     lensapp intervene "The Colosseum is in the city of" --patch-from "The Eiffel Tower is in the city of" \\
         --layer 6-12 --position 1-3 --target Paris
+    lensapp components "The capital of France is" --target Paris --foil Rome --patterns 20 --json
     lensapp lens "Hello" --model Qwen/Qwen3-8B \\
         --jlens neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt
     lensapp fit --corpus my_texts/ --out my_lens.pt
@@ -117,7 +119,7 @@ def _run(args, cfg: config.Config) -> int:
     from .service import LensService
 
     request = request_of(args)
-    if request.lens != "logit" and cfg.resolved_jlens is None:
+    if getattr(request, "lens", "logit") != "logit" and cfg.resolved_jlens is None:
         raise ValueError("no Jacobian lens is configured for this model: pass --jlens PATH or HUB_REPO:FILE")
     # The model's config, tokenizer and lens load in seconds: check everything before vLLM's minute of start.
     service = LensService.start(cfg, start_engine=False)
@@ -129,6 +131,9 @@ def _run(args, cfg: config.Config) -> int:
                 print(dumps(results[0] if len(results) == 1 else results))
             else:
                 print("\n\n".join(format_lens(r) for r in results))
+        elif args.command == "components":
+            result = service.components(request)
+            print(dumps(result) if args.json else format_components(result))
         elif args.command == "intervene":
             progress = None if args.json else _fit_progress
             result = service.intervene(request, progress)
@@ -179,6 +184,24 @@ def format_intervention(r) -> str:
     if r.generated_after:
         out += [f"\ngenerated before: {r.generated_before!r}"]
         out += [f"generated with {label}: {text!r}" for label, text in zip(r.labels, r.generated_after)]
+    return "\n".join(out)
+
+
+def format_components(r) -> str:
+    """The logit and its parts by layer, the heads that wrote most, and a pattern's row when asked."""
+    where = f"after {r.input_tokens[r.position]!r} (position {r.position})"
+    out = [f"{r.model}: {r.prompt!r}", f"{r.what} {where} = {r.logit:.4f}; the parts sum to {r.total:.4f} "
+           f"(embedding {r.embed:.4f}, norm bias {r.bias:.4f})",
+           "\ndirect effect on it by layer (attention, MLP, running total):",
+           r.layer_frame().round(4).to_string(index=False)]
+    heads = r.heads_frame().reindex(r.heads_frame()["value"].abs().sort_values(ascending=False).index).head(8)
+    out += ["\nthe heads with the largest direct effect (and where they look from the position):",
+            heads.round(4).to_string(index=False)]
+    if r.pattern is not None:
+        row = r.pattern_row()
+        out += [f"\nlayer {r.patterns_layer}'s attention from position {r.position}, per head (key: weight):"]
+        out += [f"head {h}: " + "  ".join(f"{k}:{r.input_tokens[k]!r} {w:.3f}" for k, w in enumerate(weights))
+                for h, weights in enumerate(row)]
     return "\n".join(out)
 
 

@@ -36,6 +36,7 @@ PUBLISHED = {
     "intervene": ["prompt", "intervention", "word", "layer", "alphas", "direction", "from_word", "objective",
                   "positions", "prompt_only", "ablation", "reference", "source", "source_positions", "lens", "layers",
                   "k", "targets", "new_tokens", "temperature", "seed", "chat", "raw"],
+    "components": ["prompt", "target", "foil", "position", "patterns", "chat"],
 }
 
 

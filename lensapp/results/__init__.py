@@ -4,16 +4,18 @@
     generation.py  GenerationResult (a readout per generated token) and ChatReply
     compare.py     Comparison: several prompts side by side, aligned at their last token
     intervention.py  InterventionResult: a prompt read before and after a steer, ablation or patch
+    components.py  ComponentsResult: who wrote one logit (embedding, attention layers and heads, MLPs)
     export.py      JSON and CSV text
 
 `from_*` classmethods are the only code that touches the engine's tensors.
 """
 
 from .compare import Comparison
+from .components import ComponentsResult
 from .export import dumps
 from .generation import ChatReply, GenerationResult, GenerationStep
 from .intervention import InterventionResult
 from .lens import LensReadout, LensResult, Target, TargetScore
 
-__all__ = ["ChatReply", "Comparison", "GenerationResult", "GenerationStep", "InterventionResult", "LensReadout",
-           "LensResult", "Target", "TargetScore", "dumps"]
+__all__ = ["ChatReply", "Comparison", "ComponentsResult", "GenerationResult", "GenerationStep", "InterventionResult",
+           "LensReadout", "LensResult", "Target", "TargetScore", "dumps"]

@@ -151,7 +151,11 @@ class LensReadout:
 
 @dataclass
 class LensResult:
-    """All requested lenses for one prompt. `layers[i]` is the model layer of row i of every array."""
+    """All requested lenses for one prompt. `layers[i]` is the model layer of row i of every array.
+
+    after_attention: with sublayers, the logit lens at each layer's residual after its attention and before
+    its MLP (rows `L.attn`; the usual rows are after the MLP, `L.mlp`), at the same layers and positions.
+    """
 
     prompt: str
     input_ids: list[int]
@@ -162,9 +166,11 @@ class LensResult:
     model_next_token: str
     model: str = ""
     jlens: dict | None = None
+    after_attention: dict[str, LensReadout] | None = None
 
     def __post_init__(self):
-        for name, r in self.lenses.items():
+        for name, r in {**self.lenses, **{f"{k} after attention": v for k, v in (self.after_attention or {}).items()}
+                        }.items():
             if r.top_ids.shape[:2] != (len(self.layers), len(self.input_ids)):
                 raise ValueError(f"lens {name}: {r.top_ids.shape[:2]} != (layers {len(self.layers)}, "
                                  f"positions {len(self.input_ids)})")
@@ -180,9 +186,13 @@ class LensResult:
         for name, raw in output.readouts.items():
             conts = [None if c is None else output.continuations[c][name] for c in continuation_of]
             lenses[name] = LensReadout.from_readout(raw, decode, targets, conts, k, skip_punctuation)
+        between = None
+        if output.after_attention is not None:          # no continuations there: targets by their first token
+            between = {name: LensReadout.from_readout(raw, decode, targets, [], k, skip_punctuation)
+                       for name, raw in output.after_attention.items()}
         return cls(prompt=prompt, input_ids=list(ids), input_tokens=decode(ids), layers=list(layers), lenses=lenses,
                    model_next_id=output.model_next_id, model_next_token=decode([output.model_next_id])[0],
-                   model=model, jlens=jlens if "jacobian" in lenses else None)
+                   model=model, jlens=jlens if "jacobian" in lenses else None, after_attention=between)
 
     # -- derived views -------------------------------------------------------------
     def top1_grid(self, lens: str = "logit") -> pd.DataFrame:
@@ -243,4 +253,6 @@ class LensResult:
         }
         if self.jlens:
             out["jlens"] = self.jlens
+        if self.after_attention is not None:
+            out["after_attention"] = {name: r.to_json() for name, r in self.after_attention.items()}
         return out

@@ -6,7 +6,7 @@ generations before and after, its multi-token targets, a patch's source):
     units = cells + tokens * token_weight
 
 - `cells`: lens readouts, one per position, layer and lens (an unembedding over the whole vocabulary: the
-  readout's main cost);
+  readout's main cost); an attention pattern's weights, PATTERN_WEIGHTS_PER_CELL to a cell;
 - `tokens`: tokens pushed through the model, summed over every forward the request makes (a prompt's
   forward, each part a large readout is cut into, each multi-token target's continuation, each readout
   of a sweep, each generated token);
@@ -80,14 +80,29 @@ def generation(n_prompt: int, max_tokens: int, n_layers: int, n_lenses: int, max
     return steps + readout(n_prompt, n_layers, n_lenses, [], max_part_cells)
 
 
-def check(cost: Cost, weight: int, max_work: int, what: str) -> None:
-    """RequestError, in one line saying what to reduce, when `cost` passes the budget."""
+# A layer's attention pattern is heads x positions^2 weights, each computed, returned and drawn: this many of
+# them count as one cell (a cell returns its top-k and three scores, and draws one mark).
+PATTERN_WEIGHTS_PER_CELL = 64
+
+
+def components(n_prompt: int, n_heads: int = 0, pattern_positions: int = 0) -> Cost:
+    """A components readout (service/components.py): one forward over the prompt, whose reads at one position
+    are a few vectors per layer (one cell: two unembedding rows), and, when asked, one layer's attention
+    pattern among `pattern_positions` positions (O(heads x positions^2): PATTERN_WEIGHTS_PER_CELL to a cell)."""
+    weights = n_heads * pattern_positions ** 2
+    return Cost(1, n_prompt, 1 + -(-weights // PATTERN_WEIGHTS_PER_CELL))
+
+
+ADVICE = "choose fewer layers, one lens, fewer targets or changes, or a shorter prompt"
+
+
+def check(cost: Cost, weight: int, max_work: int, what: str, advice: str = ADVICE) -> None:
+    """RequestError, in one line saying what to reduce (`advice`), when `cost` passes the budget."""
     units = cost.units(weight)
     if units > max_work:
         forwards = f" in {cost.forwards} forwards" if cost.forwards > 1 else ""
         raise RequestError(f"{what} costs {units:,} units of work ({cost.cells:,} cells read and {cost.tokens:,} "
-                           f"tokens through the model{forwards}); the limit is {max_work:,}: choose fewer layers, "
-                           "one lens, fewer targets or changes, or a shorter prompt")
+                           f"tokens through the model{forwards}); the limit is {max_work:,}: {advice}")
 
 
 def deadline(cost: Cost, weight: int, max_work: int, request_timeout: float) -> float:

@@ -78,6 +78,10 @@ CHAT_LAYER = Field("layer", "the readout's layer (negative counts from the end; 
 CHAT_MAX_TOKENS = replace(MAX_TOKENS, default=32)
 CHAT_K = replace(K, default=3)
 
+SUBLAYERS = Field("sublayers", "also read each layer between its attention and its MLP (logit lens): rows L.attn, the "
+                  "residual after the attention, beside L.mlp, after the MLP (the layer's usual row)", False,
+                  flag("sublayers"), flag="--sublayers")
+
 # -- interventions (service/intervening.py) -------------------------------------------------------------
 
 # On the command line the intervention's kind is whichever of --steer WORD, --ablate WORD or --patch-from SOURCE
@@ -115,6 +119,18 @@ SOURCE_POSITIONS = Field("source_positions", "patch: the source's positions (emp
                          else indices("source_positions")(raw), flag="--source-position")
 NEW_TOKENS = Field("new_tokens", f"tokens to generate with and without the intervention (0..{MAX_GENERATE_TOKENS}: "
                    "none)", 0, whole("new_tokens", 0, MAX_GENERATE_TOKENS), flag="--max-tokens")
+
+# -- components (service/components.py) ------------------------------------------------------------------
+
+TARGET = Field("target", "the word whose logit is explained (its first token, as it would follow the prompt)", "",
+               text("the target", MAX_TARGET_CHARS), flag="--target", required=True, api=(str, REQUIRED))
+FOIL = Field("foil", "explain the target's logit minus this word's (its first token); empty: the target's alone", "",
+             text("the foil", MAX_TARGET_CHARS, empty_ok=True), flag="--foil")
+POSITION = Field("position", "the position whose next-token logit is explained (negative counts from the end)", -1,
+                 whole("position", -(1 << 20), 1 << 20), flag="--position")
+PATTERNS = Field("patterns", "also this layer's attention weights from the position to every earlier one "
+                 "(negative counts from the end; empty: none)", None,
+                 optional_whole("the patterns layer", -(1 << 20), 1 << 20), flag="--patterns", api=(int | None, None))
 
 
 __all__ = ["Field", "RequestError", "fields_of", "show"]

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from . import fields
 from .field import Field, fields_of
-from .requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
+from .requests import ChatRequest, ComponentsRequest, GenerateRequest, InterveneRequest, LensRequest
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,14 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "The CLI's `intervene --json` object: before (a /lens object), after (one per alpha, or per layer of a "
          "patch), labels, intervention (what was done), dose_response, and generated text when asked.",
          command="steer, ablate or patch a layer's output, and read every lens before and after"),
+    Kind("components", ComponentsRequest, lambda service, req: service.components(req),
+         "Who wrote a logit: the embedding's, each attention layer's and head's and each MLP's direct effect on "
+         "it, through the final norm frozen at the actual final residual, and where each head looked.",
+         "The CLI's `components --json` object: target, foil, position, logit (the raw logit, or target minus "
+         "foil), parts {embed, attn [layer], mlp [layer], heads [layer][head], bias, attn_bias [layer]}, sum, "
+         "gap, top_attended {positions, weights [layer][head][k]}, and with a patterns layer, patterns "
+         "{\"LAYER\": [head][key position 0..position]}.",
+         command="who wrote a logit: attention, heads and MLP contributions by layer, and attention patterns"),
 )}
 
 

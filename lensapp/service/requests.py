@@ -25,6 +25,7 @@ from .fields import (
     CHAT_LENS,
     CHAT_MAX_TOKENS,
     DIRECTION,
+    FOIL,
     FROM_WORD,
     KIND,
     LAYERS,
@@ -33,6 +34,8 @@ from .fields import (
     MESSAGES,
     NEW_TOKENS,
     OBJECTIVE,
+    PATTERNS,
+    POSITION,
     POSITIONS,
     PROMPT,
     PROMPT_ONLY,
@@ -44,6 +47,8 @@ from .fields import (
     SOURCE,
     SOURCE_POSITIONS,
     SPAN,
+    SUBLAYERS,
+    TARGET,
     TARGETS,
     TEMPERATURE,
     WORD,
@@ -78,6 +83,7 @@ class LensRequest(Request):
     chat: bool = CHAT.declared()
     raw: bool = RAW.declared()
     skip_punctuation: bool = SKIP_PUNCTUATION.declared()
+    sublayers: bool = SUBLAYERS.declared()
 
 
 @dataclass(frozen=True)
@@ -141,4 +147,19 @@ class InterveneRequest(Request):
     raw: bool = RAW.declared()
 
 
-__all__ = ["ChatRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "Request", "RequestError"]
+@dataclass(frozen=True)
+class ComponentsRequest(Request):
+    """Who wrote `target`'s logit (minus `foil`'s) at `position`: the embedding, each layer's attention (and each
+    head) and MLP, read through the frozen final norm; with `patterns`, that layer's attention weights
+    (service/components.py)."""
+
+    prompt: str = PROMPT.declared()
+    target: str = TARGET.declared()
+    foil: str = FOIL.declared()
+    position: int = POSITION.declared()
+    patterns: int | None = PATTERNS.declared()
+    chat: bool = CHAT.declared()
+
+
+__all__ = ["ChatRequest", "ComponentsRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "Request",
+           "RequestError"]

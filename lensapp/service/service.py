@@ -9,6 +9,7 @@ and the result cache. It knows nothing of Gradio or charts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -26,14 +27,14 @@ from ..engine.loading import ResolvedModel, backend_factory, describe_model
 from ..engine.memory import Budget, fitting_on
 from ..engine.preflight import preflight
 from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
-from ..results import ChatReply, Comparison, GenerationResult, InterventionResult, LensResult, Target
-from . import cost, planning
+from ..results import ChatReply, Comparison, ComponentsResult, GenerationResult, InterventionResult, LensResult, Target
+from . import components, cost, planning
 from .cache import ResultCache
 from .field import RequestError, show
 from .fits import FitDesk
 from .intervening import Intervener
 from .prompts import Prompts, load_tokenizer
-from .requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
+from .requests import ChatRequest, ComponentsRequest, GenerateRequest, InterveneRequest, LensRequest
 from .selection import span
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class LensService:
         self.fits = FitDesk(cfg)                 # fitted steering vectors: one at a time, in their own process
         self.intervener = Intervener(self)
         # Told of each request asked for: observer(kind, request), kind one of lens, compare, generate, chat,
-        # intervene (a workshop's counts: usage.py). Never told twice of one request; its errors are logged.
+        # intervene, components (a workshop's counts: usage.py). Never told twice of one request; its errors are logged.
         self.observer: Callable[[str, object], None] | None = None
 
     @classmethod
@@ -116,7 +117,8 @@ class LensService:
                     for i, out in zip(todo, outputs)]
 
         keys = [self._key("lens", p, req.chat, plan.lenses, tuple(plan.layers), req.k,
-                          tuple(t.text for t in plan.targets), req.raw, req.skip_punctuation) for p in req.prompts]
+                          tuple(t.text for t in plan.targets), req.raw, req.skip_punctuation)
+                + (("sublayers",) if req.sublayers else ()) for p in req.prompts]
         return self.cache.get_many(keys, compute)
 
     def compare(self, req: LensRequest) -> Comparison:
@@ -145,12 +147,14 @@ class LensService:
                         float(req.temperature), req.seed, req.raw)
         return self.cache.get_or_compute(key, compute)
 
-    def check(self, req: LensRequest | GenerateRequest | InterveneRequest,
+    def check(self, req: LensRequest | GenerateRequest | InterveneRequest | ComponentsRequest,
               max_prompts: int = MAX_COMPARE_PROMPTS) -> cost.Cost:
         """Every check a request gets, without running it (the CLI asks before an engine starts): its planned
         cost, or RequestError."""
         if isinstance(req, InterveneRequest):
             return self.intervener.plan(req).cost
+        if isinstance(req, ComponentsRequest):
+            return components.plan(self, req).cost
         if isinstance(req, LensRequest):
             return self._plan_lens(req, max_prompts).cost
         return self._plan_generate(req).cost
@@ -175,13 +179,14 @@ class LensService:
         target_ids = [list(t.token_ids) for t in targets]
         ids = [self.prompts.ids(p, req.chat, self._bos(names)) for p in req.prompts]
         continuations = [len(t) for t in target_ids if 1 < len(t) <= MAX_CONTINUATION_TOKENS]
-        work = sum((cost.readout(len(i), len(layers), len(names), continuations, self.cfg.part_cells) for i in ids),
-                   cost.NOTHING)
+        between = components.sublayer_part(self) if req.sublayers else ""      # the logit lens between attn and MLP
+        work = sum((cost.readout(len(i), len(layers), len(names) + bool(between), continuations, self.cfg.part_cells)
+                    for i in ids), cost.NOTHING)
         self.check_cost(work, "this request")
         # Skipping punctuation widens the top-k the worker reads (bounded) so a word can be found in it.
         k = max(req.k, PUNCTUATION_WIDTH) if req.skip_punctuation else req.k
-        specs = [planning.lens_spec(i, layers, k, names, self.info.n_layers, self.jlens_layers, target_ids,
-                                    req.raw) for i in ids]
+        specs = [dataclasses.replace(planning.lens_spec(i, layers, k, names, self.info.n_layers, self.jlens_layers,
+                                                        target_ids, req.raw), after_attention=between) for i in ids]
         return _Plan(names, layers, ids, specs, work, targets, planning.continuation_index(target_ids))
 
     def _plan_generate(self, req: GenerateRequest) -> _Plan:
@@ -227,9 +232,16 @@ class LensService:
         key = self._key("intervene", *(getattr(req, f) for f in req.__dataclass_fields__))
         return self.cache.get_or_compute(key, lambda: self.intervener.run(req, progress))
 
-    def check_cost(self, work: cost.Cost, what: str) -> None:
+    def components(self, req: ComponentsRequest) -> ComponentsResult:
+        """Who wrote the target's logit at a position: the embedding, each attention layer and head and each MLP,
+        through the frozen final norm, and where the attention looked (service/components.py)."""
+        self._observe("components", req)
+        key = self._key("components", *(getattr(req, f) for f in req.__dataclass_fields__))
+        return self.cache.get_or_compute(key, lambda: components.run(self, req))
+
+    def check_cost(self, work: cost.Cost, what: str, advice: str = cost.ADVICE) -> None:
         """RequestError when `work` passes the budget (`max_work`), in one line saying what to reduce."""
-        cost.check(work, self.token_weight, self.cfg.max_work, what)
+        cost.check(work, self.token_weight, self.cfg.max_work, what, advice)
 
     def deadline(self, work: cost.Cost) -> float:
         """The seconds a request of this cost may take before the engine cancels it."""
