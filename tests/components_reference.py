@@ -128,6 +128,23 @@ def _parts(hf, parts: Parts, blocks, seen: dict, out, p: int, target: int, foil:
     return result
 
 
+def between_logits(hf, ids: list[int]) -> list[torch.Tensor]:
+    """Per layer, the head's logits [P, vocab] (before the family's soft-capping or scale) at the residual between
+    its attention and its MLP: h_l + attn_l, with hidden_states[l] the stream entering block l."""
+    parts = PARTS[hf.config.model_type]
+    blocks, seen = get(hf, parts.blocks), {}
+    hooks = [get(block, parts.attn_norm or parts.attn).register_forward_hook(
+        lambda m, a, o, layer=layer: seen.__setitem__(layer, out0(o)[0])) for layer, block in enumerate(blocks)]
+    try:
+        with torch.no_grad():
+            out = hf(torch.tensor([ids]), output_hidden_states=True)
+            norm, head = get(hf, parts.norm), hf.get_output_embeddings()
+            return [head(norm(out.hidden_states[layer][0] + seen[layer])) for layer in range(len(blocks))]
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def assert_parts_match(got: dict, want: dict, what: str, rtol: float = 1e-4) -> float:
     """Each part within rtol of the largest part (a part near zero is judged against the logit's scale, not
     its own); the heads and the layers alike. Returns the largest error found, relative to that scale."""

@@ -20,11 +20,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from components_reference import assert_parts_match, load_eager, reference
+from components_reference import assert_parts_match, between_logits, load_eager, reference
 from test_families import assert_readout_matches, family_logits
 
 from lensapp import cli, config
-from lensapp.engine.families import detect, find
 from lensapp.service import ComponentsRequest, LensRequest, LensService, RequestError
 
 PROMPT = "The capital of France is a city on the river"
@@ -113,31 +112,13 @@ def test_the_components_are_the_references(family, service):
 
 
 def test_the_lens_between_attention_and_mlp(family, service):
-    """Rows L.attn: the logit lens at h_l + attn_l, the residual before the MLP (HF's hidden_states[l] is the
-    stream entering block l); rows L.mlp stay the plain lens."""
+    """Rows L.attn: the logit lens at h_l + attn_l, the residual before the MLP; rows L.mlp stay the plain lens."""
     model_type, _, hf = family
     plain = service.lens(LensRequest(prompts=(PROMPT,), k=5))[0]
     r = service.lens(LensRequest(prompts=(PROMPT,), k=5, sublayers=True))[0]
     assert r.after_attention is not None and set(r.after_attention) == {"logit"}
     np.testing.assert_array_equal(r.lenses["logit"].top_ids, plain.lenses["logit"].top_ids)
-    layout, blocks = detect(hf.config).layout("transformers"), None
-    blocks = find(hf, layout.blocks)
-    parts, hooks = {}, []
-    attn_name = {"gpt2": "attn", "gpt_neox": "attention"}.get(model_type, "self_attn")
-    part = "post_attention_layernorm" if model_type == "gemma2" else attn_name
-    for layer, block in enumerate(blocks):
-        module = getattr(block, part)
-        hooks.append(module.register_forward_hook(
-            lambda m, a, o, layer=layer: parts.__setitem__(layer, o[0] if isinstance(o, tuple) else o)))
-    try:
-        with torch.no_grad():
-            out = hf(torch.tensor([r.input_ids]), output_hidden_states=True)
-            norm, head = find(hf, layout.norm), hf.get_output_embeddings()
-            refs = [family_logits(hf.config, head(norm(out.hidden_states[layer][0] + parts[layer][0])))
-                    for layer in range(len(blocks))]
-    finally:
-        for hook in hooks:
-            hook.remove()
+    refs = [family_logits(hf.config, logits) for logits in between_logits(hf, r.input_ids)]
     assert_readout_matches(r.after_attention["logit"], refs, f"{model_type} after attention")
     assert "after_attention" in r.to_json() and "after_attention" not in plain.to_json()
 

@@ -8,14 +8,18 @@ model or imports torch; it only arranges numbers already in a result.
     tokens.py   token text made visible and unique     grid.py     the heatmap every chart draws
     lens.py     one prompt's charts                     compare.py  several prompts side by side
     intervention.py  before and after an intervention, their difference, the dose-response curve
+    components.py  who wrote a logit: by layer, by head, and a layer's attention patterns
+    sublayers.py   the logit lens inside each layer: rows L.attn and L.mlp
 """
 
-from . import intervention
+from . import components, intervention
 from .compare import compare_heatmaps, compare_targets
 from .grid import LENS_TITLES, METRICS, DisplaySettings, Grid, Highlight, Metric, window_of
 from .lens import generation_heatmap, lens_diff, lens_heatmap, lens_pair, lens_table, target_curves
+from .sublayers import sublayer_heatmap
 from .tokens import clip, column_labels, display_tokens, show_token
 
 __all__ = ["LENS_TITLES", "METRICS", "DisplaySettings", "Grid", "Highlight", "Metric", "clip", "column_labels",
-           "compare_heatmaps", "compare_targets", "display_tokens", "generation_heatmap", "intervention", "lens_diff",
-           "lens_heatmap", "lens_pair", "lens_table", "show_token", "target_curves", "window_of"]
+           "compare_heatmaps", "compare_targets", "components", "display_tokens", "generation_heatmap", "intervention",
+           "lens_diff", "lens_heatmap", "lens_pair", "lens_table", "show_token", "sublayer_heatmap", "target_curves",
+           "window_of"]
