@@ -106,6 +106,9 @@ class Config:
     queue_size: int = _setting(48, "requests that may wait beyond those; more are told the app is busy")
     request_timeout: float = _setting(120.0, "seconds one request may take before it is cancelled")
     rate_limit: int = _setting(60, "requests per minute per client address (0 = off; loopback is never limited)")
+    trusted_proxies: str = _setting("auto", "proxies in front of the app whose X-Forwarded-For entry names the "
+                                            "client (counted from the right); `auto` = 1 on a Hugging Face Space "
+                                            "(SPACE_ID set), 0 elsewhere")
     max_fit_steps: int = _setting(200, "optimiser steps a fitted steering vector may take (0 = no fitting)")
     max_fit_seconds: float = _setting(60.0, "seconds a fitted steering vector may take")
     auth: str = _setting("", "`user:password[,user:password...]` asks for a login (Gradio's own); empty = open")
@@ -139,6 +142,9 @@ class Config:
             raise ConfigError(f"max_fit_seconds must be in 1..86400 seconds, got {self.max_fit_seconds}")
         if not 1.0 <= self.request_timeout <= 86_400:
             raise ConfigError(f"request_timeout must be in 1..86400 seconds, got {self.request_timeout}")
+        if self.trusted_proxies not in ("auto", *map(str, range(9))):
+            raise ConfigError(f"trusted_proxies must be 'auto' or a number of proxies 0..8, "
+                              f"got {self.trusted_proxies!r}")
         if self.max_model_len and self.max_prompt_tokens + MAX_GENERATE_TOKENS > self.max_model_len:
             raise ConfigError(f"max_prompt_tokens ({self.max_prompt_tokens}) + {MAX_GENERATE_TOKENS} generated "
                               f"must fit max_model_len ({self.max_model_len})")
@@ -172,6 +178,13 @@ class Config:
         import platformdirs
 
         return Path(platformdirs.user_cache_dir("lensapp"))
+
+    @property
+    def resolved_trusted_proxies(self) -> int:
+        """How many proxies' X-Forwarded-For entries to count back from the right (`service/identity.py`)."""
+        if self.trusted_proxies != "auto":
+            return int(self.trusted_proxies)
+        return 1 if os.environ.get("SPACE_ID") else 0      # a Space's own front end appends one entry
 
     @property
     def resolved_jlens(self) -> str | None:

@@ -65,7 +65,20 @@ def test_rate_limit_per_address_with_bursts_and_loopback_free():
     assert limiter.refused == 1
 
 
-def test_client_address_trusts_forwarding_only_from_a_private_proxy():
-    assert client_address(request("10.0.0.5", "203.0.113.9, 10.0.0.1")) == "203.0.113.9"
-    assert client_address(request("8.8.8.8", "1.2.3.4")) == "8.8.8.8"               # a forged header
-    assert client_address(None) is None
+def test_client_address_trusts_only_the_hops_the_host_names():
+    assert client_address(request("10.0.0.5", "203.0.113.9, 10.0.0.1")) == "10.0.0.5"       # no proxy trusted
+    assert client_address(request("10.0.0.5", "203.0.113.9, 10.0.0.1"), 1) == "10.0.0.1"
+    assert client_address(request("10.0.0.5", "localhost"), 1) == "10.0.0.5"                 # a name: the peer
+    assert client_address(request("8.8.8.8", "1.2.3.4")) == "8.8.8.8"
+    assert client_address(request("testclient")) == "unidentified"                         # limited, not exempt
+    assert client_address(None) is None                                                     # a call inside the app
+
+
+def test_the_guard_limits_by_the_derived_address():
+    guard = Guard(RateLimiter(per_minute=60, burst=2, clock=lambda: 0.0), trusted_proxies=1)
+    for forged in ("localhost", "127.0.0.1", "203.0.113.1", "203.0.113.2"):      # the client's own first hops
+        try:
+            guard.api(request("10.0.0.5", f"{forged}, 198.51.100.4"), lambda: None)
+        except gr.Error as e:
+            assert "too many requests" in e.message
+    assert guard.limiter.refused == 2

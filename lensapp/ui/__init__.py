@@ -90,7 +90,7 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
     """The app; with a workshop, its title, only its tabs and its Exercises panel (openings counted in `usage`)."""
     info = service.info
     downloads = Downloads()
-    guard = Guard(RateLimiter(cfg.rate_limit))
+    guard = Guard(RateLimiter(cfg.rate_limit), cfg.resolved_trusted_proxies)
     shown = workshop.tabs if workshop is not None else permalinks.TABS
     page_title = f"{workshop.title} · Lens Explorer" if workshop is not None else "Lens Explorer"
     with gr.Blocks(title=page_title, delete_cache=(3600, 3600)) as demo:

@@ -10,13 +10,13 @@ line; anything else is an engine fault and logs its traceback.
 from __future__ import annotations
 
 import html
-import ipaddress
 import logging
 import re
 
 import gradio as gr
 
 from ..engine import EngineBusy, EngineError
+from ..service import identity
 from ..service.fields import RequestError
 from ..service.limits import RateLimited, RateLimiter
 
@@ -42,8 +42,8 @@ def one_line(text: str) -> str:
 
 
 class Guard:
-    def __init__(self, limiter: RateLimiter):
-        self.limiter = limiter
+    def __init__(self, limiter: RateLimiter, trusted_proxies: int = 0):
+        self.limiter, self.trusted_proxies = limiter, trusted_proxies
 
     def ui(self, request: gr.Request | None, fn, *args, **kwargs):
         """Run a page handler: failures become an escaped, one-line gr.Error."""
@@ -55,7 +55,7 @@ class Guard:
 
     def _run(self, request, escape: bool, fn, *args, **kwargs):
         try:
-            self.limiter.check(client_address(request))
+            self.limiter.check(client_address(request, self.trusted_proxies))
             return fn(*args, **kwargs)
         except gr.Error:
             raise
@@ -69,15 +69,12 @@ class Guard:
             raise gr.Error(html.escape(message) if escape else message, title=title, print_exception=False) from None
 
 
-def client_address(request: gr.Request | None) -> str | None:
-    """The client's address: the peer, or the first X-Forwarded-For entry when the peer is a proxy on a
-    private network (a Space's front end). A public peer's header is not trusted: it could be forged."""
-    if request is None or request.client is None:
+def client_address(request, trusted_proxies: int = 0) -> str | None:
+    """The address `request` comes from (`service/identity.py`); None for a call made inside the app (no
+    request), `identity.UNIDENTIFIED` for a peer that is not an IP address."""
+    if request is None:
         return None
-    peer = request.client.host
-    forwarded = (request.headers.get("x-forwarded-for") or "").split(",")[0].strip()
-    try:
-        behind_proxy = ipaddress.ip_address(peer).is_private
-    except ValueError:
-        behind_proxy = False
-    return forwarded if forwarded and behind_proxy else peer
+    peer = getattr(getattr(request, "client", None), "host", None)
+    headers = getattr(request, "headers", None) or {}
+    lines = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else [headers.get("x-forwarded-for")]
+    return identity.client_address(peer, lines, trusted_proxies) or identity.UNIDENTIFIED
