@@ -110,12 +110,15 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
             return gr.skip()
         return step_table(gen, s, lens)
 
-    gr.on([step.input, table_lens.input], show_step, [state, step, table_lens], table, **PRIVATE)
+    def pick_step(gen, s, lens, request: gr.Request = None):
+        return guard.ui(request, show_step, gen, s, lens)
+
+    gr.on([step.input, table_lens.input], pick_step, [state, step, table_lens], table, **PRIVATE)
 
     fields = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "lens": lens,
               "layers": layers, "k": k, "chat": chat, "seed": seed, "raw": raw}
     return TabParts("generate", fields, lambda *values: view_of("generate", **dict(zip(fields, values))), run,
-                    inputs, outputs, run_button, handlers={"show_step": show_step, "chat_send": chat_handlers["send"]})
+                    inputs, outputs, run_button, handlers={"show_step": pick_step, "chat_send": chat_handlers["send"]})
 
 
 def step_choices(gen) -> list[tuple[str, int]]:

@@ -185,7 +185,10 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
         lens = lens if isinstance(lens, str) and lens in result.before.lenses else next(iter(result.before.lenses))
         return draw(result, index, lens, colour_metric(metric, result.before.lenses[lens].targets, quiet=True))
 
-    gr.on([change.input, shown_lens.input], show_change, [state, change, shown_lens, metric], [pair, diff, by_layer],
+    def pick_change(result, index, lens, metric, request: gr.Request = None):
+        return guard.ui(request, show_change, result, index, lens, metric)
+
+    gr.on([change.input, shown_lens.input], pick_change, [state, change, shown_lens, metric], [pair, diff, by_layer],
           **PRIVATE)
 
     def pick_source(result, evt: gr.SelectData):
@@ -209,7 +212,7 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
     fields = dict(zip(names, components))
     return TabParts("intervene", fields, lambda *values: view_of("intervene", **dict(zip(fields, values))), run,
                     components, outputs, run_button,
-                    handlers={"show_change": show_change, "pick_source": pick_source, "pick_target": pick_target})
+                    handlers={"show_change": pick_change, "pick_source": pick_source, "pick_target": pick_target})
 
 
 def code_for(service, result) -> str:

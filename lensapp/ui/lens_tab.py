@@ -171,7 +171,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     def draw(result, metric, first, note=None):
         """The heatmap(s) of `result` from position `first` (None: the last ones); the cells the link's
         note names outlined."""
-        highlight = highlight_of(note)
+        highlight = highlight_of(note, result.layers)
         if jacobian:
             return (build_chart(charts.lens_pair, result, metric, start=first, highlight=highlight),
                     build_chart(charts.lens_diff, result, start=first))
@@ -219,7 +219,10 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
             return gr.skip()
         return top_k_tables(result, shown, pos)
 
-    position.input(show_position, [state, position], table, **PRIVATE)
+    def pick_position(result, pos, request: gr.Request = None):
+        return guard.ui(request, show_position, result, pos)
+
+    position.input(pick_position, [state, position], table, **PRIVATE)
 
     def move_window(result, metric, first, note=None):
         """Redraw from the result in hand (no new readout); the link remembers the window."""
@@ -229,8 +232,10 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
         first = int_or(first, 0)
         return (*draw(result, metric, first, note), first, grid_tables(result, shown, first))
 
-    window.release(move_window, [state, metric, window] + inputs[9:], [heatmap, diff, start, grid_table],
-                   **PRIVATE)
+    def slide(result, metric, first, note=None, request: gr.Request = None):
+        return guard.ui(request, move_window, result, metric, first, note)
+
+    window.release(slide, [state, metric, window] + inputs[9:], [heatmap, diff, start, grid_table], **PRIVATE)
 
     def show_code(result, form, chat):
         if result is None:
@@ -243,7 +248,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat,
               "raw": raw, "start": start, "punct": punct}
     return TabParts(tab.name, fields, lambda *values: view_of(tab.name, **dict(zip(fields, values))), run, inputs,
-                    outputs, run_button, handlers={"show_position": show_position, "move_window": move_window})
+                    outputs, run_button, handlers={"show_position": pick_position, "move_window": slide})
 
 
 def punctuation_box(value: bool, elem_id: str) -> gr.Checkbox:
