@@ -22,6 +22,8 @@ Fixed limits that protect the machine (a public Space, a workshop of thirty peop
   PUNCTUATION_WIDTH       = 40     top-k the worker reads when a view skips punctuation (what it searches)
   MAX_TITLE_CHARS         = 120    a link's title
   MAX_NOTE_CHARS          = 1000   a link's note
+  MAX_EXPORT_ROWS         = 200000 rows of a download (lens x layer x position x top-k entries; the JSON holds
+                                   the same): ~3 s and ~18 MB of CSV to build on a small CPU
 and the configurable ones, with their defaults for a public CPU Space: `max_prompt_tokens`,
 `max_work` (cells a request may read), `max_batch`, `queue_size`, `request_timeout`, `rate_limit`,
 `max_fit_steps` and `max_fit_seconds` (a fitted steering vector's bounds).
@@ -50,6 +52,7 @@ MAX_SWEEP = 12
 PUNCTUATION_WIDTH = 40
 MAX_TITLE_CHARS = 120
 MAX_NOTE_CHARS = 1000
+MAX_EXPORT_ROWS = 200_000
 DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache is sized for it)
 
 # The app's tabs, by the name a link (`tab=`) and a workshop file (`tabs:`) give them.

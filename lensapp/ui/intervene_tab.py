@@ -18,9 +18,10 @@ from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
 from ..service import InterveneRequest
 from ..service import fields as f
 from ..snippets import intervention_snippet
+from .downloads import Downloads
 from .lens_tab import colour_metric
 from .permalinks import View, as_text, view_of
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, lens_choices, md_text
+from .tabs import PRIVATE, TabParts, build_chart, int_or, lens_choices, md_text
 
 HOW_TO = """
 **Steer** adds a direction to the residual stream leaving a layer: the direction in which the lens reads
@@ -121,12 +122,10 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
                                         interactive=False, wrap=True, elem_id="intervene-source-table")
             target_table = gr.Dataframe(label="Target: top-1 by layer and position, before", interactive=False,
                                         wrap=True, elem_id="intervene-target-table")
-        with gr.Row():
-            csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
-            json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
+        state = gr.State()
+        csv_file, json_file = downloads.buttons("intervention", state)
         with gr.Accordion("Show the code", open=False):
             code = gr.Code(language="python", interactive=False, elem_id="intervene-code")
-        state = gr.State()
 
     names = ("prompt", "intervention", "word", "layer", "alphas", "direction", "from_word", "objective", "positions",
              "prompt_only", "ablation", "reference", "source", "source_positions", "lens", "layers", "k", "targets",
@@ -157,8 +156,8 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
             gr.Accordion(visible=patch, open=patch),
             top1_table(result.source) if patch else gr.skip(),
             top1_table(result.before) if patch else gr.skip(),
-            downloads.button("intervention", ".csv", result.to_csv()),
-            downloads.button("intervention", ".json", result.dumps()),
+            gr.Button(visible=True),                 # the downloads: built from `result` when asked for
+            gr.Button(visible=True),
             code_for(service, result),
         )
 

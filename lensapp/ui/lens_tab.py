@@ -19,10 +19,11 @@ from ..service import LensRequest
 from ..service import fields as f
 from ..service.planning import jlens_subset, span
 from ..snippets import lens_snippet
+from .downloads import Downloads
 from .examples import lens_examples
 from .notes import highlight_of
 from .permalinks import METRIC, START, View, as_text, view_of
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, md_text, table_html, warn
+from .tabs import PRIVATE, TabParts, build_chart, int_or, md_text, table_html, warn
 
 LOGIT_HOW_TO = """
 Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
@@ -153,9 +154,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
         table = gr.Dataframe(label="Top-k at this position, every layer (p = probability)", interactive=False,
                              wrap=True, elem_id=f"{tab.name}-table")
         curves = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False)
-        with gr.Row():
-            csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
-            json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
+        state = gr.State()
+        csv_file, json_file = downloads.buttons(f"{tab.name}-lens", state)
         with gr.Accordion("Show the code", open=False, elem_id=f"{tab.name}-code-box"):
             gr.Markdown("This view as a short nnsight script: paste it into a notebook (the copy button is at "
                         "the top right) to get the same numbers.")
@@ -165,7 +165,6 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
         if jacobian:
             with gr.Accordion("Lens provenance", open=False):
                 gr.JSON(value=service.jlens.describe(), label="The lens file", elem_id="jlens-provenance")
-        state = gr.State()
     shown = ("jacobian", "logit") if jacobian else ("logit",)
 
     def draw(result, metric, first, note=None):
@@ -199,8 +198,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
             top_k_tables(result, shown, last),
             gr.Plot(value=build_chart(charts.target_curves, result, shown) if req.targets else None,
                     visible=bool(req.targets)),
-            downloads.button(f"{tab.name}-lens", ".csv", result.to_csv()),
-            downloads.button(f"{tab.name}-lens", ".json", result.dumps()),
+            gr.Button(visible=True),                 # the downloads: built from `result` when asked for
+            gr.Button(visible=True),
             grid_tables(result, shown, cols.start),
         )
 
