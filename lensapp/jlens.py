@@ -34,6 +34,8 @@ from typing import Sequence
 
 import torch
 
+from . import redact
+
 log = logging.getLogger(__name__)
 
 KNOWN_KEYS = {"J", "source_layers", "n_prompts", "d_model", "provenance"}
@@ -61,14 +63,15 @@ class JacobianLens:
 
     def describe(self) -> dict:
         """Small JSON-able summary for the UI and results (no tensors)."""
-        # A local path is shown by its file name: the server's folders are nobody's business.
-        source = Path(self.source).name if Path(self.source).exists() else self.source
+        # A local path is shown by its file name: the server's folders are nobody's business (redact.py).
+        source = Path(self.source).name if Path(self.source).exists() else redact.paths(self.source)
         return {
             "source": source,
             "n_prompts": self.n_prompts,
             "d_model": self.d_model,
             "layers": self.layers,
-            "provenance": {k: v for k, v in self.provenance.items() if isinstance(v, (str, int, float, bool, list))},
+            "provenance": {k: redact.paths(v) for k, v in self.provenance.items()
+                           if isinstance(v, (str, int, float, bool, list))},
         }
 
 
@@ -170,7 +173,8 @@ def load(
     warnings = []
     fitted_on = f.provenance.get("model")
     if model_name and isinstance(fitted_on, str) and fitted_on and not same_model(fitted_on, model_name):
-        warnings.append(f"this lens was fitted on {fitted_on!r}, but the model is {model_name!r}: "
+        warnings.append(f"this lens was fitted on {redact.paths(fitted_on)!r}, but the model is "
+                        f"{redact.paths(model_name)!r}: "
                         "its readouts may not mean what they seem")
     fitted_against = f.provenance.get("unembedding")
     if unembedding and isinstance(fitted_against, str) and fitted_against != unembedding:

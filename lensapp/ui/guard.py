@@ -4,7 +4,9 @@ A handler runs through `Guard.ui` (the page's events) or `Guard.api` (the API en
 client's rate is checked, and any exception becomes a `gr.Error` with a one-line message. The page
 renders an error's message as HTML, so there it is escaped (text, never markup); API clients get
 it as it is (no HTML entities). Expected failures (bad input, a busy or restarting engine) log one
-line; anything else is an engine fault and logs its traceback.
+line and say it, with any server path shown by its name (`redact.py`). Anything else is a fault:
+the visitor reads a short reference, and the server's log has the same reference with the traceback
+(an exception's text can hold paths, addresses and settings that are the host's alone).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import html
 import logging
 import re
+import secrets
 
 import gradio as gr
 
+from .. import redact
 from ..engine import EngineBusy, EngineError
 from ..service import identity
 from ..service.fields import RequestError
@@ -33,8 +37,7 @@ def explain(error: BaseException) -> tuple[str, str, bool]:
         return "Busy", str(error), True
     if isinstance(error, EngineError):
         return "The model", str(error), True
-    first = (str(error).strip().splitlines() or [""])[0][:300]
-    return "Engine error", f"the engine failed ({type(error).__name__}{': ' + first if first else ''})", False
+    return "Engine error", "something failed on the server", False
 
 
 def one_line(text: str) -> str:
@@ -62,10 +65,12 @@ class Guard:
         except Exception as e:  # noqa: BLE001 - the one place every failure is turned into a message
             title, message, expected = explain(e)
             if expected:
-                log.info("%s: %s", title, one_line(message))
+                message = redact.paths(one_line(message))
+                log.info("%s: %s", title, message)
             else:
-                log.exception("request failed")
-            message = one_line(message)
+                reference = secrets.token_hex(4)
+                log.exception("request failed (reference %s)", reference)
+                message = f"{message} (reference {reference}: the host's log has the details)"
             raise gr.Error(html.escape(message) if escape else message, title=title, print_exception=False) from None
 
 

@@ -17,7 +17,7 @@ from ..charts import intervention as ichart
 from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
 from ..service import InterveneRequest
 from ..service import fields as f
-from ..snippets import intervention_snippet
+from ..snippets import intervention_snippet, model_reference
 from .downloads import Downloads
 from .lens_tab import colour_metric
 from .permalinks import View, as_text, view_of
@@ -218,9 +218,10 @@ def code_for(service, result) -> str:
     """The intervention as a runnable nnsight script (snippets.py)."""
     if result.intervention.get("direction") == "jacobian" and service.jlens is None:
         return ""
-    return intervention_snippet(family=service.model.family, model=service.model.path, prompt=result.before.prompt,
-                                intervention=result.intervention,
-                                jlens=service.jlens.source if service.jlens is not None else None)
+    model, note = model_reference(service.cfg.model, service.info.name)
+    return intervention_snippet(family=service.model.family, model=model, prompt=result.before.prompt,
+                                intervention=result.intervention, model_note=note,
+                                jlens=service.jlens.describe()["source"] if service.jlens is not None else None)
 
 
 def summarise(result) -> str:

@@ -13,12 +13,12 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from .. import charts
+from .. import charts, redact
 from ..config import MAX_K, PUNCTUATION_WIDTH
 from ..service import LensRequest
 from ..service import fields as f
 from ..service.planning import jlens_subset, span
-from ..snippets import lens_snippet
+from ..snippets import lens_snippet, model_reference
 from .downloads import Downloads
 from .examples import lens_examples
 from .notes import highlight_of
@@ -113,12 +113,12 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     jacobian = tab.lens != "logit"
     with gr.Tab(tab.title, id=tab.name):
         if jacobian and service.jlens is None:
-            gr.Markdown(NO_LENS + (f"\n\nThe lens could not be loaded: {md_text(service.jlens_error)}"
+            gr.Markdown(NO_LENS + (f"\n\nThe lens could not be loaded: {md_text(redact.paths(service.jlens_error))}"
                                    if service.jlens_error else ""), elem_id="jlens-missing")
             return TabParts(tab.name, {}, lambda: View(tab=tab.name))
         gr.Markdown(tab.intro, elem_id=f"{tab.name}-intro")
         for warning in (service.jlens.warnings if jacobian else []):
-            gr.Markdown(f"**Note:** {md_text(warning)}.", elem_classes=["lens-warning"])
+            gr.Markdown(f"**Note:** {md_text(redact.paths(warning))}.", elem_classes=["lens-warning"])
         with gr.Accordion("How to read this", open=False):
             gr.Markdown(tab.how_to)
         layers_label = (f"Layers (all, a range like 20-29 or a list; these have a J: {span(service.jlens_layers)})"
@@ -279,12 +279,10 @@ def colour_metric(metric, targets, quiet: bool = False) -> str:
 
 def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
     """The view of `result` as a runnable nnsight script (snippets.py)."""
-    info = service.info
-    note = f"{info.name} as the app loads it" + (" (hub: HuggingFaceTB/SmolLM2-135M-Instruct)"
-                                                    if info.name == "SmolLM2-135M-Instruct" else "")
-    return lens_snippet(family=service.model.family, model=service.model.path, prompt=result.prompt,
+    model, note = model_reference(service.cfg.model, service.info.name)
+    return lens_snippet(family=service.model.family, model=model, prompt=result.prompt,
                         layers=result.layers, k=result.lenses[next(iter(result.lenses))].top_ids.shape[-1], lens=lens,
-                        jlens=service.jlens.source if service.jlens is not None else None,
+                        jlens=service.jlens.describe()["source"] if service.jlens is not None else None,
                         chat=chat, form="vllm" if form == "vllm" else "transformers", model_note=note)
 
 
