@@ -115,6 +115,8 @@ class Config:
     max_fit_steps: int = _setting(200, "optimiser steps a fitted steering vector may take (0 = no fitting)")
     max_fit_seconds: float = _setting(60.0, "seconds a fitted steering vector may take")
     auth: str = _setting("", "`user:password[,user:password...]` asks for a login (Gradio's own); empty = open")
+    health_token: str = _setting("", "a secret that shows the host all of /health (`Authorization: Bearer TOKEN`; "
+                                     "the login and this machine see it too); empty = no token")
     cache_entries: int = _setting(256, "results kept for identical requests (0 = no cache)")
     cache_mb: int = _setting(256, "memory the result cache may hold, in MB")
     cache_dir: str = _setting("", "converted models and lens downloads; empty = the user cache dir "
