@@ -74,3 +74,32 @@ def test_page_handlers_that_redraw_are_rate_limited_like_a_run(app):
                           (gen.handlers["show_step"], (steps, 1, "logit"))):
         assert "too many requests" in refused(handler, *args, request=me)
     lens.handlers["move_window"](result, "top1_prob", 0, "", request=visitor("203.0.113.78"))   # another address
+
+
+# -- in Chromium: a note past the box's own limit, as a forged page would send it -----------------------
+
+@pytest.fixture(scope="module")
+def tiny_url(tiny_service):
+    from tiny_app import served
+
+    from lensapp.server import make_app
+
+    with served(make_app(tiny_service, config.Config(rate_limit=0))) as url:
+        yield url
+
+
+def test_a_megabyte_note_typed_past_the_box_is_refused_on_the_page(page, tiny_url):
+    """The box stops at MAX_NOTE_CHARS; a page script that sets its value anyway still gets one line."""
+    page.goto(tiny_url)
+    page.wait_for_selector("#logit-heatmap svg.marks", timeout=120_000)         # the front page's example
+    page.eval_on_selector("#link-note-text textarea", """(box, n) => {
+        box.removeAttribute("maxlength");
+        box.value = "layers 0-99999999 ".repeat(n);
+        box.dispatchEvent(new Event("input", {bubbles: true}));
+    }""", 1_000_000 // 18)
+    page.locator("#logit-run").click()
+    toast = page.locator(".toast-body", has_text="the note has").first
+    toast.wait_for(timeout=60_000)
+    line = next(line for line in toast.inner_text().splitlines() if "the note has" in line)    # one line, whole
+    assert line.endswith(f"characters; the limit is {config.MAX_NOTE_CHARS}"), line
+    assert not page.errors
