@@ -1,4 +1,4 @@
-"""Command line: `lensapp lens | generate | intervene | fit | serve`, on the same service and results as the app.
+"""Command line: `lensapp lens | generate | intervene | fit | serve | space`, on the service and results the app uses.
 
 Examples:
     lensapp lens "The capital of France is" --lens both --layers 20-29 --k 5 --target Paris
@@ -13,6 +13,7 @@ Examples:
         --jlens neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt
     lensapp fit --corpus my_texts/ --out my_lens.pt
     lensapp serve --port 7860                      # the web app (python app.py is the same)
+    lensapp space push user/name --dry-run         # what a Hugging Face Space would get (lensapp/space.py)
 
 (`python -m lensapp ...` is the same command.) Bad input (unknown layers, k outside 1..100, an
 empty or too long prompt, a lens file or model that does not fit) prints one line to stderr and
@@ -26,7 +27,7 @@ import logging
 import sys
 from pathlib import Path
 
-from . import config
+from . import config, space
 from .service import fields
 
 EXIT_USAGE = 2
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fit_arguments(sub.add_parser("fit", help="fit a Jacobian lens (TransformersModel, backward passes)"))
     serve = sub.add_parser("serve", help="the web app (Gradio) on http://HOST:PORT")
     config.add_arguments(serve)
+    space.add_arguments(sub.add_parser("space", help="deploy to a Hugging Face Space (docs/hosting.md)"))
     return parser
 
 
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "fit":
             return run_fit(args)
+        if args.command == "space":
+            return space.run(args)
         return _run(args, config.from_args(args))
     except ValueError as e:     # ConfigError, RequestError, LensFileError, ModelError, FitError, CorpusError
         print(f"error: {e}", file=sys.stderr)
@@ -190,6 +194,9 @@ def format_intervention(r) -> str:
 
 
 def _fit_progress(step: int, p: float, norm: float) -> None:
+    if step < 0:
+        print(f"waiting for the fitter: {-step} fits ahead", file=sys.stderr)
+        return
     print(f"fitting the steering vector: step {step}, p(target) {p:.3f}, |v| {norm:.3g}", file=sys.stderr)
 
 

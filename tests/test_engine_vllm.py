@@ -221,3 +221,31 @@ def test_the_workers_readouts_land_on_huge_pages(vllm_service):
     vllm_service.lens(LensRequest(prompts=(" ".join(PROMPTS) * 3,), k=1))
     rollup = Path(f"/proc/{worker.pid}/smaps_rollup").read_text()
     assert int(re.search(r"AnonHugePages:\s+(\d+) kB", rollup).group(1)) > 0
+
+
+def test_twelve_concurrent_chats_with_different_readouts_each_read_their_own(vllm_service):
+    """Every chat's readout runs in its own request's trace: twelve chats at once, with different lenses,
+    layers and k, each equal their solo run (a readout installed once for all, as before, could be swapped
+    by another chat mid-generation)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lensapp.service import ChatRequest
+
+    d, n = vllm_service.info.d_model, vllm_service.info.n_layers
+    vllm_service.install_jlens(jlens.JacobianLens(J=random_jacobians(d, [4, 12, 20]), n_prompts=0, d_model=d))
+    asks = [ChatRequest(messages=({"role": "user", "content": f"Name a colour, please ({i})."},),
+                        lens=("logit", "jacobian")[i % 2], layer=(4, 12, 20, -1)[i % 4], k=1 + i % 5,
+                        max_tokens=5) for i in range(12)]
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            together = list(pool.map(vllm_service.chat, asks))
+        alone = [vllm_service.chat(ask) for ask in asks]
+    finally:
+        vllm_service.install_jlens(None)
+    assert len({(r.lens, r.layer, len(r.readout[0])) for r in alone}) >= 8      # the asks really differ
+    for ask, t, a in zip(asks, together, alone):
+        assert (t.lens, t.layer) == (a.lens, a.layer) == (ask.lens, ask.layer % n)
+        assert t.token_ids == a.token_ids
+        for x, y in zip(t.readout, a.readout):
+            assert len(x) == len(y) == ask.k
+            np.testing.assert_allclose([p for _, p in x], [p for _, p in y], atol=1e-4)

@@ -21,6 +21,8 @@ FORBIDDEN = {
     "lensapp.charts": ("lensapp.service", "lensapp.engine", "lensapp.ui", "torch", "gradio", "vllm", "nnsight"),
     "lensapp.service": ("lensapp.ui", "lensapp.charts", "lensapp.cli", "lensapp.server", "gradio", "altair"),
     "lensapp.fitting": ("lensapp.service", "lensapp.ui", "lensapp.cli", "gradio", "altair"),
+    # A deployment tool: it runs where only huggingface_hub is installed (make space).
+    "lensapp.space": ("lensapp.", "gradio", "altair", "vllm", "nnsight", "torch", "transformers"),
 }
 
 

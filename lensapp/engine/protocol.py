@@ -110,6 +110,8 @@ class LensSpec:
     keep_layers, keep_positions (None: all): `LensOutput.kept`, the stream there (after edits).
     norms: `LensOutput.norms`, each requested layer's typical residual norm (`interventions.typical_norm`).
     keep_* and norms are read by `run_lens` only.
+    read_prompt: `run_generate` reads every prompt position at step 0; False: its step 0 reads nothing (the
+      prompt is read apart, in parts: `parts.split_generation`), and its edits are made all the same.
     """
 
     input_ids: tuple[int, ...]
@@ -125,6 +127,7 @@ class LensSpec:
     keep_layers: tuple[int, ...] = ()
     keep_positions: tuple[int, ...] | None = None
     norms: bool = False
+    read_prompt: bool = True
 
     @property
     def layers(self) -> list[int]:
@@ -232,11 +235,15 @@ class Backend(Protocol):
         """Generate, reading the newest position at every step."""
 
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
-        """Generate with the one-layer, one-lens chat readout (ValueError for a spec with edits: its readout is
-        installed once for every chat request; steer a chat through `run_generate`)."""
+        """Generate with the one-layer, one-lens chat readout of the newest position, in this request's own trace
+        (ValueError for a spec with edits: the chat readout reads, it does not steer; steer through `run_generate`)."""
 
     def failure(self) -> str | None:
         """Why this backend can no longer serve (its engine process died), or None while it can."""
+
+    def progress(self) -> int:
+        """How many engine steps (any request's forward or decode step) have finished so far: a count that goes
+        on growing while the engine works, however long one request is, and stops when the engine is stuck."""
 
     def is_dead(self, error: BaseException) -> str | None:
         """Why `error`, raised by a call, means this backend is dead (None: the call's own failure)."""

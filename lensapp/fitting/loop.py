@@ -108,6 +108,11 @@ def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str 
     base = {"model": getattr(module.config, "name_or_path", "") or type(module).__name__, "corpus": "custom"}
     base.update(provenance or {})
     base["unembedding"] = jlens.unembedding_fingerprint(module.get_output_embeddings().weight)
+    # What the numbers were computed under: the libraries' releases, and the model's hub revision where it has one.
+    base["versions"] = jlens.library_versions()
+    revision = getattr(module.config, "_commit_hash", None)
+    if isinstance(revision, str) and revision:
+        base["revision"] = revision
     bos_id = getattr(tokenizer, "bos_token_id", None) if cfg.bos else None
     base["bos"] = bos_id is not None
     base.update({"T": cfg.tokens, "skip": cfg.skip, "dim_batch": cfg.dim_batch,

@@ -21,18 +21,16 @@ from the worker. Each layer's typical residual norm is measured once, on a refer
 from __future__ import annotations
 
 import dataclasses
-import threading
-from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
 
 from .. import interventions as iv
-from ..config import LENS_CHOICES
+from ..config import LENS_CHOICES, MAX_CONTINUATION_TOKENS, MAX_SWEEP
 from ..engine.protocol import Edit, LensSpec, Sampling
 from ..engine.weights import CheckpointWeights, WeightsNotFound
 from ..results import InterventionResult, LensResult
-from . import planning
+from . import cost, planning
 from .fields import ALPHAS, RequestError
 from .requests import InterveneRequest
 
@@ -40,7 +38,6 @@ from .requests import InterveneRequest
 REFERENCE_TEXT = ("The old harbour town wakes early. Fishing boats come back before the sun is high, and the "
                   "market fills with people buying bread, fruit and the morning's catch. Children walk to "
                   "school along the river, and the church bell rings the hour.")
-FITS_KEPT = 32
 
 
 class Plan(NamedTuple):
@@ -56,6 +53,7 @@ class Plan(NamedTuple):
     positions: tuple[int, ...] | None      # changed (None: all)
     source_ids: list[int]                  # a patch's source prompt
     sources: tuple[int, ...] | None        # its positions, one per changed position
+    cost: cost.Cost                        # every forward it makes (service/cost.py)
 
 
 class Changes(NamedTuple):
@@ -73,9 +71,6 @@ class Intervener:
         self.service = service
         self._norms: list[float] | None = None
         self._weights: CheckpointWeights | None = None
-        self._fits: OrderedDict = OrderedDict()         # fitted vectors by their inputs
-        self._fitting = threading.Lock()                  # one fit at a time: it takes both cores
-        self._fit_model = None
 
     # -- the request --------------------------------------------------------------------------------
     def plan(self, req: InterveneRequest) -> Plan:
@@ -90,20 +85,42 @@ class Intervener:
             raise RequestError(f"{'steering' if req.intervention == 'steer' else 'ablation'} needs a word")
         if req.intervention == "ablate" and req.direction == "fitted":
             raise RequestError("ablate along a word's logit or jacobian direction, not a fitted one")
-        if req.direction == "fitted" and req.intervention == "steer" and len(span) > 1:
-            raise RequestError("a fitted vector belongs to one layer; choose one layer")
+        if req.direction == "fitted" and req.intervention == "steer":
+            if len(span) > 1:
+                raise RequestError("a fitted vector belongs to one layer; choose one layer")
+            service.fits.check_allowed()
+        if req.intervention != "patch" and req.direction == "jacobian":
+            for layer in span:
+                self._jacobian(layer)                       # RequestError now, not after a minute of work
+        if req.intervention == "patch" and len(span) > MAX_SWEEP:
+            raise RequestError(f"a patch sweeps at most {MAX_SWEEP} layers at once; got {len(span)}")
         words = ((req.word,) if req.intervention != "patch" else ()) + req.targets
         targets = [service.prompts.target(t) for t in words]
-        changes = 1 if req.intervention == "ablate" else len(req.alphas if req.intervention == "steer" else span)
-        planning.check_work(planning.lens_work(len(ids), len(layers), "both" if len(names) > 1 else "logit")
-                            * (changes + 1), service.cfg.max_work, "this intervention")
         positions = self._positions(req.positions, len(ids))
         source_ids, sources = [], None
         if req.intervention == "patch":
             source_ids, positions, sources = self._patch_cells(req, ids, positions)
         base = planning.lens_spec(ids, layers, req.k, names, info.n_layers, service.jlens_layers,
                                   [list(t.token_ids) for t in targets], req.raw)
-        return Plan(req, names, layers, span, ids, targets, base, positions, source_ids, sources)
+        work = self._cost(req, names, layers, span, ids, targets, source_ids)
+        service.check_cost(work, "this intervention")
+        return Plan(req, names, layers, span, ids, targets, base, positions, source_ids, sources, work)
+
+    def _cost(self, req, names, layers, span, ids, targets, source_ids) -> cost.Cost:
+        """Every forward the intervention makes: the readout before and one per change (each with its targets'
+        continuations), a patch's source, a mean ablation's reference, and the generations before and after."""
+        changes = 1 if req.intervention == "ablate" else len(req.alphas if req.intervention == "steer" else span)
+        continuations = [len(t.token_ids) for t in targets if 1 < len(t.token_ids) <= MAX_CONTINUATION_TOKENS]
+        parts = self.service.cfg.part_cells
+        work = cost.readout(len(ids), len(layers), len(names), continuations, parts) * (changes + 1)
+        if req.intervention == "patch":
+            work = work + cost.forward(len(source_ids), len(layers), len(names))
+        if req.intervention == "ablate" and req.ablation == "mean":
+            work = work + cost.forward(len(self.service.prompts.ids(req.reference or REFERENCE_TEXT)), 1, 1)
+        if req.new_tokens:
+            # each a generation that reads only its new tokens' last layer (its prompt is not read: `_generate`)
+            work = work + cost.forward(len(ids) + req.new_tokens, 1, 1, read_positions=req.new_tokens) * (changes + 1)
+        return work
 
     def run(self, req: InterveneRequest, progress=None) -> InterventionResult:
         plan = self.plan(req)
@@ -115,9 +132,11 @@ class Intervener:
         else:
             changes = self._patch(plan)
         specs = [plan.base] + [dataclasses.replace(plan.base, edits=tuple(e)) for e in changes.edits]
+        deadline = self.service.deadline(plan.cost)
         results = [self._result(out, req.prompt, plan.ids, plan.layers, plan.targets)
-                   for out in self.service.engine.lens(specs)]
-        before_text, after_text = self._generate(req, plan.ids, changes.edits) if req.new_tokens else ("", [])
+                   for out in self.service.engine.lens(specs, deadline)]
+        before_text, after_text = (self._generate(req, plan.ids, changes.edits, deadline) if req.new_tokens
+                                   else ("", []))
         described = {"kind": req.intervention, "layers": plan.span, "positions": req.positions,
                      "changed_positions": None if plan.positions is None else list(plan.positions),
                      "lenses": list(plan.lenses), **changes.details}
@@ -143,10 +162,10 @@ class Intervener:
         norms = self.typical_norms()
         generated = not req.prompt_only and positions is None
         details = {"word": req.word, "from_word": req.from_word or None, "direction": req.direction,
-                   "alphas": list(req.alphas), "typical_norm": {layer: round(norms[layer], 4) for layer in span},
+                   "alphas": list(req.alphas), "typical_norm": {str(layer): round(norms[layer], 4) for layer in span},
                    "generated_tokens": generated}
         if req.direction == "fitted":
-            fit = self._fitted(req, ids, span[0], progress)
+            fit = self._fitted(req, ids, span[0], positions, progress)
             # A fitted vector's own length is alpha = fitted_alpha; the default sweep is 0, 1/2, 1 and 2 times it.
             fitted_alpha = fit.norm / norms[span[0]]
             if req.alphas == ALPHAS.default:
@@ -193,36 +212,18 @@ class Intervener:
             self._norms = [float(x) for x in out.norms]
         return self._norms
 
-    def _fitted(self, req, ids, layer, progress):
-        from ..fitting.steering import SteerConfig, fit_steering
+    def _fitted(self, req, ids, layer, positions, progress):
+        """A vector fitted (on the fitting desk, `fits.py`) where it will be applied: at `positions` (None: all)."""
+        from ..fitting.steering import SteerConfig
 
-        service = self.service
-        cfg = service.cfg
-        if cfg.max_fit_steps == 0:
-            raise RequestError("fitting steering vectors is turned off here (max_fit_steps is 0)")
-        target = service.prompts.target(req.word).token_ids[0]
-        steer = SteerConfig(objective=req.objective, positions="last" if req.positions != "all" else "all",
-                            max_steps=cfg.max_fit_steps, max_seconds=cfg.max_fit_seconds)
-        key = (tuple(ids), layer, target, steer)
-        if key in self._fits:
-            self._fits.move_to_end(key)
-            return self._fits[key]
-        with self._fitting:
-            model, resolved = self._fitting_model()
-            fit = fit_steering(model, resolved.family.layout("transformers"), list(ids), layer, target, steer,
-                               progress=progress)
-        self._fits[key] = fit
-        while len(self._fits) > FITS_KEPT:
-            self._fits.popitem(last=False)
-        return fit
-
-    def _fitting_model(self):
-        """The model on the transformers backend (gradients), loaded once, on the first fit."""
-        if self._fit_model is None:
-            from ..engine.loading import load_hf_model
-
-            self._fit_model = load_hf_model(self.service.cfg, device="cpu")
-        return self._fit_model
+        cfg = self.service.cfg
+        target = self.service.prompts.target(req.word).token_ids[0]
+        where = "all" if positions is None else tuple(positions)
+        if req.objective == "lens" and positions is not None and len(ids) - 1 not in positions:
+            raise RequestError("the lens objective reads the last position: include it in the positions changed")
+        steer = SteerConfig(objective=req.objective, positions=where, max_steps=cfg.max_fit_steps,
+                            max_seconds=cfg.max_fit_seconds)
+        return self.service.fits.fit(tuple(ids), layer, target, steer, progress)
 
     # -- ablate ---------------------------------------------------------------------------------------
     def _ablate(self, plan: Plan) -> Changes:
@@ -235,7 +236,8 @@ class Intervener:
         else:
             means = self._reference_means(req.reference or REFERENCE_TEXT, span, directions)
             edits = [Edit(layer, "set_component", directions[layer], positions, value=means[layer]) for layer in span]
-            details.update(reference=req.reference or REFERENCE_TEXT, means={k: round(v, 4) for k, v in means.items()})
+            details.update(reference=req.reference or REFERENCE_TEXT,
+                           means={str(k): round(v, 4) for k, v in means.items()})
         where = f"layer {span[0]}" if len(span) == 1 else f"layers {planning.span(span)}"
         return Changes([f"{req.ablation} {where}"], [], [edits], details)
 
@@ -287,17 +289,17 @@ class Intervener:
         return tuple(planning.parse_indices(text, n, "position"))
 
     # -- generation and the description ------------------------------------------------------------
-    def _generate(self, req, ids, edits) -> tuple[str, list[str]]:
-        """The text generated without and with each change (the same seed); one readout row, so it costs
-        little more than the generation itself."""
+    def _generate(self, req, ids, edits, deadline: float) -> tuple[str, list[str]]:
+        """The text generated without and with each change (the same seed), each a part of one engine request
+        (in flight together, taking turns with everyone else's); one readout row, so each costs little more
+        than the generation itself."""
         info, service = self.service.info, self.service
-        spec = planning.lens_spec(ids, [info.n_layers - 1], 1, ("logit",), info.n_layers, [])
+        spec = dataclasses.replace(planning.lens_spec(ids, [info.n_layers - 1], 1, ("logit",), info.n_layers, []),
+                                   read_prompt=False)
         seed = req.seed if req.seed is not None else 0
         sampling = Sampling(req.new_tokens, float(req.temperature), seed)
-        texts = []
-        for change in [[]] + edits:
-            out = service.engine.generate(dataclasses.replace(spec, edits=tuple(change)), sampling)
-            texts.append(service.prompts.text(out.token_ids))
+        specs = [dataclasses.replace(spec, edits=tuple(change)) for change in [[]] + edits]
+        texts = [service.prompts.text(out.token_ids) for out in service.engine.generate_all(specs, sampling, deadline)]
         return texts[0], texts[1:]
 
     def _checkpoint(self) -> CheckpointWeights:

@@ -2,8 +2,8 @@
 
 Pure functions of token ids and layer numbers (no model): which layers a lens may read (the
 Jacobian lens only where it has a J), which residuals the backend must read, which multi-token
-targets get a whole-continuation score, the chat readout's default layer, and how many cells a
-request reads (its work, checked against `max_work`).
+targets get a whole-continuation score, and the chat readout's default layer. What a request costs is
+`cost.py`'s.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from ..config import LENS_CHOICES, MAX_CONTINUATION_TOKENS
+from ..config import MAX_CONTINUATION_TOKENS
 from ..engine.protocol import Continuation, LensSpec
 from .fields import RequestError, layers
 
@@ -108,22 +108,6 @@ def continuation_index(target_ids: list[list[int]]) -> list[int | None]:
 def default_chat_layer(pool: list[int], n_layers: int) -> int:
     """The chat readout's layer when none is asked for: the one nearest two thirds of the depth."""
     return min(pool, key=lambda x: abs(x - 2 * (n_layers - 1) / 3))
-
-
-def lens_work(n_tokens: int, n_layers: int, lens: str) -> int:
-    """Cells a lens request reads: tokens x layers x lenses."""
-    return n_tokens * n_layers * len(LENS_CHOICES[lens])
-
-
-def generation_work(n_prompt: int, max_tokens: int, n_layers: int, lens: str) -> int:
-    """Cells a generation reads: every prompt position at step 0, then one per generated token."""
-    return (n_prompt + max_tokens) * n_layers * len(LENS_CHOICES[lens])
-
-
-def check_work(cells: int, max_work: int, what: str) -> None:
-    if cells > max_work:
-        raise RequestError(f"{what} reads {cells:,} cells; the limit is {max_work:,}: "
-                           "choose fewer layers, one lens, or a shorter prompt")
 
 
 class JLensSelection(NamedTuple):

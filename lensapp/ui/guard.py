@@ -1,12 +1,14 @@
 """The one error path: every failure reaches the user as one line of plain text.
 
 A handler runs through `Guard.ui` (the page's events) or `Guard.api` (the API endpoints): the
-client's rate is checked, and any exception becomes a `gr.Error` with a one-line message. The page
-renders an error's message as HTML, so there it is escaped (text, never markup); API clients get
-it as it is (no HTML entities). Expected failures (bad input, a busy or restarting engine) log one
-line and say it, with any server path shown by its name (`redact.py`). Anything else is a fault:
-the visitor reads a short reference, and the server's log has the same reference with the traceback
-(an exception's text can hold paths, addresses and settings that are the host's alone).
+client's rate is checked, the engine is told who is asking (its fair turns), and any exception
+becomes a `gr.Error` with a one-line message. Who is asking is an address no header a client writes can
+change (`service/identity.py`). The page renders an error's message as HTML, so there it is escaped
+(text, never markup); API clients get it as it is (no HTML entities). Expected failures (bad input, a
+busy or restarting engine) log one line and say it, with any server path shown by its name
+(`redact.py`). Anything else is a fault: the visitor reads a short reference, and the server's log has
+the same reference with the traceback (an exception's text can hold paths, addresses and settings that
+are the host's alone).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import gradio as gr
 
 from .. import redact
 from ..engine import EngineBusy, EngineError
+from ..engine.turns import asking
 from ..service import identity
 from ..service.fields import RequestError
 from ..service.limits import RateLimited, RateLimiter
@@ -58,8 +61,11 @@ class Guard:
 
     def _run(self, request, escape: bool, fn, *args, **kwargs):
         try:
-            self.limiter.check(client_address(request, self.trusted_proxies))
-            return fn(*args, **kwargs)
+            client = client_address(request, self.trusted_proxies)
+            self.limiter.check(client)
+            turn = None if client is None or identity.is_loopback(client) else identity.bucket(client)
+            with asking(turn):                   # whose turn (engine/turns): the host's (None), or a visitor's
+                return fn(*args, **kwargs)
         except gr.Error:
             raise
         except Exception as e:  # noqa: BLE001 - the one place every failure is turned into a message

@@ -168,6 +168,9 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
 
     def run(*values, request: gr.Request = None, progress=gr.Progress()):
         def heard(step, p, norm):
+            if step < 0:                                  # waiting its turn at the fitting desk (service/fits.py)
+                progress(0.0, desc=f"waiting for the fitter: {-step} fit{'s' if step < -1 else ''} ahead")
+                return
             progress(min(1.0, step / max(1, service.cfg.max_fit_steps)),
                      desc=f"fitting the steering vector: step {step}, P(word) {p:.2f}")
         return guard.ui(request, readout, *values, progress=heard)

@@ -183,7 +183,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
             warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
         result = service.lens(req)[0]
         for warning in (result.jlens or {}).get("warnings", []):    # read unlike the lens was fitted (BOS)
-            warn(f"Jacobian lens: {warning}.")
+            if warning not in getattr(service.jlens, "warnings", []):   # those are noted above the tab already
+                warn(f"Jacobian lens: {warning}.")
         last = len(result.input_ids) - 1
         cols = charts.window_of(len(result.input_ids), START(start), charts.DisplaySettings())
         pair, diff_chart = draw(result, metric, cols.start, note)

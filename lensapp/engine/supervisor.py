@@ -1,0 +1,168 @@
+"""The supervisor: starts the backend, watches it, and restarts it when it dies or stops stepping.
+
+A backend is dead when a call's error is one its `is_dead` recognises, when its `failure()` says so
+(checked every few seconds, so an idle app notices too), or when no engine step finished for
+`stall_timeout` seconds while work was in flight (the engine is stuck; a long request is not: its steps
+go on finishing, `Backend.progress`). Then the engine restarts it in this process: the old one is
+closed, a fresh one started, the Jacobian lens re-installed and the warm-up run. Calls in flight get
+`EngineRestarted` ("please run again"); calls that were waiting run on the new backend. Restarts back
+off; after `max_restarts` within `restart_window` seconds the engine is `down` and says why. A start
+that fails for a reason that would repeat (`StartFailed` with `permanent`, or a wrong layout or value)
+is not retried: the engine is down at once, with it.
+
+The engine (`core.py`) is a Supervisor: this holds the backend's life, that module the requests' path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from .errors import EngineDown
+from .protocol import Backend, StartFailed
+from .turns import FairSlots
+
+log = logging.getLogger(__name__)
+
+RESTART_DELAYS = (0.0, 5.0, 15.0, 30.0, 60.0)     # seconds before the n-th restart in a row
+# Start failures that the same code and settings will meet again (a layout the model does not have, a bad
+# value): the engine is down at once instead of retrying. Others (memory, a process that died) are retried.
+PERMANENT = (ValueError, TypeError, AttributeError, KeyError, ImportError, NotImplementedError)
+
+
+class Supervisor:
+    """The backend's life on the engine's loop. The engine sets what these read: _backend, _generation,
+    state, reason, _ready, _running, _slots, _jlens, _warm_up, _start_backend, _builder, _starting, _closed,
+    restart_times, max_restarts, restart_window, stall_timeout, watchdog_seconds, _in_flight, _completed."""
+
+    async def _boot(self) -> None:
+        asyncio.get_running_loop().create_task(self._watchdog())
+        await self._start_with_retries("starting")
+
+    async def _until_ready(self) -> None:
+        while self.state != "ready":
+            if self.state == "down":
+                raise EngineDown(f"the model is down: {self.reason}")
+            self._ready.clear()
+            await self._ready.wait()
+
+    def _restart_soon(self, generation: int, reason: str) -> None:
+        if generation != self._generation or self.state != "ready":
+            return                                       # another caller saw the same death first
+        log.error("the backend is dead (%s); restarting it", reason)
+        self._generation += 1
+        # Most requests on a dead vLLM get EngineDeadError at once, but one caught mid-submission can
+        # wait forever for an output that never comes (seen: 1 in 8 at a SIGKILL, held to its 120 s deadline).
+        for task in self._running:
+            task.cancel()
+        self._running.clear()
+        self.state, self.reason = "restarting", reason
+        asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        old, self._backend = self._backend, None
+        if old is not None:
+            await asyncio.get_running_loop().run_in_executor(None, close_quietly, old)
+        now = time.time()
+        recent = [t for t in self.restart_times if now - t < self.restart_window]
+        if len(recent) >= self.max_restarts:
+            self._go_down(f"{len(recent)} restarts within {self.restart_window / 60:.0f} minutes; last cause: "
+                          f"{self.reason}")
+            return
+        self.restart_times.append(now)
+        await asyncio.sleep(RESTART_DELAYS[min(len(recent), len(RESTART_DELAYS) - 1)])
+        await self._start_with_retries("restarting")
+
+    async def _start_with_retries(self, state: str) -> None:
+        self.state = state
+        for attempt in range(self.max_restarts):
+            try:
+                await self._start_once()
+                return
+            except Exception as e:  # noqa: BLE001 - a failure to start is retried (when it can pass), then reported
+                permanent = isinstance(e, PERMANENT) or getattr(e, "permanent", False)
+                if isinstance(e, StartFailed):
+                    log.error("starting the backend failed (attempt %d): %s", attempt + 1, e)
+                else:
+                    log.exception("starting the backend failed (attempt %d)", attempt + 1)
+                self.reason = f"the model could not start: {e if isinstance(e, StartFailed) else one_line(e)}"
+                if permanent:
+                    break                                # the same start would fail the same way
+                await asyncio.sleep(RESTART_DELAYS[min(attempt + 1, len(RESTART_DELAYS) - 1)])
+        self._go_down(self.reason)
+
+    async def _start_once(self) -> None:
+        t = time.perf_counter()
+        self._starting = self._builder.submit(self._start_backend)
+        backend = await asyncio.wrap_future(self._starting)
+        self._starting = None
+        try:
+            if self._jlens is not None:
+                await backend.install_jlens(self._jlens)
+            if self._warm_up is not None:
+                await self._warm_up(backend)
+        except Exception as e:
+            reason = dead(e, backend)              # before closing: a closed backend says only that
+            close_quietly(backend)
+            if reason is not None:                       # it died on its first requests: so it would again
+                raise StartFailed(f"it died on its first request: {reason}") from e
+            raise
+        except BaseException:
+            close_quietly(backend)
+            raise
+        if self._slots is None:                          # one at a time unless the backend batches
+            size = self.max_batch if backend.concurrent else 1
+            self._slots = FairSlots(size, min(self.parts_per_client, size))
+        if self._closed:
+            close_quietly(backend)
+            return
+        self._backend, self.state = backend, "ready"
+        self._ready.set()
+        log.info("the model is ready (%.1f s)", time.perf_counter() - t)
+
+    def _go_down(self, reason: str) -> None:
+        log.error("the model is down: %s", reason)
+        self.state, self.reason = "down", reason
+        self._ready.set()                                # waiting callers wake up and are told
+
+    async def _watchdog(self) -> None:
+        """Every few seconds: a backend that says it died, or one that finished no step for `stall_timeout`
+        seconds while parts were in flight, is restarted. Its own steps (`Backend.progress`) count, so a long
+        generation that keeps stepping is never taken for a stuck engine."""
+        loop = asyncio.get_running_loop()
+        seen, since = None, loop.time()
+        while True:
+            await asyncio.sleep(self.watchdog_seconds)
+            backend = self._backend
+            if self.state != "ready" or backend is None:
+                seen = None
+                continue
+            reason = backend.failure()
+            if reason:
+                self._restart_soon(self._generation, reason)
+                continue
+            mark = (self._generation, backend.progress(), self._completed)
+            if self._in_flight == 0 or mark != seen:
+                seen, since = mark, loop.time()
+            elif loop.time() - since > self.stall_timeout:
+                self._restart_soon(self._generation, f"no engine step finished in {loop.time() - since:.0f} s "
+                                                     f"while {self._in_flight} requests were in flight")
+                seen = None
+
+
+def dead(error: BaseException, backend: Backend) -> str | None:
+    """Why `error` means the backend is dead, or None when it is this request's own failure."""
+    return backend.is_dead(error) or backend.failure()
+
+
+def close_quietly(backend: Backend) -> None:
+    try:
+        backend.close()
+    except Exception as e:  # noqa: BLE001 - a dead backend may fail to close; it is gone either way
+        log.warning("closing the old backend: %s", one_line(e))
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
