@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 
 from . import config, space
-from .service import fields
+from .service.field import fields_of
+from .service.kinds import KINDS
 
 EXIT_USAGE = 2
 MAX_CLI_PROMPTS = 64
@@ -38,14 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lensapp", description="Read what a language model predicts at every "
                                      "layer (logit lens, Jacobian lens), from the command line or in the browser.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help, request_fields) in REQUEST_COMMANDS.items():
-        command = sub.add_parser(name, help=help)
-        if name == "intervene":
-            kind = command.add_mutually_exclusive_group(required=True)
-            for what, (flag, field) in INTERVENTION_FLAGS.items():
-                kind.add_argument(flag, dest=what, metavar="SOURCE" if what == "patch" else "WORD",
-                                  help=f"{what}: {field.help}")
-        add_request_arguments(command, request_fields)
+    for kind in commands().values():
+        add_request_arguments(sub.add_parser(kind.name, help=kind.command), kind.request)
     add_fit_arguments(sub.add_parser("fit", help="fit a Jacobian lens (TransformersModel, backward passes)"))
     serve = sub.add_parser("serve", help="the web app (Gradio) on http://HOST:PORT")
     config.add_arguments(serve)
@@ -53,32 +48,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The request commands and their fields (service/fields.py), in the order `--help` lists them.
-REQUEST_COMMANDS = {
-    "lens": ("every layer's readout for one or more prompts, run together",
-             (fields.PROMPTS, fields.LENS, fields.TARGETS, fields.LAYERS, fields.K, fields.CHAT, fields.RAW,
-              fields.SKIP_PUNCTUATION)),
-    "generate": ("generate, with a readout of the newest position at every step",
-                 (fields.PROMPT, fields.MAX_TOKENS, fields.TEMPERATURE, fields.SEED, fields.LENS, fields.LAYERS,
-                  fields.K, fields.CHAT, fields.RAW)),
-    # --steer WORD, --ablate WORD and --patch-from SOURCE (one of them) say the intervention; see below.
-    "intervene": ("steer, ablate or patch a layer's output, and read every lens before and after",
-                  (fields.PROMPT, fields.SPAN, fields.ALPHAS, fields.DIRECTION, fields.FROM_WORD, fields.OBJECTIVE,
-                   fields.POSITIONS, fields.PROMPT_ONLY, fields.ABLATION, fields.REFERENCE, fields.SOURCE_POSITIONS,
-                   fields.LENS, fields.LAYERS, fields.K, fields.TARGETS, fields.NEW_TOKENS, fields.TEMPERATURE,
-                   fields.SEED, fields.CHAT, fields.RAW)),
-}
-# The intervention's kind, as the flag that carries its word or source prompt.
-INTERVENTION_FLAGS = {"steer": ("--steer", fields.WORD), "ablate": ("--ablate", fields.WORD),
-                      "patch": ("--patch-from", fields.SOURCE)}
+def commands() -> dict:
+    """The request kinds with a command (service/kinds.py): each command's arguments are its request's fields."""
+    return {name: kind for name, kind in KINDS.items() if kind.command}
 
 
-def add_request_arguments(parser: argparse.ArgumentParser, request_fields) -> None:
-    """An argument per request field, as text: the field's own parser reads it (as it reads a link or the
-    API), so a bad value gets the same one line everywhere. A field without a flag is positional."""
-    for field in request_fields:
+def add_request_arguments(parser: argparse.ArgumentParser, request: type) -> None:
+    """An argument per field of `request`, in its declared order, as text: the field's own parser reads it (as it
+    reads a link or the API), so a bad value gets the same one line everywhere. A field without a flag is
+    positional; one that `selects` another's value is a required choice of flags (--steer WORD, ...)."""
+    for field in fields_of(request).values():
         help = field.help.replace("%", "%%")
-        if not field.flag:
+        if field.selects:
+            group = parser.add_mutually_exclusive_group(required=True)
+            for value, (flag, target) in field.selects.items():
+                group.add_argument(flag, dest=f"select_{value}", metavar=target.upper(),
+                                   help=f"{value}: {fields_of(request)[target].help}")
+        elif not field.cli:
+            continue
+        elif not field.flag:
             parser.add_argument(field.name, nargs="+" if isinstance(field.default, tuple) else None, help=help)
         elif isinstance(field.default, bool):
             parser.add_argument(field.flag, dest=field.name, action="store_true", default=None, help=help)
@@ -112,15 +100,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def request_of(args):
-    """The request a `lens`, `generate` or `intervene` command line asks for, read by the fields' parsers."""
-    from .service import GenerateRequest, InterveneRequest, LensRequest
-
-    cls = {"lens": LensRequest, "generate": GenerateRequest, "intervene": InterveneRequest}[args.command]
-    values = {field.name: getattr(args, field.name) for field in REQUEST_COMMANDS[args.command][1]}
-    if args.command == "intervene":
-        kind = next(what for what in INTERVENTION_FLAGS if getattr(args, what) is not None)
-        values.update(intervention=kind, **{INTERVENTION_FLAGS[kind][1].name: getattr(args, kind)})
-    return cls.parse(**values)
+    """The request a request command line asks for, read by its fields' parsers (and its `selects` flags)."""
+    request = commands()[args.command].request
+    values = {}
+    for field in fields_of(request).values():
+        if field.selects:
+            value = next(v for v in field.selects if getattr(args, f"select_{v}") is not None)
+            values.update({field.name: value, field.selects[value][1]: getattr(args, f"select_{value}")})
+        elif field.cli:
+            values[field.name] = getattr(args, field.name)
+    return request.parse(**values)
 
 
 def _run(args, cfg: config.Config) -> int:

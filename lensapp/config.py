@@ -55,6 +55,8 @@ MAX_TITLE_CHARS = 120
 MAX_NOTE_CHARS = 1000
 MAX_EXPORT_ROWS = 200_000
 DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache is sized for it)
+# A temperature below vLLM's own threshold decodes greedily on every backend (logits divided by 1e-73 overflow).
+GREEDY_BELOW = 1e-5
 
 # The app's tabs, by the name a link (`tab=`) and a workshop file (`tabs:`) give them.
 TABS = ("logit", "jacobian", "generate", "compare", "intervene")

@@ -143,12 +143,11 @@ def test_a_generation_that_stops_at_eos_has_a_readout_for_every_token(vllm_servi
 
 
 def test_bad_input_is_refused_and_the_engine_keeps_serving(vllm_service):
-    for req, msg in [(LensRequest(prompts=("x",), layers="30"), "outside"), (LensRequest(prompts=("",)), "empty"),
-                     (LensRequest(prompts=("x",), k=101), "k must"),
-                     (LensRequest(prompts=("hello " * 600,)), "limit"),
-                     (LensRequest(prompts=("x",), lens="jacobian"), "no Jacobian lens")]:
-        with pytest.raises(RequestError, match=msg):
-            vllm_service.lens(req)
+    for ask, msg in [({"prompts": ("x",), "layers": "30"}, "outside"), ({"prompts": ("",)}, "empty"),
+                     ({"prompts": ("x",), "k": 101}, "k must"), ({"prompts": ("hello " * 600,)}, "limit"),
+                     ({"prompts": ("x",), "lens": "jacobian"}, "no Jacobian lens")]:
+        with pytest.raises(RequestError, match=msg):            # when the request is made, or when it is planned
+            vllm_service.lens(LensRequest(**ask))
     assert vllm_service.lens(LensRequest(prompts=("ok",), layers="-1"))[0].layers == [29]
 
 

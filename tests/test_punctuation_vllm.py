@@ -71,7 +71,7 @@ def test_the_page_the_api_and_the_cli_show_the_same_cells(both, vllm_service, mo
                                                 settings)
     assert "rank " in out[-1] and "<table>" in out[-1]                      # the table alternative
 
-    endpoint = next(e for e in api.ENDPOINTS if e.name == "lens")
+    endpoint = next(e for e in api.endpoints() if e.name == "lens")
     answer = api.endpoint_function(endpoint, vllm_service, Guard(RateLimiter(0)))(PROMPT, skip_punctuation=True)
     assert {key: answer["lenses"]["logit"][key] for key in ("display_tokens", "display_ranks", "top_tokens")} == \
         {key: expected[key] for key in ("display_tokens", "display_ranks", "top_tokens")}

@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ..config import GREEDY_BELOW
 from ..interventions import KINDS
 
 # `lenses.layer_readouts` fields: top_ids, top_probs [L, P, k], entropy [L, P], kl_to_final [L, P], ...
@@ -168,8 +169,6 @@ class Sampling:
         by 1e-73 overflow to inf, and sampling from them fails."""
         return self.temperature < GREEDY_BELOW
 
-
-GREEDY_BELOW = 1e-5
 
 
 @dataclass

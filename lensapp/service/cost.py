@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine import parts
-from .fields import RequestError
+from .field import RequestError
 
 
 @dataclass(frozen=True)

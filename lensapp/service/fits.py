@@ -18,7 +18,7 @@ from typing import Callable
 
 from ..engine.turns import CLIENT
 from ..fitting.worker import FitJob, FitStopped, FitWorker
-from .fields import RequestError
+from .field import RequestError
 
 FITS_KEPT = 32
 

@@ -31,8 +31,11 @@ from ..engine.protocol import Edit, LensSpec, Sampling
 from ..engine.weights import CheckpointWeights, WeightsNotFound
 from ..results import InterventionResult, LensResult
 from . import cost, planning
-from .fields import ALPHAS, RequestError
+from .field import RequestError
+from .fields import ALPHAS
 from .requests import InterveneRequest
+from .selection import Selection
+from .selection import span as span_text
 
 # A paragraph of plain English: each layer's typical residual norm (the unit of alpha) is measured on it.
 REFERENCE_TEXT = ("The old harbour town wakes early. Fishing boats come back before the sun is high, and the "
@@ -75,11 +78,10 @@ class Intervener:
     # -- the request --------------------------------------------------------------------------------
     def plan(self, req: InterveneRequest) -> Plan:
         """Every check the request gets that needs no engine: the CLI asks this before vLLM starts."""
-        req = req.checked()
         service, info = self.service, self.service.info
         names = self._lenses(req.lens)
         layers = planning.lens_layers(req.layers, names, info.n_layers, service.jlens_layers)
-        span = planning.parse_layers(req.layer, info.n_layers)
+        span = req.layer.resolve(info.n_layers)
         ids = service.prompts.ids(req.prompt, req.chat)
         if req.intervention != "patch" and not req.word.strip():
             raise RequestError(f"{'steering' if req.intervention == 'steer' else 'ablation'} needs a word")
@@ -198,7 +200,7 @@ class Intervener:
         if layer == self.service.info.n_layers - 1:
             return torch.eye(self.service.info.d_model)
         if layer not in lens.J:
-            raise RequestError(f"the Jacobian lens has no J at layer {layer}; it covers {planning.span(lens.layers)}")
+            raise RequestError(f"the Jacobian lens has no J at layer {layer}; it covers {span_text(lens.layers)}")
         return lens.J[layer].float()
 
     def typical_norms(self) -> list[float]:
@@ -238,7 +240,7 @@ class Intervener:
             edits = [Edit(layer, "set_component", directions[layer], positions, value=means[layer]) for layer in span]
             details.update(reference=req.reference or REFERENCE_TEXT,
                            means={str(k): round(v, 4) for k, v in means.items()})
-        where = f"layer {span[0]}" if len(span) == 1 else f"layers {planning.span(span)}"
+        where = f"layer {span[0]}" if len(span) == 1 else f"layers {span_text(span)}"
         return Changes([f"{req.ablation} {where}"], [], [edits], details)
 
     def _reference_means(self, text: str, span: list[int], directions: dict) -> dict[int, float]:
@@ -282,11 +284,11 @@ class Intervener:
                    "source_positions": list(plan.sources), "word": req.targets[0] if req.targets else None}
         return Changes([f"layer {layer}" for layer in span], [float(layer) for layer in span], edits, details, source)
 
-    def _positions(self, text: str, n: int) -> tuple[int, ...] | None:
-        """Prompt positions `text` names ('all': None), negative counting from the end."""
-        if text.strip().lower() == "all":
+    def _positions(self, selection: Selection, n: int) -> tuple[int, ...] | None:
+        """Prompt positions a selection names ('all': None), negative counting from the end."""
+        if selection.is_all:
             return None
-        return tuple(planning.parse_indices(text, n, "position"))
+        return tuple(selection.resolve(n, "position"))
 
     # -- generation and the description ------------------------------------------------------------
     def _generate(self, req, ids, edits, deadline: float) -> tuple[str, list[str]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-from .fields import RequestError
+from .field import RequestError
 from .identity import bucket, is_loopback
 
 

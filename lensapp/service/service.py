@@ -29,12 +29,12 @@ from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
 from ..results import ChatReply, Comparison, GenerationResult, InterventionResult, LensResult, Target
 from . import cost, planning
 from .cache import ResultCache
-from .fields import RequestError, show
+from .field import RequestError, show
 from .fits import FitDesk
 from .intervening import Intervener
-from .planning import span
 from .prompts import Prompts, load_tokenizer
 from .requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
+from .selection import span
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,6 @@ class LensService:
     # -- requests ------------------------------------------------------------------------------------
     def lens(self, req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> list[LensResult]:
         """Every requested lens, layer and position for each prompt; the prompts run together."""
-        req = req.checked()
         self._observe("lens", req)
         return self._lens(req, max_prompts)
 
@@ -123,7 +122,6 @@ class LensService:
     def compare(self, req: LensRequest) -> Comparison:
         """2..MAX_COMPARE_PROMPTS prompts read the same way, in flight together; each prompt's result is
         exactly what `lens` gives for it alone."""
-        req = req.checked()
         if not 2 <= len(req.prompts) <= MAX_COMPARE_PROMPTS:
             raise RequestError(f"compare takes 2 to {MAX_COMPARE_PROMPTS} prompts; got {len(req.prompts)}")
         self._observe("compare", req)
@@ -131,7 +129,6 @@ class LensService:
 
     def generate(self, req: GenerateRequest) -> GenerationResult:
         """Generate and read the newest position at every step (step 0: all prompt positions)."""
-        req = req.checked()
         self._observe("generate", req)
         plan = self._plan_generate(req)
         sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
@@ -155,8 +152,8 @@ class LensService:
         if isinstance(req, InterveneRequest):
             return self.intervener.plan(req).cost
         if isinstance(req, LensRequest):
-            return self._plan_lens(req.checked(), max_prompts).cost
-        return self._plan_generate(req.checked()).cost
+            return self._plan_lens(req, max_prompts).cost
+        return self._plan_generate(req).cost
 
     def _bos(self, lenses: tuple[str, ...]) -> bool:
         """Prepend BOS to a prompt read through the Jacobian lens, when the lens was fitted so (jlens.py)."""
@@ -198,7 +195,6 @@ class LensService:
 
     def chat(self, req: ChatRequest) -> ChatReply:
         """Answer a conversation with a per-token readout of one lens at one layer (negative counts from the end)."""
-        req = req.checked()
         self._observe("chat", req)
         pool = self.chat_layers(req.lens)
         n = self.info.n_layers
@@ -227,7 +223,6 @@ class LensService:
         """Steer, ablate or patch, and read before and after (service/intervening.py); identical requests are
         computed once (a generation here always has a seed: 0 unless given). `progress(step, p, norm)` hears
         a fitted vector's steps."""
-        req = req.checked()
         self._observe("intervene", req)
         key = self._key("intervene", *(getattr(req, f) for f in req.__dataclass_fields__))
         return self.cache.get_or_compute(key, lambda: self.intervener.run(req, progress))

@@ -29,7 +29,7 @@ from gradio.utils import get_upload_folder
 
 from ..config import MAX_EXPORT_ROWS
 from ..results import Comparison, GenerationResult, InterventionResult, LensResult
-from ..service.fields import RequestError
+from ..service.field import RequestError
 from .tabs import PRIVATE
 
 # The built file's address arrives as the hidden DownloadButton's value; the browser saves it from there.

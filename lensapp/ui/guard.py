@@ -24,7 +24,7 @@ from .. import redact
 from ..engine import EngineBusy, EngineError
 from ..engine.turns import asking
 from ..service import identity
-from ..service.fields import RequestError
+from ..service.field import RequestError
 from ..service.limits import RateLimited, RateLimiter
 
 log = logging.getLogger(__name__)

@@ -59,7 +59,7 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
         with gr.Row():
             prompt = gr.Textbox(label="Prompt", value=d.prompt, lines=2, max_lines=6, scale=3,
                                 elem_id="intervene-prompt")
-            kind = gr.Radio(list(f.INTERVENTIONS), value=d.intervention, label="Intervention",
+            kind = gr.Radio(list(f.KIND.choices), value=d.intervention, label="Intervention",
                             elem_id="intervene-kind")
         with gr.Row():
             word = gr.Textbox(label="Word (steer toward it, or ablate it)", value=d.word, elem_id="intervene-word")
@@ -72,11 +72,12 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
         with gr.Row():
             alphas = gr.Textbox(label="Alphas (steer: × the layer's typical norm; a sweep)", value=as_text(d.alphas),
                                 elem_id="intervene-alphas")
-            direction = gr.Radio(list(f.DIRECTIONS), value=d.direction, label="Direction",
+            direction = gr.Radio(list(f.DIRECTION.choices), value=d.direction, label="Direction",
                                  elem_id="intervene-direction")
-            objective = gr.Radio(["lens", "output"], value=d.objective, label="Fitted: make read the word by",
+            objective = gr.Radio(list(f.OBJECTIVE.choices), value=d.objective, label="Fitted: make read the word by",
                                  elem_id="intervene-objective")
-            ablation = gr.Radio(["project", "mean"], value=d.ablation, label="Ablation", elem_id="intervene-ablation")
+            ablation = gr.Radio(list(f.ABLATION.choices), value=d.ablation, label="Ablation",
+                                elem_id="intervene-ablation")
         with gr.Row():
             source = gr.Textbox(label="Patch: source prompt (its cells are copied in)", value=d.source, scale=3,
                                 elem_id="intervene-source")

@@ -17,7 +17,8 @@ from .. import charts, redact
 from ..config import MAX_K, PUNCTUATION_WIDTH
 from ..service import LensRequest
 from ..service import fields as f
-from ..service.planning import jlens_subset, span
+from ..service.planning import jlens_subset
+from ..service.selection import span
 from ..snippets import lens_snippet, model_reference
 from .downloads import Downloads
 from .examples import lens_examples

@@ -16,7 +16,7 @@ import gradio as gr
 
 from .. import config
 from ..charts import Highlight
-from ..service.fields import RequestError
+from ..service.field import RequestError
 from . import permalinks
 from .permalinks import View
 from .tabs import md_text

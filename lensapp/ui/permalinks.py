@@ -21,8 +21,9 @@ from urllib.parse import parse_qsl, quote, urlencode
 from .. import config
 from ..charts import METRICS
 from ..service import fields as f
-from ..service.fields import Field, RequestError
-from ..service.planning import parse_layers
+from ..service import parsers
+from ..service.field import Field, RequestError, clip
+from ..service.selection import Selection
 
 FORMAT_VERSION = 1
 TABS = config.TABS
@@ -32,19 +33,19 @@ DEFAULT_COMPARE = ("The capital of France is", "The capital of Italy is")
 DEFAULT_WORD, DEFAULT_SPAN = "Rome", "-8"
 
 # What only a view has. The prompt(s) a page opens on are examples, not a request's defaults.
-TAB = Field("tab", "which tab the link opens", "logit", f.choice("tab", TABS))
-METRIC = Field("metric", "what colours the cells", "top1_prob", f.choice("metric", tuple(METRICS)))
+TAB = Field("tab", "which tab the link opens", "logit", parsers.choice("tab", TABS))
+METRIC = Field("metric", "what colours the cells", "top1_prob", parsers.choice("metric", tuple(METRICS)))
 START = Field("start", "the first position drawn of a long prompt (none: the last ones)", None,
-              f.optional_whole("start", 0, 1 << 20))
+              parsers.optional_whole("start", 0, 1 << 20))
 VIEW_PROMPT = replace(f.PROMPT, default=DEFAULT_PROMPT, required=False)
 VIEW_PROMPTS = replace(f.PROMPTS, default=DEFAULT_COMPARE, required=False)
 VIEW_WORD = replace(f.WORD, default=DEFAULT_WORD)
 VIEW_SPAN = replace(f.SPAN, default=DEFAULT_SPAN, required=False)
 # A link's words, shown above its view (ui/notes.py): bounded text, shown as text, never stored.
 TITLE = Field("title", f"the link's title, shown above its view (one line, up to {config.MAX_TITLE_CHARS} characters)",
-              "", lambda raw: _one_line(f.text("the title", config.MAX_TITLE_CHARS, empty_ok=True)(raw)))
+              "", lambda raw: _one_line(parsers.text("the title", config.MAX_TITLE_CHARS, empty_ok=True)(raw)))
 NOTE = Field("note", f"a note shown above the view (up to {config.MAX_NOTE_CHARS} characters; 'layer 22' or a token "
-             "in backticks outlines its cells)", "", f.text("the note", config.MAX_NOTE_CHARS, empty_ok=True))
+             "in backticks outlines its cells)", "", parsers.text("the note", config.MAX_NOTE_CHARS, empty_ok=True))
 # Request fields a link names more briefly: link name -> the request field's name.
 SHORT_NAMES = {"punct": f.SKIP_PUNCTUATION.name}
 PUNCT = replace(f.SKIP_PUNCTUATION, name="punct")
@@ -195,7 +196,7 @@ def _utf8(raw: str) -> str:
 
 def _fit_layers(view: View, n_layers: int, jlens_layers: list[int] | None, notices: list[str]) -> View:
     try:
-        layers = parse_layers(view.layers, n_layers)
+        layers = Selection(view.layers).resolve(n_layers)
         if view.tab == "jacobian" and jlens_layers and not set(layers) & set(jlens_layers):
             raise RequestError(f"none of them has a Jacobian lens; it covers {', '.join(map(str, jlens_layers))}")
     except RequestError as e:
@@ -249,14 +250,14 @@ def _one_line(text: str) -> str:
 
 def _printable(text: str) -> str:
     """Clipped, and quoted with escapes when it holds a line break or another unprintable character."""
-    return f.clip(text) if text.isprintable() else repr(f.clip(text))
+    return clip(text) if text.isprintable() else repr(clip(text))
 
 
 def _show(value) -> str:
     if isinstance(value, tuple):
         return as_text(value) or "none"
     if isinstance(value, str):
-        return repr(f.clip(value)) if value else "none"
+        return repr(clip(value)) if value else "none"
     return str(value)
 
 
