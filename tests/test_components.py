@@ -193,3 +193,27 @@ def test_report_the_worst_errors():
     """Prints what the comparisons above measured (run with -s to see it)."""
     for (model_type, backend), worst in sorted(WORST.items()):
         print(f"components vs reference: {model_type:10s} {backend:12s} worst relative error {worst:.2e}")
+
+
+def test_the_code_snippet_reproduces_the_apps_components(service, family, tmp_path):
+    """'Show the code' run as a script (a file, as a notebook user's cell) gives the app's parts and pattern."""
+    import runpy
+
+    from lensapp import snippets
+    from lensapp.engine.anatomy import anatomy_of
+    from lensapp.service.components import model_shape
+
+    model_type, folder, _ = family
+    r = service.components(ComponentsRequest(prompt=PROMPT, target="Paris", foil="London", position=-2, patterns=1))
+    code = snippets.components_snippet(family=service.model.family, anatomy=anatomy_of(model_type), model=str(folder),
+                                       prompt=PROMPT, target="Paris", foil="London", position=r.position, patterns=1,
+                                       head_dim=model_shape(service.model.hf_config)[1])
+    script = tmp_path / "components.py"
+    script.write_text(code)
+    got = runpy.run_path(str(script))["components"]
+    app = r.to_json()
+    scale = max(abs(app["logit"]), float(np.abs(r.heads).max()), float(np.abs(r.attn).max()))
+    for key in ("embed", "attn", "mlp", "heads", "bias"):
+        np.testing.assert_allclose(got["parts"][key], app["parts"][key], rtol=0, atol=1e-4 * scale, err_msg=key)
+    assert got["logit"] == pytest.approx(app["logit"], abs=1e-4 * scale)
+    np.testing.assert_allclose(got["patterns"]["1"], app["patterns"]["1"], atol=1e-5)
