@@ -59,7 +59,7 @@ DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache
 GREEDY_BELOW = 1e-5
 
 # The app's tabs, by the name a link (`tab=`) and a workshop file (`tabs:`) give them.
-TABS = ("logit", "jacobian", "generate", "compare", "intervene")
+TABS = ("logit", "jacobian", "generate", "compare", "intervene", "components")
 
 # The lenses, and what a request's `lens` field may name.
 LENSES = ("logit", "jacobian")

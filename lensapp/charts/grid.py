@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import altair as alt
 import numpy as np
@@ -173,7 +174,8 @@ def cell_text(token: str, rank: int, s: DisplaySettings) -> str:
 
 
 def cell_rows(grid: Grid, values: np.ndarray, shade: np.ndarray, s: DisplaySettings,
-              highlight: Highlight = Highlight()) -> list[dict]:
+              highlight: Highlight = Highlight(), href: Callable[[int, int, str], str] | None = None) -> list[dict]:
+    """One row per cell; `href(layer, position, top-1 token)`, when given, is the link a click on the cell opens."""
     labels = column_labels(grid.column_tokens, s.max_label_chars)
     k = min(grid.top_probs.shape[-1], s.tooltip_k)
     rows = []
@@ -189,6 +191,8 @@ def cell_rows(grid: Grid, values: np.ndarray, shade: np.ndarray, s: DisplaySetti
                 "ink": "white" if shade[i, c] < 0.55 else "black",
                 "noted": highlight.marks(int(layer), token),
             }
+            if href is not None and grid.column_kind == "position":
+                row["href"] = href(int(layer), grid.first + c, top[0])
             if grid.shown is not None:
                 row["shown"] = (f"{show_token(token)}   {100 * p:.1f}% (skipping punctuation: rank {rank})" if rank
                                 else f"no word in the top {grid.shown[3]}: showing #1")
@@ -223,13 +227,13 @@ def domain_of(values: np.ndarray, metric: Metric) -> tuple[float, float]:
 
 def heatmap(grid: Grid, metric: str, target: int, s: DisplaySettings, title: str,
             domain: tuple[float, float] | None = None, pad: int = 0, x_title: str | None = None,
-            highlight: Highlight = Highlight()) -> alt.LayerChart:
+            highlight: Highlight = Highlight(), href: Callable[[int, int, str], str] | None = None) -> alt.LayerChart:
     """One layer x column heatmap; `pad` empty columns before the first (their labels show nothing); the
-    cells `highlight` marks are outlined."""
+    cells `highlight` marks are outlined; a click on a cell opens `href(layer, position, top-1 token)`."""
     values = grid.metric_values(metric, target)          # raises on an unknown metric or missing target
     m = METRICS[metric]
     domain = domain or domain_of(values, m)
-    rows = cell_rows(grid, values, shade(values, m, domain), s, highlight)
+    rows = cell_rows(grid, values, shade(values, m, domain), s, highlight, href)
     order = [PAD * (i + 1) for i in range(pad)] + column_labels(grid.column_tokens, s.max_label_chars)
     if x_title is None:
         x_title = "prompt tokens (position →)" if grid.column_kind == "position" else "generated token (step →)"
@@ -249,6 +253,8 @@ def heatmap(grid: Grid, metric: str, target: int, s: DisplaySettings, title: str
     rect = base.mark_rect(stroke="white", strokeWidth=0.5).encode(
         color=alt.Color("value:Q", scale=scale, title=grid.metric_title(metric, target),
                         legend=alt.Legend(orient="top", direction="horizontal", gradientLength=220, titleLimit=400)))
+    if href is not None:
+        rect = rect.encode(href="href:N")
     text = base.mark_text(fontSize=s.font_size, limit=s.cell_width - 4).encode(
         text="top1:N", color=alt.condition("datum.ink === 'white'", alt.value("white"), alt.value("black")))
     marks = [rect, text]

@@ -31,15 +31,17 @@ from .tokens import clip, column_labels, show_token
 
 def lens_heatmap(result: LensResult, lens: str = "logit", metric: str = "top1_prob", target: int = 0,
                  settings: DisplaySettings = DisplaySettings(), start: int | None = None,
-                 highlight: Highlight = Highlight()):
+                 highlight: Highlight = Highlight(), href=None):
     """Layers x prompt tokens; each cell the lens's top-1 token (or, skipping punctuation, its best word),
-    coloured by `metric`; the cells `highlight` names are outlined."""
+    coloured by `metric`; the cells `highlight` names are outlined; a click on a cell opens
+    `href(layer, position, top-1 token)` when given (the Components tab's "who wrote this?")."""
     grid = Grid.from_lens(result, lens)
     cols = window_of(len(grid.column_tokens), start, settings)
     what = "top-1 token" if grid.shown is None else "best word (skipping punctuation; ² = rank 2)"
     title = f"{LENS_TITLES[lens]}: {what} per layer and position" + _range(cols, len(grid.column_tokens))
     chart = heatmap(grid.window(cols.start, cols.stop), metric, target, settings, title,
-                    domain=domain_of(grid.metric_values(metric, target), METRICS[metric]), highlight=highlight)
+                    domain=domain_of(grid.metric_values(metric, target), METRICS[metric]), highlight=highlight,
+                    href=href)
     return finish(_with_overview(chart, grid, metric, target, cols, settings), settings, f"{lens}-lens")
 
 

@@ -22,9 +22,10 @@ def row_name(layer: int, part: str) -> str:
 
 
 def sublayer_heatmap(result: LensResult, metric: str = "top1_prob", target: int = 0,
-                     settings: DisplaySettings = DisplaySettings(), start: int | None = None):
+                     settings: DisplaySettings = DisplaySettings(), start: int | None = None, href=None):
     """Rows L.attn and L.mlp for every read layer (layer 0 at the bottom) x prompt positions, each cell the logit
-    lens's top-1 there, coloured by `metric` on one scale for both kinds of row."""
+    lens's top-1 there, coloured by `metric` on one scale for both kinds of row; a click on a cell opens
+    `href(layer, position, top-1 token)` when given."""
     if result.after_attention is None or "logit" not in result.after_attention:
         raise ValueError("this result was read without sublayers")
     parts = {"attn": Grid.from_lens(_as_lens(result), "logit"), "mlp": Grid.from_lens(result, "logit")}
@@ -35,7 +36,7 @@ def sublayer_heatmap(result: LensResult, metric: str = "top1_prob", target: int 
     rows = []
     for part, grid in parts.items():
         window = grid.window(cols.start, cols.stop)
-        for row in cell_rows(window, values[part], shade(values[part], m, domain), settings):
+        for row in cell_rows(window, values[part], shade(values[part], m, domain), settings, href=href):
             rows.append(row | {"row": row_name(row["layer"], part), "part": "after attention" if part == "attn"
                                else "after the MLP"})
     order = [row_name(layer, part) for layer in reversed(result.layers) for part in ("mlp", "attn")]
@@ -54,6 +55,8 @@ def sublayer_heatmap(result: LensResult, metric: str = "top1_prob", target: int 
         color=alt.Color("value:Q", scale=alt.Scale(scheme=settings.scheme, domain=list(domain),
                                                    type="log" if m.log else "linear", reverse=m.log),
                         title=title, legend=alt.Legend(orient="top", direction="horizontal", gradientLength=220)))
+    if href is not None:
+        rect = rect.encode(href="href:N")
     text = base.mark_text(fontSize=settings.font_size, limit=settings.cell_width - 4).encode(
         text="top1:N", color=alt.condition("datum.ink === 'white'", alt.value("white"), alt.value("black")))
     shown = f" (positions {cols.start}-{cols.stop - 1})" if len(cols) < len(result.input_ids) else ""

@@ -39,10 +39,16 @@ def model_shape(hf_config) -> tuple[int, int]:
     return n_heads, int(head_dim)
 
 
+def unavailable(service) -> str | None:
+    """Why this service's model cannot have its components read (one line), or None when it can."""
+    model_type = getattr(getattr(service.model, "hf_config", None), "model_type", None)
+    return refusal(str(model_type), getattr(getattr(service, "cfg", None), "pipeline_parallel_size", 1))
+
+
 def plan(service, req: ComponentsRequest) -> ComponentsPlan:
     """Every check the request gets before any engine: RequestError with one line."""
     model, info = service.model, service.info
-    why = refusal(model.hf_config.model_type, service.cfg.pipeline_parallel_size)
+    why = unavailable(service)
     if why:
         raise RequestError(why)
     ids = service.prompts.ids(req.prompt, req.chat)
@@ -66,12 +72,11 @@ def plan(service, req: ComponentsRequest) -> ComponentsPlan:
 def sublayer_part(service) -> str:
     """Where a lens with sublayers reads each block's MLP part (`LensSpec.after_attention`), or RequestError
     when this model's blocks are not known."""
-    model_type = service.model.hf_config.model_type
-    why = refusal(model_type, service.cfg.pipeline_parallel_size)
+    why = unavailable(service)
     if why:
         raise RequestError(why.replace("attention and MLP contributions are", "the lens between attention and MLP "
                                        "is"))
-    return anatomy_of(model_type).mlp_part
+    return anatomy_of(service.model.hf_config.model_type).mlp_part
 
 
 def resolve(index: int, n: int, noun: str, of: str) -> int:

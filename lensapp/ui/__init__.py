@@ -20,6 +20,7 @@ from ..workshop import Workshop
 from . import notes, permalinks, status
 from .api import register_api
 from .compare_tab import build_compare_tab
+from .components_tab import build_components_tab
 from .downloads import Downloads
 from .exercises import build_exercise_panel, check_links, question_outputs
 from .front import FRONT, FrontPage
@@ -109,7 +110,8 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
                      build_lens_tab(JACOBIAN_TAB, service, guard, downloads, note),
                      build_generate_tab(service, guard, downloads),
                      build_compare_tab(service, guard, downloads),
-                     build_intervene_tab(service, guard, downloads)]
+                     build_intervene_tab(service, guard, downloads),
+                     build_components_tab(service, guard, downloads)]
         for p, tab in zip(parts, tabs.children):
             tab.visible = p.name in shown
         with gr.Row():

@@ -28,7 +28,7 @@ import gradio as gr
 from gradio.utils import get_upload_folder
 
 from ..config import MAX_EXPORT_ROWS
-from ..results import Comparison, GenerationResult, InterventionResult, LensResult
+from ..results import Comparison, ComponentsResult, GenerationResult, InterventionResult, LensResult
 from ..service.field import RequestError
 from .tabs import PRIVATE
 
@@ -61,7 +61,10 @@ def readouts(result) -> list[LensResult]:
 
 
 def export_rows(result) -> int:
-    """Rows of the result's CSV: one per lens x layer x position x top-k entry (what its JSON holds too)."""
+    """Rows of the result's CSV: one per lens x layer x position x top-k entry (what its JSON holds too); a
+    components readout's: one per part and head."""
+    if isinstance(result, ComponentsResult):
+        return int(result.heads.size + 3 * len(result.attn) + 4)
     return sum(r.top_ids.size for readout in readouts(result) for r in readout.lenses.values())
 
 

@@ -20,6 +20,7 @@ from ..service import fields as f
 from ..service.planning import jlens_subset
 from ..service.selection import span
 from ..snippets import lens_snippet, model_reference
+from .components_tab import cell_link
 from .downloads import Downloads
 from .examples import lens_examples
 from .notes import highlight_of
@@ -96,11 +97,12 @@ JACOBIAN_TAB = LensTab("jacobian", "Jacobian lens", JACOBIAN_INTRO, JACOBIAN_HOW
 
 
 def lens_request(tab: LensTab, service, prompt, layers, k, targets, chat, raw,
-                 punct=False) -> tuple[LensRequest, list[int]]:
+                 punct=False, sublayers=False) -> tuple[LensRequest, list[int]]:
     """The request `tab` sends for these inputs, read by the fields' parsers, and the asked-for layers left
-    out for having no J (the page and a link's prefetch, `ui.prefetch`, must send the same one)."""
+    out for having no J (the page and a link's prefetch, `ui.prefetch`, must send the same one). Sublayers
+    (rows L.attn): the logit tab's only."""
     req = LensRequest.parse(prompts=[prompt], lens=tab.lens, layers=layers, k=k, targets=targets, chat=chat, raw=raw,
-                            skip_punctuation=punct)
+                            skip_punctuation=punct, sublayers=sublayers if tab.lens == "logit" else False)
     if tab.lens == "logit":
         return req, []
     have, missing = jlens_subset(req.layers, service.info.n_layers, service.jlens_layers)
@@ -136,6 +138,10 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
                                  choices=[(m.title, key) for key, m in charts.METRICS.items()])
             chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
             punct = punctuation_box(d.punct, f"{tab.name}-punct")
+            sublayers = gr.Checkbox(label="Inside each layer", value=d.sublayers, visible=not jacobian,
+                                    elem_id=f"{tab.name}-sublayers",
+                                    info="Rows L.attn (after the layer's attention) between rows L.mlp (after its "
+                                         "MLP): which half of a layer wrote a prediction.")
         with gr.Accordion("Advanced", open=False):
             raw = gr.Checkbox(label="Raw logits", value=d.raw, elem_id=f"{tab.name}-raw",
                               info="Unembed with h·W_U alone, skipping the model's own logit soft-capping or "
@@ -168,17 +174,21 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
                 gr.JSON(value=service.jlens.describe(), label="The lens file", elem_id="jlens-provenance")
     shown = ("jacobian", "logit") if jacobian else ("logit",)
 
-    def draw(result, metric, first, note=None):
+    def draw(result, metric, first, note=None, chat=False):
         """The heatmap(s) of `result` from position `first` (None: the last ones); the cells the link's
-        note names outlined."""
+        note names outlined; a click on a logit-lens cell opens its components ("who wrote this?")."""
         highlight = highlight_of(note, result.layers)
         if jacobian:
             return (build_chart(charts.lens_pair, result, metric, start=first, highlight=highlight),
                     build_chart(charts.lens_diff, result, start=first))
-        return build_chart(charts.lens_heatmap, result, "logit", metric, start=first, highlight=highlight), gr.skip()
+        href = cell_link(result.prompt, bool(chat))
+        if result.after_attention is not None:
+            return build_chart(charts.sublayer_heatmap, result, metric, start=first, href=href), gr.skip()
+        return (build_chart(charts.lens_heatmap, result, "logit", metric, start=first, highlight=highlight, href=href),
+                gr.skip())
 
-    def readout(prompt, layers, k, targets, metric, chat, raw, start, punct=False, note=None):
-        req, missing = lens_request(tab, service, prompt, layers, k, targets, chat, raw, punct)
+    def readout(prompt, layers, k, targets, metric, chat, raw, start, punct=False, note=None, sublayers=False):
+        req, missing = lens_request(tab, service, prompt, layers, k, targets, chat, raw, punct, sublayers)
         metric = colour_metric(metric, req.targets)
         if missing:
             warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
@@ -188,7 +198,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
                 warn(f"Jacobian lens: {warning}.")
         last = len(result.input_ids) - 1
         cols = charts.window_of(len(result.input_ids), START(start), charts.DisplaySettings())
-        pair, diff_chart = draw(result, metric, cols.start, note)
+        pair, diff_chart = draw(result, metric, cols.start, note, chat)
         return (
             result,
             pair,
@@ -205,11 +215,16 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
             grid_tables(result, shown, cols.start),
         )
 
-    def run(prompt, layers, k, targets, metric, chat, raw, start, punct=False, note=None, request: gr.Request = None):
-        return guard.ui(request, readout, prompt, layers, k, targets, metric, chat, raw, start, punct, note)
+    # The readout's inputs by name; the link's note (when the page has one) before sublayers, added after it.
+    names = ["prompt", "layers", "k", "targets", "metric", "chat", "raw", "start", "punct"] + (
+        ["note"] if note is not None else []) + ["sublayers"]
+
+    def run(*values, request: gr.Request = None):
+        return guard.ui(request, readout, **dict(zip(names, values)))
 
     outputs = [state, heatmap, diff, window, summary, position, table, curves, csv_file, json_file, grid_table]
-    inputs = [prompt, layers, k, targets, metric, chat, raw, start, punct] + ([note] if note is not None else [])
+    inputs = [prompt, layers, k, targets, metric, chat, raw, start, punct] + ([note] if note is not None else []) + [
+        sublayers]
     run_button.click(run, inputs, outputs, **PRIVATE)
     prompt.submit(run, inputs, outputs, **PRIVATE)
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
@@ -225,18 +240,21 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
 
     position.input(pick_position, [state, position], table, **PRIVATE)
 
-    def move_window(result, metric, first, note=None):
+    def move_window(result, metric, first, note=None, chat=False):
         """Redraw from the result in hand (no new readout); the link remembers the window."""
         if result is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         metric = colour_metric(metric, result.lenses[shown[0]].targets, quiet=True)
         first = int_or(first, 0)
-        return (*draw(result, metric, first, note), first, grid_tables(result, shown, first))
+        return (*draw(result, metric, first, note, chat), first, grid_tables(result, shown, first))
 
-    def slide(result, metric, first, note=None, request: gr.Request = None):
-        return guard.ui(request, move_window, result, metric, first, note)
+    slide_names = ["result", "metric", "first"] + (["note"] if note is not None else []) + ["chat"]
 
-    window.release(slide, [state, metric, window] + inputs[9:], [heatmap, diff, start, grid_table], **PRIVATE)
+    def slide(*values, request: gr.Request = None):
+        return guard.ui(request, move_window, **dict(zip(slide_names, values)))
+
+    window.release(slide, [state, metric, window] + ([note] if note is not None else []) + [chat],
+                   [heatmap, diff, start, grid_table], **PRIVATE)
 
     def show_code(result, form, chat):
         if result is None:
@@ -247,7 +265,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     form.change(show_code, [state, form, chat], code, **PRIVATE)
 
     fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat,
-              "raw": raw, "start": start, "punct": punct}
+              "raw": raw, "start": start, "punct": punct, "sublayers": sublayers}
     return TabParts(tab.name, fields, lambda *values: view_of(tab.name, **dict(zip(fields, values))), run, inputs,
                     outputs, run_button, handlers={"show_position": pick_position, "move_window": slide})
 

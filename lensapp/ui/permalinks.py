@@ -41,6 +41,9 @@ VIEW_PROMPT = replace(f.PROMPT, default=DEFAULT_PROMPT, required=False)
 VIEW_PROMPTS = replace(f.PROMPTS, default=DEFAULT_COMPARE, required=False)
 VIEW_WORD = replace(f.WORD, default=DEFAULT_WORD)
 VIEW_SPAN = replace(f.SPAN, default=DEFAULT_SPAN, required=False)
+# The Components tab opens on who wrote Paris over Rome after "The capital of France is".
+VIEW_TARGET = replace(f.TARGET, default="Paris", required=False)
+VIEW_FOIL = replace(f.FOIL, default="Rome")
 # A link's words, shown above its view (ui/notes.py): bounded text, shown as text, never stored.
 TITLE = Field("title", f"the link's title, shown above its view (one line, up to {config.MAX_TITLE_CHARS} characters)",
               "", lambda raw: _one_line(parsers.text("the title", config.MAX_TITLE_CHARS, empty_ok=True)(raw)))
@@ -86,12 +89,17 @@ class View:
     punct: bool = PUNCT.declared()
     title: str = TITLE.declared()
     note: str = NOTE.declared()
+    sublayers: bool = f.SUBLAYERS.declared()
+    target: str = VIEW_TARGET.declared()
+    foil: str = VIEW_FOIL.declared()
+    position: int = f.POSITION.declared()
+    patterns: int | None = f.PATTERNS.declared()
 
 
 VIEW_FIELDS = f.fields_of(View)
 # Which fields a tab's link carries (the rest are that tab's defaults). Only ever add fields.
 TAB_FIELDS = {
-    "logit": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start", "punct"),
+    "logit": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start", "punct", "sublayers"),
     "jacobian": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start", "punct"),
     "generate": ("prompt", "max_tokens", "temperature", "seed", "lens", "layers", "k", "chat", "raw"),
     "compare": ("prompts", "lens", "layers", "k", "targets", "metric", "chat", "raw", "punct"),
@@ -99,6 +107,7 @@ TAB_FIELDS = {
                   "positions",
                   "prompt_only", "ablation", "reference", "source", "source_positions", "lens", "layers", "k",
                   "targets", "metric", "new_tokens", "temperature", "seed", "chat", "raw"),
+    "components": ("prompt", "target", "foil", "position", "patterns", "chat"),
 }
 NOTE_FIELDS = ("title", "note")        # any tab's link may carry them (only when they are not empty)
 

@@ -55,7 +55,7 @@ class LinkPrefetch:
         if tab is None or (tab is JACOBIAN_TAB and service.jlens is None):
             return None
         req, _ = lens_request(tab, service, view.prompt, view.layers, view.k, view.targets, view.chat, view.raw,
-                              view.punct)
+                              view.punct, view.sublayers)
         return req
 
     def _idle(self) -> bool:

@@ -1,0 +1,97 @@
+"""The Components tab without a page: its handler by name, its link, the lens cells that open it ("who wrote
+this?"), and hostile input through the guard (one line). The page itself: test_components_browser.py."""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+import pytest
+from gradio.components.plot import PlotData
+
+from lensapp import config
+from lensapp.results import ComponentsResult
+from lensapp.ui import permalinks as pl
+from lensapp.ui.components_tab import INPUTS, OUTPUTS, cell_link, read_components, values_of
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def built(tiny_service):
+    from lensapp import ui
+
+    return ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+
+
+def test_the_handler_answers_every_output_by_name(tiny_service):
+    values = {"prompt": PROMPT, "target": "Paris", "foil": "Rome", "position": -1, "patterns": 1, "chat": False}
+    out = read_components(tiny_service, values)
+    assert tuple(out) == OUTPUTS
+    assert isinstance(out["state"], ComponentsResult) and out["state"].patterns_layer == 1
+    for name in ("by_layer", "by_head"):
+        assert isinstance(out[name], PlotData)
+    assert out["pattern_row"].visible and out["pattern_grid"].visible
+    assert "the parts sum to" in out["summary"] and "strongest head" in out["summary"]
+    quiet = read_components(tiny_service, values | {"patterns": float("nan"), "foil": ""})    # an emptied box
+    assert not quiet["pattern_row"].visible and "Choose a layer" in quiet["summary"]
+
+
+def test_the_tab_runs_through_the_guard_and_hostile_input_is_one_line(built):
+    tab = built.tabs["components"]
+    assert tuple(tab.fields) == INPUTS
+    out = tab.run(HOSTILE, HOSTILE, "", -1, None, False)             # text is data: it runs
+    assert out[0].prompt == HOSTILE and "<" not in out[1] and "&lt;" in out[1]      # the summary: text, escaped
+    for values, words in (((PROMPT, "", "", -1, None, False), "target is empty"),
+                          ((PROMPT, "Paris", "", 99, None, False), "outside the prompt"),
+                          ((PROMPT, "Paris", "", -1, 1e9, False), "outside the layers"),
+                          (("", "Paris", "", -1, None, False), "prompt")):
+        with pytest.raises(gr.Error) as e:
+            tab.run(*values)
+        assert words in e.value.message and "\n" not in e.value.message
+
+
+def test_a_components_link_round_trips():
+    view = pl.View(tab="components", prompt=f"{PROMPT}\n{HOSTILE}", target="Paris", foil="Rome", position=3,
+                   patterns=-2, chat=True)
+    back, notices = pl.decode(pl.query_string(view))
+    assert notices == [] and back.tab == "components"
+    assert values_of(back) == [f"{PROMPT}\n{HOSTILE}", "Paris", "Rome", 3, -2, True]
+    plain = pl.encode(pl.View(tab="components"))
+    assert "patterns" not in plain and plain["target"] == "Paris"           # no pattern asked: none in the link
+    bad, notices = pl.decode("v=1&tab=components&position=last&patterns=all&target=%00")
+    assert (bad.position, bad.patterns, bad.target) == (-1, None, "Paris") and len(notices) == 3
+
+
+def test_a_lens_cell_links_to_its_components(built):
+    link = cell_link(PROMPT, chat=False)(12, 4, " Paris")
+    view, notices = pl.decode(link)
+    assert notices == [] and (view.tab, view.prompt, view.target, view.foil, view.position, view.patterns) == \
+        ("components", PROMPT, "Paris", "", 4, 12)
+    out = built.tabs["logit"].run(PROMPT, "all", 3, "", "top1_prob", False, False, None, False, "")
+    spec = json.loads(out[1].plot)
+    rows = next(node["data"]["values"] for node in _nodes(spec) if "data" in node and "values" in node["data"]
+                and node["data"]["values"] and "href" in node["data"]["values"][0])
+    cell = rows[-1]
+    view, _ = pl.decode(cell["href"])
+    assert view.tab == "components" and view.position == cell["position"] and view.patterns == cell["layer"]
+    assert "href" in json.dumps(spec)
+
+
+def test_the_logit_tab_draws_rows_inside_each_layer(built):
+    out = built.tabs["logit"].run(PROMPT, "0-1", 3, "", "top1_prob", False, False, None, False, "", True)
+    spec = json.loads(out[1].plot)
+    assert out[0].after_attention is not None
+    assert '"0.attn"' in json.dumps(spec) and '"1.mlp"' in json.dumps(spec)
+    view, _ = pl.decode(pl.query_string(built.tabs["logit"].to_view(PROMPT, "0-1", 3, "", "top1_prob", False,
+                                                                    False, None, False, True)))
+    assert view.sublayers is True
+
+
+def _nodes(spec):
+    """Every chart node of a (layered, concatenated, faceted) Vega-Lite spec."""
+    yield spec
+    for key in ("layer", "hconcat", "vconcat", "concat"):
+        for child in spec.get(key, []):
+            yield from _nodes(child)
