@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 
 import gradio as gr
+import hostile
 import pytest
 from gradio.components.plot import PlotData
+from hostile import anything, numbers, scaled, texts, words
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lensapp import config
 from lensapp.results import ComponentsResult
@@ -43,13 +47,13 @@ def test_the_tab_runs_through_the_guard_and_hostile_input_is_one_line(built):
     assert tuple(tab.fields) == INPUTS
     out = tab.run(HOSTILE, HOSTILE, "", -1, None, False)             # text is data: it runs
     assert out[0].prompt == HOSTILE and "<" not in out[1] and "&lt;" in out[1]      # the summary: text, escaped
-    for values, words in (((PROMPT, "", "", -1, None, False), "target is empty"),
+    for values, said in (((PROMPT, "", "", -1, None, False), "target is empty"),
                           ((PROMPT, "Paris", "", 99, None, False), "outside the prompt"),
                           ((PROMPT, "Paris", "", -1, 1e9, False), "outside the layers"),
                           (("", "Paris", "", -1, None, False), "prompt")):
         with pytest.raises(gr.Error) as e:
             tab.run(*values)
-        assert words in e.value.message and "\n" not in e.value.message
+        assert said in e.value.message and "\n" not in e.value.message
 
 
 def test_a_components_link_round_trips():
@@ -95,3 +99,18 @@ def _nodes(spec):
     for key in ("layer", "hconcat", "vconcat", "concat"):
         for child in spec.get(key, []):
             yield from _nodes(child)
+
+
+COMPONENTS_TAB_FIELDS = (
+    {"prompt": words(), "target": words(8), "foil": st.just("") | words(8), "position": st.integers(-6, 5),
+     "patterns": st.none() | st.integers(-4, 3), "chat": st.booleans()},
+    {"prompt": texts(), "target": texts(), "foil": anything(), "position": numbers(), "patterns": numbers(),
+     "chat": anything()})
+
+
+@scaled(30)
+@given(kw=hostile.fields(*COMPONENTS_TAB_FIELDS))
+def test_the_tab_answers_any_input_with_a_result_or_one_line(built, kw):
+    out = hostile.page_outcome(built.tabs["components"].run, *kw.values())
+    if isinstance(out, tuple):
+        assert isinstance(out[0], ComponentsResult)

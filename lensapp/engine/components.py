@@ -147,12 +147,8 @@ def unembedding_rows(model, site, ids: list[int]) -> torch.Tensor:
 
 
 def gathered(site, x: torch.Tensor, dim: int) -> torch.Tensor:
-    """x with this rank's heads along `dim` -> every head's (tensor parallelism). Sent as contiguous float32:
-    vLLM's CPU all-gather (a shared-memory kernel) corrupts the worker's heap on int64 (positions are exact
-    in float32 below 2^24)."""
-    if site.gather_heads is None:
-        return x
-    return site.gather_heads(x.to(torch.float32).contiguous(), dim).to(x.dtype)
+    """x with this rank's heads along `dim` -> every head's (tensor parallelism)."""
+    return site.gather_heads(x, dim) if site.gather_heads is not None else x
 
 
 def mid_reader(model, site, mlp_part: str):

