@@ -49,7 +49,7 @@ def test_the_tab_runs_through_the_guard_and_hostile_input_is_one_line(built):
     assert out[0].prompt == HOSTILE and "<" not in out[1] and "&lt;" in out[1]      # the summary: text, escaped
     for values, said in (((PROMPT, "", "", -1, None, False), "target is empty"),
                           ((PROMPT, "Paris", "", 99, None, False), "outside the prompt"),
-                          ((PROMPT, "Paris", "", -1, 1e9, False), "outside the layers"),
+                          ((PROMPT, "Paris", "", -1, 9, False), "outside the layers"),
                           (("", "Paris", "", -1, None, False), "prompt")):
         with pytest.raises(gr.Error) as e:
             tab.run(*values)
