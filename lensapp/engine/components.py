@@ -10,7 +10,8 @@ actual final residual and reads each part's direct effect on the logit (`lensapp
 Attention weights: on vLLM, recomputed from the rotated queries and keys the attention kernel receives,
 with the kernel's own scale, soft-capping and sliding window (vLLM's kernels never form the weights); on
 transformers, the attention module's own weights from its eager path (the backend switches it there for
-the trace). Under tensor parallelism each rank holds some heads: their terms and weights are gathered
+the trace). Under tensor parallelism each rank holds some heads: it reads their terms through its own slice of
+the output projection (nnsight hands the projection's input whole), and the terms and weights are gathered
 (`Site.gather_heads`). Pipeline parallelism is refused before a spec is made (`anatomy.refusal`).
 
 Every value kept is copied at once: vLLM's fused add-norm overwrites its inputs in place further on.
@@ -120,7 +121,8 @@ def attribute(model, site, spec: ComponentsSpec, anatomy: Anatomy, reads: list[d
                 raise ValueError("a centring norm after the attention is not one the components readout knows")
             u_layer = (u if g_n is None else g_n * u) / attribution.rms_scale(r["attn_raw"], eps_n)
         o_proj = find(blocks[layer], anatomy.o_proj)._module
-        split = attribution.split_heads(r["z"], r["z"].shape[-1] // spec.head_dim)      # this rank's heads
+        z = own_heads(site, o_proj, r["z"])
+        split = attribution.split_heads(z, z.shape[-1] // spec.head_dim)
         vectors = site.project(o_proj, split) if site.project is not None else split @ weight_o(o_proj).T
         heads.append(vectors.float() @ u_layer)
         bias = getattr(o_proj, "bias", None)
@@ -133,6 +135,18 @@ def attribute(model, site, spec: ComponentsSpec, anatomy: Anatomy, reads: list[d
         "heads": gathered(site, torch.stack(heads), 1), "attn_bias": torch.stack(attn_bias),
         "bias": beta @ w if beta is not None else torch.zeros((), device=u.device),
     }
+
+
+def own_heads(site, o_proj, z: torch.Tensor) -> torch.Tensor:
+    """This rank's heads' slice of the output projection's input. nnsight hands a row-parallel layer's input
+    whole (every rank's heads, gathered), while the layer's weight on this rank covers its own run of heads."""
+    width = getattr(o_proj, "input_size_per_partition", z.shape[-1])
+    if z.shape[-1] == width:
+        return z
+    if z.shape[-1] % width:
+        raise ValueError(f"the output projection's input {tuple(z.shape)} does not split into runs of {width}")
+    rank = site.rank()
+    return z[rank * width:(rank + 1) * width]
 
 
 def unembedding_rows(model, site, ids: list[int]) -> torch.Tensor:

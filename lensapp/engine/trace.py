@@ -39,6 +39,11 @@ def every_block(block) -> bool:
     return True
 
 
+def first_rank() -> int:
+    """One worker holds every head: rank 0 (the default for a Site)."""
+    return 0
+
+
 @dataclass(frozen=True)
 class Site:
     """How a trace body reaches one backend's model. It travels into vLLM's worker with every request,
@@ -55,6 +60,7 @@ class Site:
         every head (`components`).
     project: (linear module, x) -> x through this rank's slice of its weight, no bias and no sum over ranks;
         None where the weight is a plain tensor (`components`).
+    rank: this worker's tensor-parallel rank (`components`: which heads are its own).
     """
 
     layout: Layout
@@ -67,6 +73,7 @@ class Site:
     rows: Callable | None = None
     gather_heads: Callable | None = None
     project: Callable | None = None
+    rank: Callable[[], int] = first_rank
 
 
 def installed_jlens(model, spec: LensSpec) -> dict | None:

@@ -34,7 +34,15 @@ from .protocol import (
     Sampling,
     StartFailed,
 )
-from .stages import gather_head_shards, gather_heads, is_last_stage, project_local, runs_here, unembedding_rows
+from .stages import (
+    gather_head_shards,
+    gather_heads,
+    is_last_stage,
+    project_local,
+    runs_here,
+    tp_rank,
+    unembedding_rows,
+)
 from .trace import JLENS_ATTR, SAVED, Site, chat_readout, continuation_trace, lens_body, lens_trace
 from .unembed_pool import worker_pool
 
@@ -88,7 +96,7 @@ class VLLMBackend:
         self.head = functools.partial(vllm_head, self.layout)
         self.site = Site(self.layout, self.head, info.d_model, vllm=True, gather=gather_head_shards,
                          last_stage=is_last_stage, runs_here=runs_here, rows=unembedding_rows,
-                         gather_heads=gather_heads, project=project_local)
+                         gather_heads=gather_heads, project=project_local, rank=tp_rank)
         self.jlens_layers: list[int] = []
         self.steps = 0                    # outputs streamed back, one per engine step of each request (`progress`)
 
