@@ -14,7 +14,6 @@ The rules decided here, once: both lenses (or the Jacobian lens) without a Jacob
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ...config import LENS_CHOICES, MAX_CONTINUATION_TOKENS
 from ...engine.protocol import LensSpec, ModelInfo
@@ -25,7 +24,7 @@ from ..prompts import Prompts
 from ..requests import InterveneRequest
 from ..selection import Selection
 from .directions import Jacobians
-from .registry import kind_of
+from .registry import ChangePlan, kind_of
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ class Plan:
     request: InterveneRequest
     kind: str
     reading: Reading
-    change: Any
+    change: ChangePlan
     targets: tuple[Target, ...]
     base: LensSpec
     cost: cost.Cost
@@ -108,7 +107,8 @@ def plan(req: InterveneRequest, inputs: Inputs) -> Plan:
     return Plan(req, kind.name, reading, change, targets, base, work)
 
 
-def cost_of(reading: Reading, change, target_ids: list[list[int]], new_tokens: int, part_cells: int) -> cost.Cost:
+def cost_of(reading: Reading, change: ChangePlan, target_ids: list[list[int]], new_tokens: int,
+            part_cells: int) -> cost.Cost:
     """Every forward: the readout before and one per change (each with its targets' continuations), what the
     kind makes besides, and the generations before and after (each reads only its new tokens' last layer)."""
     n = len(reading.ids)

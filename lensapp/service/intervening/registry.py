@@ -4,28 +4,29 @@ A kind is a class with two methods, in a module of its own whose docstring says 
 outcomes it tells apart (`steer.py`, `ablate.py`, `patch.py`):
 
     plan(request, reading, inputs) -> its plan       pure: every rule the kind has, checked before any engine call
-    carry_out(plan, runner) -> Changes               the edits, asking the runner for what needs the engine
+    carry_out(plan, run) -> Changes                  its edits, asking the run (`runner.Run`) for what needs the engine
 
-Its plan (a frozen dataclass) carries what the planner counts for every kind: `words` (the targets it reads
-first: the steered or ablated word), `positions` (the prompt positions it changes; None: all), `n_changes`
-(the readouts after) and `extra` (the forwards it makes besides: `cost.py`). A variant of a kind (a layer,
-a strength, a direction) is a field of its request, never another registration. CONTRIBUTING.md has the
-recipe for a new kind.
+Its plan (a frozen dataclass) carries what the planner counts for every kind (`ChangePlan`): `words` (the
+targets it reads first: the steered or ablated word), `positions` (the prompt positions it changes; None:
+all), `n_changes` (the readouts after) and `extra` (the forwards it makes besides: `cost.py`). A variant of a
+kind (a layer, a strength, a direction) is a field of its request, never another registration.
+CONTRIBUTING.md has the recipe for a new kind.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from ...engine.protocol import Edit
 from ...results import InterventionDone, LensResult
+from .. import cost
 from ..field import RequestError
 
 if TYPE_CHECKING:
     from ..requests import InterveneRequest
     from .planner import Inputs, Plan, Reading
-    from .runner import Intervener
+    from .runner import Run
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,21 @@ class Changes:
     source: LensResult | None = field(default=None)
 
 
+class ChangePlan(Protocol):
+    """What the planner reads of every kind's plan (each kind's dataclass adds its own)."""
+
+    words: tuple[str, ...]
+    positions: tuple[int, ...] | None
+    n_changes: int
+    extra: cost.Cost
+
+
 class InterventionKind(Protocol):
     name: str
 
-    def plan(self, req: InterveneRequest, reading: Reading, inputs: Inputs) -> Any: ...
+    def plan(self, req: InterveneRequest, reading: Reading, inputs: Inputs) -> ChangePlan: ...
 
-    def carry_out(self, plan: Plan, runner: Intervener) -> Changes: ...
+    def carry_out(self, plan: Plan, run: Run) -> Changes: ...
 
 
 KINDS: dict[str, InterventionKind] = {}
