@@ -13,6 +13,7 @@ the published one.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import orjson
 import pytest
@@ -216,8 +217,10 @@ def test_what_was_done_is_typed_and_its_json_is_the_published_one(tiny_service):
         "lenses": ["logit"], "source": "So the capital of Italy is", "target_positions": [0, 1, 2, 3, 4],
         "source_positions": [1, 2, 3, 4, 5], "word": "Paris"}
     assert patched.labels == ["layer 2", "layer 3"] and patched.source.prompt == "So the capital of Italy is"
+    assert [row["value"] for row in patched.to_json()["dose_response"]] == [None, 2.0, 3.0]
     for r in (steered, mean, patched):
         orjson.dumps(r.to_json())                                     # what Gradio's API does to it
+        json.dumps(r.to_json(), allow_nan=False)                      # and the CLI: strict JSON, no NaN
         assert f"kind={r.intervention.kind}" in format_intervention(r)
         assert summarise(r).startswith(f"**{r.intervention.kind.capitalize()}**")
     assert "Typical residual norm there: layer 1" in summarise(steered)
