@@ -44,7 +44,6 @@ INTERVENTIONS = {
     "steer and generate": ({"intervention": "steer", "word": "Rome", "layer": "22", "alphas": "0.4",
                             "new_tokens": 3},
                            ["--steer", "Rome", "--layer", "22", "--alpha", "0.4", "--max-tokens", "3"]),
-    # the layers the app's Jacobian lens has (conftest.J_LAYERS): a Jacobian direction needs a J at each
     "ablate project": ({"intervention": "ablate", "word": "Paris", "layer": "20,24", "direction": "jacobian"},
                        ["--ablate", "Paris", "--layer", "20,24", "--direction", "jacobian"]),
     "ablate mean": ({"intervention": "ablate", "word": "Paris", "layer": "22", "ablation": "mean",

@@ -177,8 +177,7 @@ class InterventionResult:
         out = {"before": self.before.to_json(), "after": [r.to_json() for r in self.after],
                "labels": self.labels, "intervention": self.intervention.to_json()}
         if self.word is not None:
-            # "before" has no swept value: null (pandas holds it as NaN, which JSON has no word for and orjson,
-            # the API's, writes as null)
+            # the row before has no swept value: null (pandas holds it as NaN, which is not JSON)
             out["dose_response"] = [{"change": c, "value": None if pd.isna(v) else v, "prob": round_floats(p),
                                      "rank": int(k)} for c, v, p, k in self.dose_response().itertuples(index=False)]
         if self.source is not None:
