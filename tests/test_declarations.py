@@ -5,15 +5,16 @@ The first test declares a throwaway request kind (a generation with one more fie
 field on the API's endpoint (last, with its help and its parser), on the command line (its flag, read by its
 parser), in the tab's link and inputs; the registry entry is the only other line it adds. The second counts
 the field parsers a request goes through: each of its fields once, when it is made, and none after, however
-far it travels through the service.
+far it travels through the service (a fitted steer's default sweep, too: its fit is a fake's, tests/fakes.py).
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
+from fakes import FitDeskFake
 
 from lensapp import cli
 from lensapp.service import kinds, parsers
@@ -87,7 +88,11 @@ def counted(monkeypatch):
     (lambda: InterveneRequest.parse(prompt="The capital of France is", intervention="patch",
                                     source="The capital of Italy is", layer="0-1"),
      lambda service, req: service.intervene(req)),
-], ids=["lens", "generate", "steer", "patch"])
+    (lambda: InterveneRequest.parse(prompt="The capital of France is", intervention="steer", word="Rome", layer="1",
+                                    direction="fitted", positions="-1"),
+     lambda service, req: service.intervener.run(req, replace(service.intervention_inputs(),
+                                                              fits=FitDeskFake(service.info.d_model)))),
+], ids=["lens", "generate", "steer", "patch", "fitted steer"])
 def test_a_request_is_read_once_when_it_is_made(tiny_service, counted, make, run):
     request = make()
     assert sorted(counted) == sorted(f.name for f in type(request).__dataclass_fields__.values())

@@ -24,7 +24,8 @@ from lensapp.ui.permalinks import View, as_text
 
 SCHEMA = {name: value for name, value in vars(f).items() if isinstance(value, Field)}
 EXAMPLES = {name: FIELD_CASES.get(name, ((), ())) for name in SCHEMA}
-for _alias, _base in (("CHAT_MAX_TOKENS", "MAX_TOKENS"), ("CHAT_K", "K")):      # a field made from another
+for _alias, _base in (("CHAT_MAX_TOKENS", "MAX_TOKENS"), ("CHAT_K", "K"),      # a field made from another
+                      ("INTERVENE_SEED", "SEED")):
     EXAMPLES[_alias] = (tuple(x for x in FIELD_CASES[_base][0] if x[1] != SCHEMA[_base].default), FIELD_CASES[_base][1])
 REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest)
 # The API's published parameter order: a parameter is only ever added at the end (old clients keep working).

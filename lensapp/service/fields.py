@@ -78,7 +78,7 @@ CHAT_LAYER = Field("layer", "the readout's layer (negative counts from the end; 
 CHAT_MAX_TOKENS = replace(MAX_TOKENS, default=32)
 CHAT_K = replace(K, default=3)
 
-# -- interventions (service/intervening.py) -------------------------------------------------------------
+# -- interventions (service/intervening/) -------------------------------------------------------------
 
 # On the command line the intervention's kind is whichever of --steer WORD, --ablate WORD or --patch-from SOURCE
 # is given (`selects`), so neither the kind nor the word nor the source has an argument of its own.
@@ -97,9 +97,14 @@ OBJECTIVE = Field("objective", "what a fitted vector must make read the word: th
                   "output", **choosing("objective", ("lens", "output")), flag="--objective")
 SPAN = Field("layer", "the layer, or a span of layers (L-L2), whose output is changed", "",
              indices("layer"), flag="--layer", required=True, api=(str, ""))
+# The sweep a steering request makes when it names no alphas (service/intervening/steer.py, `sweep`): these, or
+# for a fitted vector these multiples of its own length.
+DEFAULT_ALPHAS = (0.0, 0.1, 0.2, 0.4, 0.8)
+FITTED_MULTIPLES = (0.0, 0.5, 1.0, 2.0)
 ALPHAS = Field("alphas", "steering strengths: the added vector's length in units of the layer's typical residual norm "
-               f"(comma-separated, up to {MAX_SWEEP}: a dose-response sweep)", (0.0, 0.1, 0.2, 0.4, 0.8),
-               numbers("alpha", -MAX_ALPHA, MAX_ALPHA, MAX_SWEEP), flag="--alpha", api=(str, "0,0.1,0.2,0.4,0.8"))
+               f"(comma-separated, up to {MAX_SWEEP}: a dose-response sweep; empty: 0, 0.1, 0.2, 0.4, 0.8, and for a "
+               "fitted vector 0, 1/2, 1 and 2 times its own length)", (),
+               numbers("alpha", -MAX_ALPHA, MAX_ALPHA, MAX_SWEEP, empty_ok=True), flag="--alpha", api=(str, ""))
 POSITIONS = Field("positions", "the prompt positions changed: all, P, P-P2 (negative counts from the end)", "all",
                   indices("positions"), flag="--position")
 PROMPT_ONLY = Field("prompt_only", "steer the prompt only, not the tokens a generation adds", False,
@@ -113,6 +118,9 @@ SOURCE = Field("source", "patch: the prompt whose cells are copied", "",
 SOURCE_POSITIONS = Field("source_positions", "patch: the source's positions (empty: as many as the target's, aligned "
                          "at the end)", "", lambda raw: "" if isinstance(raw, str) and not raw.strip()
                          else indices("source_positions")(raw), flag="--source-position")
+# Both generations, before and after, sample with one seed (service/intervening/runner.py, `generation_seed`).
+INTERVENE_SEED = replace(SEED, help="the sampling seed of the texts generated before and after (one seed for both; "
+                         "none: 0)")
 NEW_TOKENS = Field("new_tokens", f"tokens to generate with and without the intervention (0..{MAX_GENERATE_TOKENS}: "
                    "none)", 0, whole("new_tokens", 0, MAX_GENERATE_TOKENS), flag="--max-tokens")
 

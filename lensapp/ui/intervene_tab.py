@@ -15,6 +15,7 @@ import pandas as pd
 from .. import charts
 from ..charts import intervention as ichart
 from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
+from ..results import AblateDone, PatchDone, SteerDone
 from ..service import InterveneRequest
 from ..service import fields as f
 from ..snippets import intervention_snippet, model_reference
@@ -220,7 +221,8 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
 
 def code_for(service, result) -> str:
     """The intervention as a runnable nnsight script (snippets.py)."""
-    if result.intervention.get("direction") == "jacobian" and service.jlens is None:
+    jacobian = isinstance(result.intervention, (SteerDone, AblateDone)) and result.intervention.direction == "jacobian"
+    if jacobian and service.jlens is None:
         return ""
     model, note = model_reference(service.cfg.model, service.info.name)
     return intervention_snippet(family=service.model.family, model=model, prompt=result.before.prompt,
@@ -230,22 +232,22 @@ def code_for(service, result) -> str:
 
 def summarise(result) -> str:
     """Markdown: what was done, the layer's typical norm, the model's next token before and after."""
-    i = result.intervention
-    lines = [f"**{i['kind'].capitalize()}** at layer{'s' if len(i['layers']) > 1 else ''} "
-             f"{', '.join(map(str, i['layers']))}, positions {md_text(str(i['positions']))}"]
-    if i.get("word"):
-        lines[0] += f", word {md_text(charts.show_token(i['word']))} ({i.get('direction')} direction)"
-    if i.get("typical_norm"):
+    done = result.intervention
+    lines = [f"**{done.kind.capitalize()}** at layer{'s' if len(done.layers) > 1 else ''} "
+             f"{', '.join(map(str, done.layers))}, positions {md_text(str(done.positions))}"]
+    if isinstance(done, (SteerDone, AblateDone)) and done.word:
+        lines[0] += f", word {md_text(charts.show_token(done.word))} ({done.direction} direction)"
+    if isinstance(done, SteerDone):
         lines.append("Typical residual norm there: " + ", ".join(f"layer {layer}: {n:.3g}"
-                                                                  for layer, n in i["typical_norm"].items())
+                                                                  for layer, n in done.typical_norm.items())
                      + " (alpha 1 adds a vector that long).")
-    if i.get("fit"):
-        fit = i["fit"]
-        lines.append(f"Fitted vector: P = {fit['p']:.3f} after {fit['steps']} steps ({fit['stopped']}); its own "
-                     f"length is alpha {fit['alpha']:.3g}.")
-    if i.get("source"):
-        lines.append(f"Copied from {md_text(repr(i['source']))}, positions {i['source_positions']} into "
-                     f"{i['target_positions']}.")
+        if done.fit is not None:
+            fit = done.fit
+            lines.append(f"Fitted vector: P = {fit.p:.3f} after {fit.steps} steps ({fit.stopped}); its own "
+                         f"length is alpha {fit.alpha:.3g}.")
+    if isinstance(done, PatchDone):
+        lines.append(f"Copied from {md_text(repr(done.source))}, positions {list(done.source_positions)} into "
+                     f"{list(done.target_positions)}.")
     nexts = ", ".join(f"{md_text(label)}: {md_text(charts.show_token(a.model_next_token))}"
                       for label, a in zip(result.labels, result.after))
     lines.append(f"The model's next token before: **{md_text(charts.show_token(result.before.model_next_token))}**; "
@@ -258,7 +260,7 @@ def generated_text(result) -> str:
         return ""
     rows = [f"- before: {md_text(result.generated_before)}"]
     rows += [f"- {md_text(label)}: {md_text(text)}" for label, text in zip(result.labels, result.generated_after)]
-    return "**Generated, with the same seed:**\n" + "\n".join(rows)
+    return f"**Generated, with the same seed ({result.seed}):**\n" + "\n".join(rows)
 
 
 def top1_table(result) -> pd.DataFrame:
