@@ -180,3 +180,11 @@ def test_a_note_is_text_and_points_at_cells():
     assert not highlight_of("nothing here", range(30)) and not highlight_of(None, range(30))
     assert highlight_of("`Paris`", range(30)).marks(5, " Paris")       # a token without its space still matches
 
+
+def test_a_number_reads_back_as_it_was_written():
+    """A float is written short where that reads back the same (0.7), else exactly: an alpha of 1.015625 is not
+    cut to 6 digits (the link and the alphas box once wrote 1.01562)."""
+    view = View(tab="intervene", alphas=(1.015625, 0.1, -20.0), temperature=0.123456789)
+    assert pl.encode(view)["alphas"] == "1.015625, 0.1, -20"
+    back, notices = pl.decode(pl.query_string(view))
+    assert notices == [] and (back.alphas, back.temperature) == (view.alphas, view.temperature)

@@ -199,8 +199,9 @@ def as_text(value) -> str:
     """A parsed value as a link (or a form's text box) writes it."""
     if isinstance(value, bool):
         return "1" if value else "0"
-    if isinstance(value, float):
-        return f"{value:g}"
+    if isinstance(value, float):                 # short where that reads back the same number, else exact
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
     if isinstance(value, tuple):
         return ", ".join(as_text(x) for x in value)
     return str(value)
