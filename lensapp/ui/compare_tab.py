@@ -12,7 +12,7 @@ from .. import charts
 from .downloads import Downloads
 from .examples import compare_examples
 from .form import Form, add_reading, available_lens
-from .readout import colour_metric, grid_tables
+from .readout import colour_metric, grid_tables, shown_lenses
 from .tabs import Components, TabParts, build_chart, md_text, on
 from .views import TAB_VIEWS, TabView
 
@@ -66,7 +66,7 @@ def _outputs(view: TabView, downloads: Downloads) -> Components:
     out["table"] = gr.Dataframe(label="Each prompt's top-1 at its last position, every layer", interactive=False,
                                 wrap=True, elem_id=f"{view.name}-table")
     out["state"] = gr.State()
-    out["csv"], out["json"] = downloads.buttons(view.name, out["state"])
+    out.update(downloads.buttons(view.name, out["state"]))
     return out
 
 
@@ -79,7 +79,7 @@ def readout(view: TabView, service, values: dict) -> dict:
     req = view.request({**values, "lens": available_lens(service, values.get("lens"))})
     metric, words = colour_metric(values.get("metric"), req.targets), req.targets
     comparison = service.compare(req)
-    shown = ("jacobian", "logit") if req.lens == "both" else (req.lens,)
+    shown = shown_lenses(req.lens)
     return {
         "summary": part_ways_summary(comparison, shown),
         "heatmaps": build_chart(charts.compare_heatmaps, comparison, shown, metric),
@@ -88,7 +88,7 @@ def readout(view: TabView, service, values: dict) -> dict:
         # "#n" columns: display_tokens makes their whitespace visible
         "table": charts.display_tokens(comparison.last_position_table(shown[0]).rename(
             columns=lambda c: c.replace("prompt ", "#") if c.startswith("prompt ") else c)),
-        "csv": gr.Button(visible=True), "json": gr.Button(visible=True),    # files built from it when asked
+        **Downloads.shown(),
         "grid_table": "".join(f"<h4>Prompt {n}</h4>" + grid_tables(r, shown)
                               for n, r in enumerate(comparison.results, 1)),
         "state": comparison,

@@ -17,6 +17,7 @@ from .chat_tab import build_chat
 from .downloads import Downloads
 from .examples import generate_examples
 from .form import Form, available_lens, single_lenses
+from .readout import shown_lenses
 from .tabs import PRIVATE, Components, TabParts, build_chart, int_or, new_seed, on
 from .views import TAB_VIEWS, TabView
 
@@ -88,7 +89,7 @@ def _outputs(view: TabView, service, downloads: Downloads, seed: gr.Number) -> C
     out["table"] = gr.Dataframe(label="Top-k at this step's newest token, every layer", interactive=False,
                                 wrap=True, elem_id=f"{view.name}-table")
     out["state"] = gr.State()
-    out["csv"], out["json"] = downloads.buttons("generation", out["state"])
+    out.update(downloads.buttons("generation", out["state"]))
     return out
 
 
@@ -102,7 +103,7 @@ def readout(view: TabView, service, values: dict) -> dict:
     if req.seed is None and req.sampled:                          # a sample that can be had again
         req = replace(req, seed=new_seed())
     gen = KINDS[view.kind].run(service, req)
-    shown = "jacobian" if req.lens == "both" else req.lens
+    shown = shown_lenses(req.lens)[0]
     last = len(gen.steps) - 1
     return {
         "state": gen, "seed": req.seed, "text": gen.text,
@@ -110,7 +111,7 @@ def readout(view: TabView, service, values: dict) -> dict:
         "step": gr.Dropdown(choices=step_choices(gen), value=last),
         "table_lens": gr.Radio(value=shown),
         "table": step_table(gen, last, shown),
-        "csv": gr.Button(visible=True), "json": gr.Button(visible=True),    # files built from `gen` when asked
+        **Downloads.shown(),
     }
 
 

@@ -122,7 +122,7 @@ def _outputs(view: TabView, service, downloads: Downloads) -> Components:
         out["target_table"] = gr.Dataframe(label="Target: top-1 by layer and position, before", interactive=False,
                                            wrap=True, elem_id="intervene-target-table")
     out["state"] = gr.State()
-    out["csv"], out["json"] = downloads.buttons("intervention", out["state"])
+    out.update(downloads.buttons("intervention", out["state"]))
     with gr.Accordion("Show the code", open=False):
         out["code"] = gr.Code(language="python", interactive=False, elem_id="intervene-code")
     return out
@@ -158,7 +158,7 @@ def readout(view: TabView, service, values: dict, progress=None) -> dict:
         "picker": gr.Accordion(visible=patch, open=patch),
         "source_table": top1_table(result.source) if patch else gr.skip(),
         "target_table": top1_table(result.before) if patch else gr.skip(),
-        "csv": gr.Button(visible=True), "json": gr.Button(visible=True),    # files built from it when asked
+        **Downloads.shown(),
         "code": code_for(service, result),
     }
 

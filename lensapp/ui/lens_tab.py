@@ -22,7 +22,7 @@ from .downloads import Downloads
 from .examples import lens_examples
 from .form import Form
 from .notes import highlight_of
-from .readout import colour_metric, grid_tables, lens_summary, position_choices, top_k_tables
+from .readout import colour_metric, grid_tables, lens_summary, position_choices, shown_lenses, top_k_tables
 from .tabs import Components, TabParts, build_chart, int_or, md_text, on, warn
 from .views import START, TAB_VIEWS, TabView
 
@@ -89,7 +89,7 @@ class LensTab:
     @property
     def shown(self) -> tuple[str, ...]:
         """The lenses its charts and tables show, in their order."""
-        return ("jacobian", "logit") if self.lens != "logit" else ("logit",)
+        return shown_lenses(self.lens)
 
 
 # Above the chart: what the picture is, in two plain sentences ("How to read this" says the rest).
@@ -103,6 +103,7 @@ JACOBIAN_INTRO = ("The same picture through the Jacobian lens, beside the plain 
 LOGIT_TAB = LensTab(TAB_VIEWS["logit"], "Logit lens", LOGIT_INTRO, LOGIT_HOW_TO, "logit", "Run logit lens")
 JACOBIAN_TAB = LensTab(TAB_VIEWS["jacobian"], "Jacobian lens", JACOBIAN_INTRO, JACOBIAN_HOW_TO, "both",
                        "Run both lenses")
+LENS_TABS = {tab.name: tab for tab in (LOGIT_TAB, JACOBIAN_TAB)}
 RAW_INFO = ("Unembed with h·W_U alone, skipping the model's own logit soft-capping or scaling (the same as the "
             "default for models that have none).")
 
@@ -186,7 +187,7 @@ def _outputs(tab: LensTab, downloads: Downloads) -> Components:
                                 wrap=True, elem_id=f"{tab.name}-table")
     out["curves"] = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False)
     out["state"] = gr.State()
-    out["csv"], out["json"] = downloads.buttons(f"{tab.name}-lens", out["state"])
+    out.update(downloads.buttons(f"{tab.name}-lens", out["state"]))
     return out
 
 
@@ -231,7 +232,7 @@ def readout(tab: LensTab, service, values: dict) -> dict:
         "table": top_k_tables(result, tab.shown, last),
         "curves": gr.Plot(value=build_chart(charts.target_curves, result, tab.shown) if req.targets else None,
                           visible=bool(req.targets)),
-        "csv": gr.Button(visible=True), "json": gr.Button(visible=True),    # files built from `result` when asked
+        **Downloads.shown(),
         "grid_table": grid_tables(result, tab.shown, cols.start),
     }
 

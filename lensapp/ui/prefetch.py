@@ -19,7 +19,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from . import permalinks
-from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, lens_request
+from .lens_tab import LENS_TABS, lens_request
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ class LinkPrefetch:
     def _request(self, query: str):
         service = self.service
         view, _ = permalinks.decode(query, n_layers=service.info.n_layers, jlens_layers=service.jlens_layers)
-        tab = {"logit": LOGIT_TAB, "jacobian": JACOBIAN_TAB}.get(view.tab)
-        if tab is None or (tab is JACOBIAN_TAB and service.jlens is None):
+        tab = LENS_TABS.get(view.tab)
+        if tab is None or (tab.lens != "logit" and service.jlens is None):
             return None
         req, _ = lens_request(tab, service, tab.view.values_of(view))
         return req
