@@ -67,16 +67,16 @@ class TabParts:
 def on(triggers, fn: Callable[..., dict], parts: Components, reads: Iterable[str], writes: Iterable[str],
        progress: bool = False, select: bool = False, **event):
     """Call `fn(values, request=...) -> updates` when a trigger fires (a list of them, or one listener such as
-    `button.click` or `event.then`): `values` the `reads` components' values
-    by name, `updates` values (or `gr.skip()`) for any of the `writes` components, by name. With `progress`
-    fn gets a `progress` callable too; with `select`, the selection (`gr.SelectData`) after the values."""
+    `button.click` or `event.then`): `values` the `reads` components' values by name, `updates` values for any
+    of the `writes` components by name (the others are left as they are). With `progress` fn gets a `progress`
+    callable too; with `select`, the selection (`gr.SelectData`) after the values."""
     reads, writes = {name: parts[name] for name in reads}, {name: parts[name] for name in writes}
 
     def updates(out: dict) -> dict:
         unknown = set(out) - set(writes)
         if unknown:
             raise KeyError(f"{fn} answered {sorted(unknown)}, which it does not write")
-        return {writes[name]: value for name, value in out.items()}
+        return {c: out.get(name, gr.skip()) for name, c in writes.items()}     # Gradio takes {} for one value
 
     def values(by_component: dict) -> dict:
         return {name: by_component[c] for name, c in reads.items()}
