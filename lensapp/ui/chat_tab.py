@@ -14,8 +14,8 @@ from .. import charts
 from ..service.kinds import KINDS
 from ..service.planning import default_chat_layer
 from .examples import CHAT_EXAMPLES
-from .form import Form
-from .tabs import on, warn
+from .form import Form, asked
+from .tabs import how_to, on, warn
 from .views import TabView
 
 CHAT = TabView("chat", "chat", omits=("messages", "k"))
@@ -34,8 +34,7 @@ def build_chat(service, guard, view: TabView = CHAT) -> dict:
     """The chat's layout and events (inside the Generation tab); its components by name."""
     has_j = service.jlens is not None
     gr.Markdown("Chat with the model; every reply shows what one layer was disposed to say at each token.")
-    with gr.Accordion("How to read this", open=False):
-        gr.Markdown(HOW_TO)
+    how_to(HOW_TO)
     form = Form(view, service)
     with gr.Row():
         lens = form.add("lens").value
@@ -72,7 +71,7 @@ def send(view: TabView, service, guard, values: dict, request: gr.Request = None
 def reply_to(view: TabView, service, values: dict) -> dict:
     text = values["message"]
     messages = values["history"] + [{"role": "user", "content": text}]
-    req = view.request(values, messages=messages)
+    req = asked(view, service, values, messages=messages)
     reply = KINDS[view.kind].run(service, req)
     if reply.dropped_turns:
         warn(f"The conversation outgrew the prompt limit; the {reply.dropped_turns} oldest messages were left out.")

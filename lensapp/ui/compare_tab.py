@@ -11,9 +11,9 @@ import gradio as gr
 from .. import charts
 from .downloads import Downloads
 from .examples import compare_examples
-from .form import Form, add_reading, available_lens
+from .form import Form, add_reading, asked
 from .readout import colour_metric, grid_tables, shown_lenses
-from .tabs import Components, TabParts, build_chart, md_text, on
+from .tabs import Components, TabParts, build_chart, how_to, md_text, on
 from .views import TAB_VIEWS, TabView
 
 HOW_TO = """
@@ -32,8 +32,7 @@ way (lens, layers, k, targets).
 def build_compare_tab(service, guard, downloads: Downloads, view: TabView = TAB_VIEWS["compare"]) -> TabParts:
     with gr.Tab("Compare", id=view.name):
         gr.Markdown("Two to four prompts side by side: where do their predictions part ways?")
-        with gr.Accordion("How to read this", open=False):
-            gr.Markdown(HOW_TO)
+        how_to(HOW_TO)
         form = Form(view, service)
         with gr.Row():
             boxes = form.add("prompts", lines=2, max_lines=6,
@@ -76,7 +75,7 @@ def run(view: TabView, service, guard, values: dict, request: gr.Request = None)
 
 
 def readout(view: TabView, service, values: dict) -> dict:
-    req = view.request({**values, "lens": available_lens(service, values.get("lens"))})
+    req = asked(view, service, values)
     metric, words = colour_metric(values.get("metric"), req.targets), req.targets
     comparison = service.compare(req)
     shown = shown_lenses(req.lens)

@@ -124,6 +124,13 @@ def available_lens(service, lens):
     return lens
 
 
+def asked(view: TabView, service, values: dict, **fixed):
+    """The request a tab's inputs ask of this app (`TabView.request`), its lens one this app has."""
+    if "lens" in view.request_fields() and "lens" not in fixed:
+        values = {**values, "lens": available_lens(service, values.get("lens"))}
+    return view.request(values, **fixed)
+
+
 def add_reading(form: Form, **labels: str) -> None:
     """The lens, layers, top-k and target words of a reading, side by side (call inside the tab's row);
     `labels`: this tab's label for any of them."""

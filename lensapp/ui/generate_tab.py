@@ -16,9 +16,9 @@ from ..service.kinds import KINDS
 from .chat_tab import build_chat
 from .downloads import Downloads
 from .examples import generate_examples
-from .form import Form, available_lens, single_lenses
+from .form import Form, asked, single_lenses
 from .readout import shown_lenses
-from .tabs import PRIVATE, Components, TabParts, build_chart, int_or, new_seed, on
+from .tabs import PRIVATE, Components, TabParts, build_chart, how_to, int_or, new_seed, on
 from .views import TAB_VIEWS, TabView
 
 HOW_TO = """
@@ -39,8 +39,7 @@ def build_generate_tab(service, guard, downloads: Downloads, view: TabView = TAB
         with gr.Tabs():
             with gr.Tab("Step by step", id=f"{view.name}-steps"):
                 gr.Markdown("Generate, and read every layer at the newest token of every step.")
-                with gr.Accordion("How to read this", open=False):
-                    gr.Markdown(HOW_TO)
+                how_to(HOW_TO)
                 form = Form(view, service)
                 reseed = _inputs(form, service)
                 run_button = gr.Button("Generate", variant="primary", elem_id=f"{view.name}-run",
@@ -99,7 +98,7 @@ def run(view: TabView, service, guard, values: dict, request: gr.Request = None)
 
 
 def readout(view: TabView, service, values: dict) -> dict:
-    req = view.request({**values, "lens": available_lens(service, values.get("lens"))})
+    req = asked(view, service, values)
     if req.seed is None and req.sampled:                          # a sample that can be had again
         req = replace(req, seed=new_seed())
     gen = KINDS[view.kind].run(service, req)

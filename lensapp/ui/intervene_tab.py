@@ -19,9 +19,9 @@ from .. import charts
 from ..charts import intervention as ichart
 from ..snippets import intervention_snippet, model_reference
 from .downloads import Downloads
-from .form import Form, add_reading, available_lens, single_lenses
+from .form import Form, add_reading, asked, single_lenses
 from .readout import colour_metric
-from .tabs import Components, TabParts, build_chart, int_or, md_text, on
+from .tabs import Components, TabParts, build_chart, how_to, int_or, md_text, on
 from .views import TAB_VIEWS, TabView
 
 HOW_TO = """
@@ -53,8 +53,7 @@ def build_intervene_tab(service, guard, downloads: Downloads, view: TabView = TA
     with gr.Tab("Intervene", id=view.name):
         gr.Markdown("Change what a layer passes on (steer, ablate, patch), then read every lens again: does "
                     "what the lens showed cause the answer?")
-        with gr.Accordion("How to read this", open=False):
-            gr.Markdown(HOW_TO)
+        how_to(HOW_TO)
         form = Form(view, service)
         _inputs(form, service)
         run_button = gr.Button("Intervene and read again", variant="primary", elem_id=f"{view.name}-run",
@@ -142,7 +141,7 @@ def run(view: TabView, service, guard, values: dict, request: gr.Request = None,
 
 
 def readout(view: TabView, service, values: dict, progress=None) -> dict:
-    req = view.request({**values, "lens": available_lens(service, values.get("lens"))})
+    req = asked(view, service, values)
     result = service.intervene(req, progress)
     lens = "jacobian" if "jacobian" in result.before.lenses else "logit"
     last = len(result.after) - 1

@@ -20,10 +20,10 @@ from ..service.selection import span
 from ..snippets import lens_snippet, model_reference
 from .downloads import Downloads
 from .examples import lens_examples
-from .form import Form
+from .form import Form, asked
 from .notes import highlight_of
 from .readout import colour_metric, grid_tables, lens_summary, position_choices, shown_lenses, top_k_tables
-from .tabs import Components, TabParts, build_chart, int_or, md_text, on, warn
+from .tabs import Components, TabParts, build_chart, how_to, int_or, md_text, on, warn
 from .views import START, TAB_VIEWS, TabView
 
 LOGIT_HOW_TO = """
@@ -111,7 +111,7 @@ RAW_INFO = ("Unembed with h·W_U alone, skipping the model's own logit soft-capp
 def lens_request(tab: LensTab, service, values: dict):
     """The request `tab` sends for its inputs' `values` (by name), read by the fields' parsers, and the
     asked-for layers left out for having no J (the page and a link's prefetch, `ui.prefetch`, send the same)."""
-    req = tab.view.request(values, lens=tab.lens)
+    req = asked(tab.view, service, values, lens=tab.lens)
     if tab.lens == "logit":
         return req, []
     have, missing = jlens_subset(req.layers, service.info.n_layers, service.jlens_layers)
@@ -149,8 +149,7 @@ def _header(tab: LensTab, service) -> None:
     gr.Markdown(tab.intro, elem_id=f"{tab.name}-intro")
     for warning in (service.jlens.warnings if tab.lens != "logit" else []):
         gr.Markdown(f"**Note:** {md_text(redact.paths(warning))}.", elem_classes=["lens-warning"])
-    with gr.Accordion("How to read this", open=False):
-        gr.Markdown(tab.how_to)
+    how_to(tab.how_to)
 
 
 def _inputs(tab: LensTab, form: Form, service) -> None:

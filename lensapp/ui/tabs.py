@@ -100,6 +100,12 @@ def on(triggers, fn: Callable[..., dict], parts: Components, reads: Iterable[str
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
 
 
+def how_to(text: str) -> None:
+    """The folded "How to read this" under a tab's intro."""
+    with gr.Accordion("How to read this", open=False):
+        gr.Markdown(text)
+
+
 def md_text(text: str) -> str:
     """Arbitrary text shown literally inside gr.Markdown (no markup, no HTML)."""
     return _MD_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
