@@ -107,6 +107,7 @@ class TabView:
 
     @staticmethod
     def shown(values: dict[str, Any]) -> dict[str, Any]:
+        """Parsed values as the inputs show them, by input name."""
         out = {}
         for name, value in values.items():
             if name in SPREAD:
