@@ -44,7 +44,7 @@ def test_no_endpoint_is_dropped():
 @pytest.mark.parametrize("tab", sorted(k for k in FROZEN["links"] if not k.startswith("_")))
 def test_a_tabs_link_keeps_its_keys(tab):
     view = permalinks.View(tab=tab)
-    keys = set(permalinks.encode(view)) | set(permalinks.TAB_FIELDS[tab])
+    keys = set(permalinks.encode(view)) | set(permalinks.tab_fields(tab))
     assert set(FROZEN["links"][tab]) <= keys
     assert set(FROZEN["links"]["_always"]) - {"title", "note"} <= keys
 
