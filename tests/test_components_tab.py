@@ -16,9 +16,12 @@ from hypothesis import strategies as st
 from lensapp import config
 from lensapp.results import ComponentsResult
 from lensapp.ui import permalinks as pl
-from lensapp.ui.components_tab import INPUTS, OUTPUTS, cell_link, read_components, values_of
+from lensapp.ui.components_tab import cell_link, read_components
+from lensapp.ui.views import TAB_VIEWS
 
 HOSTILE = "<img src=x onerror=alert(1)>"
+INPUTS = ("prompt", "target", "foil", "position", "patterns", "chat")      # the components request's fields
+OUTPUTS = ("summary", "by_layer", "by_head", "pattern_row", "pattern_grid", "state", "csv", "json")
 PROMPT = "The capital of France is"
 
 
@@ -32,7 +35,7 @@ def built(tiny_service):
 def test_the_handler_answers_every_output_by_name(tiny_service):
     values = {"prompt": PROMPT, "target": "Paris", "foil": "Rome", "position": -1, "patterns": 1, "chat": False}
     out = read_components(tiny_service, values)
-    assert tuple(out) == OUTPUTS
+    assert set(out) == set(OUTPUTS)
     assert isinstance(out["state"], ComponentsResult) and out["state"].patterns_layer == 1
     for name in ("by_layer", "by_head"):
         assert isinstance(out[name], PlotData)
@@ -44,15 +47,15 @@ def test_the_handler_answers_every_output_by_name(tiny_service):
 
 def test_the_tab_runs_through_the_guard_and_hostile_input_is_one_line(built):
     tab = built.tabs["components"]
-    assert tuple(tab.fields) == INPUTS
-    out = tab.run(HOSTILE, HOSTILE, "", -1, None, False)             # text is data: it runs
-    assert out[0].prompt == HOSTILE and "<" not in out[1] and "&lt;" in out[1]      # the summary: text, escaped
+    assert tuple(tab.inputs) == INPUTS and set(OUTPUTS) <= set(tab.outputs)
+    out = tab.run(dict(zip(INPUTS, (HOSTILE, HOSTILE, "", -1, None, False))))       # text is data: it runs
+    assert out["state"].prompt == HOSTILE and "<" not in out["summary"] and "&lt;" in out["summary"]  # escaped
     for values, said in (((PROMPT, "", "", -1, None, False), "target is empty"),
                           ((PROMPT, "Paris", "", 99, None, False), "outside the prompt"),
                           ((PROMPT, "Paris", "", -1, 9, False), "outside the layers"),
                           (("", "Paris", "", -1, None, False), "prompt")):
         with pytest.raises(gr.Error) as e:
-            tab.run(*values)
+            tab.run(dict(zip(INPUTS, values)))
         assert said in e.value.message and "\n" not in e.value.message
 
 
@@ -61,7 +64,8 @@ def test_a_components_link_round_trips():
                    patterns=-2, chat=True)
     back, notices = pl.decode(pl.query_string(view))
     assert notices == [] and back.tab == "components"
-    assert values_of(back) == [f"{PROMPT}\n{HOSTILE}", "Paris", "Rome", 3, -2, True]
+    assert TAB_VIEWS["components"].values_of(back) == dict(zip(INPUTS, [f"{PROMPT}\n{HOSTILE}", "Paris", "Rome", 3,
+                                                                         -2, True]))
     plain = pl.encode(pl.View(tab="components"))
     assert "patterns" not in plain and plain["target"] == "Paris"           # no pattern asked: none in the link
     bad, notices = pl.decode("v=1&tab=components&position=last&patterns=all&target=%00")
@@ -73,8 +77,8 @@ def test_a_lens_cell_links_to_its_components(built):
     view, notices = pl.decode(link)
     assert notices == [] and (view.tab, view.prompt, view.target, view.foil, view.position, view.patterns) == \
         ("components", PROMPT, "Paris", "", 4, 12)
-    out = built.tabs["logit"].run(PROMPT, "all", 3, "", "top1_prob", False, False, None, False, "")
-    spec = json.loads(out[1].plot)
+    out = built.tabs["logit"].run(_lens_values(layers="all", k=3))
+    spec = json.loads(out["heatmap"].plot)
     rows = next(node["data"]["values"] for node in _nodes(spec) if "data" in node and "values" in node["data"]
                 and node["data"]["values"] and "href" in node["data"]["values"][0])
     cell = rows[-1]
@@ -84,13 +88,18 @@ def test_a_lens_cell_links_to_its_components(built):
 
 
 def test_the_logit_tab_draws_rows_inside_each_layer(built):
-    out = built.tabs["logit"].run(PROMPT, "0-1", 3, "", "top1_prob", False, False, None, False, "", True)
-    spec = json.loads(out[1].plot)
-    assert out[0].after_attention is not None
+    values = _lens_values(layers="0-1", k=3, sublayers=True)
+    out = built.tabs["logit"].run(values)
+    spec = json.loads(out["heatmap"].plot)
+    assert out["state"].after_attention is not None
     assert '"0.attn"' in json.dumps(spec) and '"1.mlp"' in json.dumps(spec)
-    view, _ = pl.decode(pl.query_string(built.tabs["logit"].to_view(PROMPT, "0-1", 3, "", "top1_prob", False,
-                                                                    False, None, False, True)))
+    view, _ = pl.decode(pl.query_string(TAB_VIEWS["logit"].view_of(values)))
     assert view.sublayers is True
+
+
+def _lens_values(**given) -> dict:
+    """The logit tab's input values by name: its example, with `given`."""
+    return {**TAB_VIEWS["logit"].initial(), "prompt": PROMPT, "note": "", **given}
 
 
 def _nodes(spec):
@@ -111,6 +120,6 @@ COMPONENTS_TAB_FIELDS = (
 @scaled(30)
 @given(kw=hostile.fields(*COMPONENTS_TAB_FIELDS))
 def test_the_tab_answers_any_input_with_a_result_or_one_line(built, kw):
-    out = hostile.page_outcome(built.tabs["components"].run, *kw.values())
-    if isinstance(out, tuple):
-        assert isinstance(out[0], ComponentsResult)
+    out = hostile.page_outcome(built.tabs["components"].run, dict(kw))
+    if isinstance(out, dict):
+        assert isinstance(out["state"], ComponentsResult)

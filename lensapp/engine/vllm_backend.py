@@ -31,6 +31,7 @@ from .protocol import (
     LensOutput,
     LensSpec,
     ModelInfo,
+    Progress,
     Sampling,
     StartFailed,
 )
@@ -165,8 +166,8 @@ class VLLMBackend:
         spec.check(self.info.n_layers)
         return ComponentsOutput(**await self._saved(self._trace(spec.input_ids, components_trace, spec)))
 
-    def progress(self) -> int:
-        return self.steps
+    def progress(self) -> Progress:
+        return Progress(self.steps, engine_cpu_seconds())
 
     def failure(self) -> str | None:
         llm = self.model.vllm_entrypoint
@@ -220,6 +221,21 @@ class VLLMBackend:
             if is_last_stage():            # an earlier pipeline stage reads no readout: it saves nothing
                 saved = nnsight.save(out)      # noqa: F841 - read back by `_saved`
         return tracer
+
+
+def engine_cpu_seconds() -> float:
+    """CPU time spent by vLLM's processes under this one (EngineCore and its workers: vLLM names them VLLM::...)."""
+    import psutil
+
+    total = 0.0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name().startswith("VLLM::"):
+                times = p.cpu_times()
+                total += times.user + times.system
+        except psutil.Error:                 # gone while listed
+            continue
+    return total
 
 
 def _first_line(e: BaseException) -> str:

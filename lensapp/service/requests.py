@@ -27,6 +27,7 @@ from .fields import (
     DIRECTION,
     FOIL,
     FROM_WORD,
+    INTERVENE_SEED,
     KIND,
     LAYERS,
     LENS,
@@ -120,7 +121,7 @@ class ChatRequest(Request):
 @dataclass(frozen=True)
 class InterveneRequest(Request):
     """Steer, ablate or patch the residual stream at `layer` (a layer or a span), then read every lens again
-    (service/intervening.py says what each field does)."""
+    (service/intervening/ says what each field does)."""
 
     prompt: str = PROMPT.declared()
     intervention: str = KIND.declared()
@@ -142,7 +143,7 @@ class InterveneRequest(Request):
     targets: tuple[str, ...] = TARGETS.declared()
     new_tokens: int = NEW_TOKENS.declared()
     temperature: float = TEMPERATURE.declared()
-    seed: int | None = SEED.declared()
+    seed: int | None = INTERVENE_SEED.declared()
     chat: bool = CHAT.declared()
     raw: bool = RAW.declared()
 

@@ -1,14 +1,15 @@
 """The Components tab: who wrote the answer. Each attention layer's, head's and MLP's direct effect on one logit,
 and where a layer's heads look from there.
 
-Laid out by name: the inputs are the request's fields (`INPUTS`, in `ComponentsRequest`'s order), the outputs a
-dict of named components (`OUTPUTS`); `read_components(service, values)` is the handler, a module-level
-function from the inputs' values by name to the outputs' by name (tested directly, without a page), run
-through the guard. A lens cell links here (`cell_link`): "who wrote this?" opens the components of that cell's
-top-1 token at its position, with its layer's attention pattern.
+Its inputs are the `components` request's fields (`views.TAB_VIEWS`), made by its form; its outputs a dict of
+named components; the handlers below are what its events call (module-level, from the inputs' values by name
+to the outputs' updates by name, through the guard). A lens cell links here (`cell_link`): "who wrote this?"
+opens the components of that cell's top-1 token at its position, with its layer's attention pattern.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import gradio as gr
 import numpy as np
@@ -16,16 +17,14 @@ import numpy as np
 from ..charts import DisplaySettings, show_token
 from ..charts import components as chart
 from ..engine.anatomy import anatomy_of
-from ..service import ComponentsRequest
 from ..service.components import model_shape, unavailable
-from ..service.field import fields_of
+from ..service.kinds import KINDS
 from ..snippets import components_snippet, model_reference
 from .downloads import Downloads
-from .permalinks import View, query_string, view_of
-from .tabs import PRIVATE, TabParts, build_chart, md_text
-
-INPUTS = tuple(fields_of(ComponentsRequest))          # prompt, target, foil, position, patterns, chat
-OUTPUTS = ("state", "summary", "by_layer", "by_head", "pattern_row", "pattern_grid", "csv", "json")
+from .form import Form, asked
+from .permalinks import query_string
+from .tabs import Components, TabParts, build_chart, how_to, md_text, on
+from .views import TAB_VIEWS, TabView, View
 
 HOW_TO = """
 A transformer's last residual stream is a sum: the token's embedding, plus what every attention layer and
@@ -47,71 +46,68 @@ attention kernel receives: vLLM itself never forms them.
 """
 
 
-def build_components_tab(service, guard, downloads: Downloads) -> TabParts:
-    d = View(tab="components")
-    info = service.info
-    with gr.Tab("Components", id="components"):
+def build_components_tab(service, guard, downloads: Downloads,
+                         view: TabView = TAB_VIEWS["components"]) -> TabParts:
+    with gr.Tab("Components", id=view.name):
         gr.Markdown("Who wrote the answer: each layer's attention, each head and each MLP's direct effect on one "
-                    "logit, and where the heads look.", elem_id="components-intro")
+                    "logit, and where the heads look.", elem_id=f"{view.name}-intro")
         why = unavailable(service)
         if why:
-            gr.Markdown(f"**Not available for this model:** {md_text(why)}.", elem_id="components-missing")
-            return TabParts("components", {}, lambda: View(tab="components"))
-        with gr.Accordion("How to read this", open=False):
-            gr.Markdown(HOW_TO)
-        with gr.Row():
-            prompt = gr.Textbox(label="Prompt", value=d.prompt, lines=2, max_lines=8, scale=3,
-                                elem_id="components-prompt")
-            target = gr.Textbox(label="Target word (its first token)", value=d.target, elem_id="components-target")
-            foil = gr.Textbox(label="Foil word (optional: target minus foil)", value=d.foil,
-                              elem_id="components-foil")
-        with gr.Row():
-            position = gr.Number(label="Position (-1: the last)", value=d.position, precision=0,
-                                 elem_id="components-position")
-            patterns = gr.Number(label=f"Attention pattern of layer (0..{info.n_layers - 1}, -1: the last; empty: "
-                                       "none)", value=d.patterns, precision=0, elem_id="components-patterns")
-            chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
-        run_button = gr.Button("Who wrote it?", variant="primary", elem_id="components-run", elem_classes=["run"])
-        summary = gr.Markdown(elem_id="components-summary")
-        by_layer = gr.Plot(elem_id="components-by-layer", elem_classes=["lens-plot"], show_label=False)
-        by_head = gr.Plot(elem_id="components-by-head", elem_classes=["lens-plot"], show_label=False)
-        pattern_row = gr.Plot(elem_id="components-pattern-row", elem_classes=["lens-plot"], show_label=False,
-                              visible=False)
-        pattern_grid = gr.Plot(elem_id="components-pattern-grid", elem_classes=["lens-plot"], show_label=False,
-                               visible=False)
-        state = gr.State()
-        csv_file, json_file = downloads.buttons("components", state)
-        with gr.Accordion("Show the code", open=False, elem_id="components-code-box"):
-            gr.Markdown("This view as a short nnsight script (transformers, eager attention): paste it into a "
-                        "notebook to get the same numbers.")
-            code = gr.Code(language="python", interactive=False, elem_id="components-code")
-
-    inputs = {"prompt": prompt, "target": target, "foil": foil, "position": position, "patterns": patterns,
-              "chat": chat}
-    outputs = {"state": state, "summary": summary, "by_layer": by_layer, "by_head": by_head,
-               "pattern_row": pattern_row, "pattern_grid": pattern_grid, "csv": csv_file, "json": json_file}
-    assert tuple(inputs) == INPUTS and tuple(outputs) == OUTPUTS
-
-    def run(*values, request: gr.Request = None):
-        out = guard.ui(request, read_components, service, dict(zip(INPUTS, values)))
-        return tuple(out[name] for name in OUTPUTS)
-
-    run_button.click(run, list(inputs.values()), list(outputs.values()), **PRIVATE)
-    prompt.submit(run, list(inputs.values()), list(outputs.values()), **PRIVATE)
-    state.change(lambda result: gr.skip() if result is None else code_for(service, result), state, code, **PRIVATE)
-    return TabParts("components", inputs, lambda *values: view_of("components", **dict(zip(INPUTS, values))), run,
-                    list(inputs.values()), list(outputs.values()), run_button, from_view=values_of)
+            gr.Markdown(f"**Not available for this model:** {md_text(why)}.", elem_id=f"{view.name}-missing")
+            return TabParts(view, {})
+        how_to(HOW_TO)
+        form = Form(view, service)
+        _inputs(form, service)
+        run_button = gr.Button("Who wrote it?", variant="primary", elem_id=f"{view.name}-run", elem_classes=["run"])
+        outputs = _outputs(view, downloads)
+    parts = {**form.inputs, **outputs}
+    run_fn = partial(run, view, service, guard)
+    on([run_button.click, form.inputs["prompt"].submit], run_fn, parts, form.inputs, outputs)
+    on(outputs["state"].change, partial(show_code, service), parts, ["state"], ["code"])
+    return TabParts(view, form.inputs, {k: v for k, v in outputs.items() if k != "code"}, run_fn,
+                    run_button=run_button)
 
 
-def values_of(view: View) -> list:
-    """The tab's input values for a view (a number box shows an empty patterns layer as nothing)."""
-    return [getattr(view, name) for name in INPUTS]
+def _inputs(form: Form, service) -> None:
+    with gr.Row():
+        form.add("prompt", lines=2, max_lines=8, scale=3)
+        form.add("target")
+        form.add("foil")
+    with gr.Row():
+        form.add("position")
+        form.add("patterns", label=f"Attention pattern of layer (0..{service.info.n_layers - 1}, -1: the last; "
+                                   "empty: none)")
+        form.add("chat")
+        form.rest()
 
 
-def read_components(service, values: dict) -> dict:
-    """The handler: the tab's input values by name -> its outputs by name."""
-    req = ComponentsRequest.parse(**{name: _blank(values.get(name)) for name in INPUTS})
-    result = service.components(req)
+def _outputs(view: TabView, downloads: Downloads) -> Components:
+    """What a readout writes, by name (and the code under it)."""
+    name = view.name
+    out = {"summary": gr.Markdown(elem_id=f"{name}-summary")}
+    for key in ("by_layer", "by_head", "pattern_row", "pattern_grid"):
+        out[key] = gr.Plot(elem_id=f"{name}-{key.replace('_', '-')}", elem_classes=["lens-plot"], show_label=False,
+                           visible=not key.startswith("pattern"))
+    out["state"] = gr.State()
+    out.update(downloads.buttons(name, out["state"]))
+    with gr.Accordion("Show the code", open=False, elem_id=f"{name}-code-box"):
+        gr.Markdown("This view as a short nnsight script (transformers, eager attention): paste it into a "
+                    "notebook to get the same numbers.")
+        out["code"] = gr.Code(language="python", interactive=False, elem_id=f"{name}-code")
+    return out
+
+
+# -- what its events call -------------------------------------------------------------------------------
+
+def run(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
+    """The readout of the inputs' `values` (by name), through the guard."""
+    return guard.ui(request, read_components, service, values, view)
+
+
+def read_components(service, values: dict, view: TabView = TAB_VIEWS["components"]) -> dict:
+    """The inputs' values by name -> the outputs' updates by name."""
+    req = asked(view, service, {name: _blank(value) for name, value in values.items()})
+    result = KINDS[view.kind].run(service, req)
     s = DisplaySettings()
     pattern = result.pattern is not None
     return {
@@ -120,8 +116,13 @@ def read_components(service, values: dict) -> dict:
         "pattern_row": gr.Plot(value=build_chart(chart.pattern_row, result, s) if pattern else None, visible=pattern),
         "pattern_grid": gr.Plot(value=build_chart(chart.pattern_grid, result, s) if pattern else None,
                                 visible=pattern),
-        "csv": gr.Button(visible=True), "json": gr.Button(visible=True),
+        **Downloads.shown(),
     }
+
+
+def show_code(service, values: dict, request: gr.Request = None) -> dict:
+    result = values["state"]
+    return {} if result is None else {"code": code_for(service, result)}
 
 
 def _blank(value):
@@ -171,4 +172,4 @@ def cell_link(prompt: str, chat: bool = False):
     return link
 
 
-__all__ = ["INPUTS", "OUTPUTS", "build_components_tab", "cell_link", "read_components"]
+__all__ = ["build_components_tab", "cell_link", "read_components"]
