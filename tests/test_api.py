@@ -76,8 +76,8 @@ def cli_json(service, argv: list[str]):
     if args.command == "lens":
         results = service.lens(request, cli.MAX_CLI_PROMPTS)
         return json.loads(dumps(results[0] if len(results) == 1 else results))
-    result = service.intervene(request) if args.command == "intervene" else service.generate(request)
-    return json.loads(dumps(result))
+    run = {"intervene": service.intervene, "components": service.components}.get(args.command, service.generate)
+    return json.loads(dumps(run(request)))
 
 
 def assert_same(api, expected, where="answer"):
@@ -121,3 +121,30 @@ def test_every_intervention_answers_through_the_api_what_the_cli_prints(client, 
     api = client.predict(prompt=FRANCE, **READ, **params, api_name="/intervene")
     assert_same(api, cli_json(service, ["intervene", FRANCE, *argv, *READ_ARGS]))
     assert set(api) >= {"before", "after", "labels", "intervention"}
+
+
+def test_components_answer_through_the_api_what_the_cli_prints(client, service):
+    """The patterns' keys are layer numbers as text: orjson refuses integer keys."""
+    api = client.predict(FRANCE, "Paris", "Rome", -1, 23, api_name="/components")
+    assert_same(api, cli_json(service, ["components", FRANCE, "--target", "Paris", "--foil", "Rome",
+                                        "--patterns", "23"]))
+    assert list(api["patterns"]) == ["23"] and len(api["patterns"]["23"]) == 9
+    assert api["logit"] == pytest.approx(api["sum"], rel=1e-4)
+    plain = client.predict(prompt=FRANCE, target="Paris", api_name="/components")
+    assert "patterns" not in plain and plain["foil"] is None and plain["position"] == 4
+
+
+def test_a_bad_components_request_is_one_line(client):
+    from gradio_client.exceptions import AppError
+
+    for params, words in (({"target": ""}, "target is empty"), ({"target": "Paris", "position": 99}, "outside"),
+                          ({"target": "Paris", "patterns": "all"}, "whole number")):
+        with pytest.raises(AppError, match=words) as e:
+            client.predict(prompt=FRANCE, **params, api_name="/components")
+        assert "\n" not in str(e.value).strip()
+
+
+def test_the_lens_with_sublayers_answers_what_the_cli_prints(client, service):
+    api = client.predict(prompt=FRANCE, layers="20,24", k=3, sublayers=True, api_name="/lens")
+    assert_same(api, cli_json(service, ["lens", FRANCE, "--layers", "20,24", "--k", "3", "--sublayers"]))
+    assert set(api["after_attention"]) == {"logit"} and len(api["after_attention"]["logit"]["top_tokens"]) == 2

@@ -1,8 +1,9 @@
 """The work budget holds on the real engine: requests within the published limits (any kind, up to the longest
 prompt, every layer, both lenses, k 100, eight multi-token targets, twelve alphas or patched layers, 64
 tokens generated before and after) never restart the engine and never run past the deadline their cost
-plans, while another visitor's short lens still answers beside them; what the budget refuses, it refuses
-in one line, before the engine sees it. (service/cost.py)"""
+plans (a components readout with a layer's whole attention pattern among them), while another visitor's
+short lens still answers beside them; what the budget refuses, it refuses in one line, before the engine
+sees it. (service/cost.py)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from lensapp import config
 from lensapp.engine.turns import asking
-from lensapp.service import GenerateRequest, InterveneRequest, LensRequest, RequestError
+from lensapp.service import ComponentsRequest, GenerateRequest, InterveneRequest, LensRequest, RequestError
 
 pytestmark = pytest.mark.engine
 
@@ -36,8 +37,12 @@ def legal_requests(draw):
     common = {"layers": draw(st.sampled_from(LAYERS)), "k": draw(st.sampled_from([1, 5, 100])),
               "lens": draw(st.sampled_from(["logit", "both"]))}
     words = draw(st.sampled_from([3, 12, 40, 120, 380]))
-    kind = draw(st.sampled_from(["lens", "generate", "steer", "ablate", "patch"]))
+    kind = draw(st.sampled_from(["lens", "generate", "steer", "ablate", "patch", "components"]))
     targets = tuple(draw(st.lists(WORDS, max_size=8)))
+    if kind == "components":            # a layer's attention pattern costs heads x positions^2 weights
+        return ComponentsRequest(prompt=prompt(words), target="river", foil=draw(st.sampled_from(["", "bread"])),
+                                 position=draw(st.sampled_from([-1, 0, 2])),
+                                 patterns=draw(st.sampled_from([None, 0, -1])))
     if kind == "lens":
         return LensRequest(prompts=(prompt(words),), targets=targets, **common)
     if kind == "generate":
@@ -68,13 +73,16 @@ def run(service, request):
         return service.lens(request)
     if isinstance(request, GenerateRequest):
         return service.generate(request)
+    if isinstance(request, ComponentsRequest):
+        return service.components(request)
     return service.intervene(request)
 
 
 # Near the budget, and accepted by it (test_the_heavy_examples_are_legal): every run tries these first.
 HEAVY = [LensRequest(prompts=(prompt(330),), layers="all", k=100, targets=("the river", "bread and fruit")),
          InterveneRequest(prompt=prompt(40), intervention="steer", word="Rome", layer="20",
-                          alphas=tuple(float(a) for a in range(8)), layers="all", new_tokens=64)]
+                          alphas=tuple(float(a) for a in range(8)), layers="all", new_tokens=64),
+         ComponentsRequest(prompt=prompt(300), target="river", patterns=-1)]       # the last layer's whole pattern
 
 
 def test_the_heavy_examples_are_legal(service):
@@ -87,6 +95,7 @@ def test_the_heavy_examples_are_legal(service):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @example(request=HEAVY[0])
 @example(request=HEAVY[1])
+@example(request=HEAVY[2])
 @given(request=legal_requests())
 def test_a_legal_request_never_restarts_the_engine_nor_passes_its_deadline(service, request):
     try:
