@@ -48,7 +48,8 @@ def forged(kind, seen):
 def lens(source, header):
     conn = http.client.HTTPConnection(host, port, source_address=(source, 0), timeout=120)
     headers = {"Content-Type": "application/json", **({"X-Forwarded-For": header} if header else {})}
-    body = json.dumps({"data": ["The capital of France is", "logit", "all", 1, "", False, False, False]})
+    # every parameter, sublayers last: Gradio's raw endpoints fill in no defaults
+    body = json.dumps({"data": ["The capital of France is", "logit", "all", 1, "", False, False, False, False]})
     conn.request("POST", "/gradio_api/call/lens", body, headers)
     event = json.loads(conn.getresponse().read())["event_id"]
     conn.request("GET", f"/gradio_api/call/lens/{event}")
