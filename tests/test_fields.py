@@ -18,7 +18,7 @@ from hostile import assert_one_line, run_cli
 from lensapp import config
 from lensapp.service import fields as f
 from lensapp.service.field import Field, RequestError, fields_of
-from lensapp.service.requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
+from lensapp.service.requests import ChatRequest, DescribeRequest, GenerateRequest, InterveneRequest, LensRequest
 from lensapp.ui import api, permalinks
 from lensapp.ui.permalinks import View, as_text
 
@@ -26,7 +26,7 @@ SCHEMA = {name: value for name, value in vars(f).items() if isinstance(value, Fi
 EXAMPLES = {name: FIELD_CASES.get(name, ((), ())) for name in SCHEMA}
 for _alias, _base in (("CHAT_MAX_TOKENS", "MAX_TOKENS"), ("CHAT_K", "K")):      # a field made from another
     EXAMPLES[_alias] = (tuple(x for x in FIELD_CASES[_base][0] if x[1] != SCHEMA[_base].default), FIELD_CASES[_base][1])
-REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest)
+REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest, DescribeRequest)
 # The API's published parameter order: a parameter is only ever added at the end (old clients keep working).
 PUBLISHED = {
     "lens": ["prompt", "lens", "layers", "k", "targets", "chat", "raw", "skip_punctuation"],
@@ -36,6 +36,7 @@ PUBLISHED = {
     "intervene": ["prompt", "intervention", "word", "layer", "alphas", "direction", "from_word", "objective",
                   "positions", "prompt_only", "ablation", "reference", "source", "source_positions", "lens", "layers",
                   "k", "targets", "new_tokens", "temperature", "seed", "chat", "raw"],
+    "describe": ["prompt", "layer", "position", "max_tokens", "inspect", "inspect_layer", "chat"],
 }
 
 

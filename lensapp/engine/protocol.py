@@ -113,6 +113,8 @@ class LensSpec:
     keep_* and norms are read by `run_lens` only.
     read_prompt: `run_generate` reads every prompt position at step 0; False: its step 0 reads nothing (the
       prompt is read apart, in parts: `parts.split_generation`), and its edits are made all the same.
+    read_from: `run_generate`'s step 0 reads prompt positions read_from.. only (a branch's continuation: the
+      positions before it were read by the generation it branches from); 0: all of them.
     """
 
     input_ids: tuple[int, ...]
@@ -129,6 +131,7 @@ class LensSpec:
     keep_positions: tuple[int, ...] | None = None
     norms: bool = False
     read_prompt: bool = True
+    read_from: int = 0
 
     @property
     def layers(self) -> list[int]:
@@ -142,6 +145,8 @@ class LensSpec:
             raise ValueError(f"keep_layers {self.keep_layers} are outside 0..{n_layers - 1}")
         if self.keep_positions is not None and not all(0 <= p < len(self.input_ids) for p in self.keep_positions):
             raise ValueError(f"keep_positions {self.keep_positions} are outside 0..{len(self.input_ids) - 1}")
+        if not 0 <= self.read_from < len(self.input_ids):
+            raise ValueError(f"read_from {self.read_from} is outside the prompt's 0..{len(self.input_ids) - 1}")
 
     def check_chat(self) -> None:
         """ValueError for a chat readout with edits (see `Backend.run_chat`)."""

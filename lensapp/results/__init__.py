@@ -5,15 +5,19 @@
     compare.py     Comparison: several prompts side by side, aligned at their last token
     intervention.py  InterventionResult: a prompt read before and after a steer, ablation or patch
     export.py      JSON and CSV text
+    decided.py     where each token was decided: the layer from which a lens reads it to the last
+    branching.py   a generation branched at a forced token, and where two generations part
+    description.py a cell described in words (Patchscopes)
 
 `from_*` classmethods are the only code that touches the engine's tensors.
 """
 
 from .compare import Comparison
+from .description import Description, Descriptions
 from .export import dumps
 from .generation import ChatReply, GenerationResult, GenerationStep
 from .intervention import InterventionResult
 from .lens import LensReadout, LensResult, Target, TargetScore
 
-__all__ = ["ChatReply", "Comparison", "GenerationResult", "GenerationStep", "InterventionResult", "LensReadout",
-           "LensResult", "Target", "TargetScore", "dumps"]
+__all__ = ["ChatReply", "Comparison", "Description", "Descriptions", "GenerationResult", "GenerationStep",
+           "InterventionResult", "LensReadout", "LensResult", "Target", "TargetScore", "dumps"]

@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {"ChatRequest": "requests", "GenerateRequest": "requests", "InterveneRequest": "requests",
-          "LensRequest": "requests", "RequestError": "field", "LensService": "service"}
-__all__ = ["ChatRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "LensService", "RequestError"]
+          "LensRequest": "requests", "RequestError": "field", "LensService": "service",
+          "DescribeRequest": "requests"}
+__all__ = ["ChatRequest", "DescribeRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "LensService",
+           "RequestError"]
 
 
 def __getattr__(name: str):

@@ -60,6 +60,27 @@ class Prompts:
             raise RequestError(f"target {word!r} has no tokens")
         return Target(text=word, token_ids=ids)
 
+    def token_of(self, word: str | int, vocab_size: int) -> int:
+        """A forced token (service/branching.py): an id as given (within the vocabulary), or the one token whose
+        text is exactly `word` (spaces included); RequestError naming its pieces when it is not one token."""
+        if isinstance(word, int):
+            if not 0 <= word < vocab_size:
+                raise RequestError(f"token id {word} is outside this model's vocabulary (0..{vocab_size - 1})")
+            return word
+        ids = list(self.tokenizer(word, add_special_tokens=False)["input_ids"])
+        if len(ids) != 1:
+            spaced = list(self.tokenizer(" " + word, add_special_tokens=False)["input_ids"])
+            hint = f"; ' {word}' (with a space) is one: #{spaced[0]}" if len(spaced) == 1 and ids != spaced else ""
+            raise RequestError(f"{word!r} is {len(ids)} tokens ({', '.join(map(repr, self.decode(ids)))}), not one; "
+                               f"force one of them, or a token id as #ID{hint}")
+        return ids[0]
+
+    @property
+    def stop_ids(self) -> set[int]:
+        """The tokens a generation ends at (nothing follows a forced one)."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return set() if eos is None else {int(eos)}
+
     def conversation(self, messages: list[dict]) -> Conversation:
         """A conversation's token ids in the chat template, and how many of the oldest messages were
         dropped so it fits: by characters first (cheap), then by the templated prompt's tokens."""
