@@ -76,6 +76,8 @@ def cli_json(service, argv: list[str]):
     if args.command == "lens":
         results = service.lens(request, cli.MAX_CLI_PROMPTS)
         return json.loads(dumps(results[0] if len(results) == 1 else results))
+    if args.command == "describe":
+        return json.loads(dumps(service.describe(request)))
     result = service.intervene(request) if args.command == "intervene" else service.generate(request)
     return json.loads(dumps(result))
 
@@ -121,3 +123,22 @@ def test_every_intervention_answers_through_the_api_what_the_cli_prints(client, 
     api = client.predict(prompt=FRANCE, **READ, **params, api_name="/intervene")
     assert_same(api, cli_json(service, ["intervene", FRANCE, *argv, *READ_ARGS]))
     assert set(api) >= {"before", "after", "labels", "intervention"}
+
+
+def test_a_branch_and_a_description_answer_what_the_cli_prints(client, service):
+    """issue 28: /generate's last parameter forces tokens (a branch of a branch here), /describe describes a cell,
+    and a layer range of them is a list; the lens JSON's decided_at arrives with its nulls."""
+    api = client.predict(FRANCE, 5, "logit", "20,24,28", 3, 0.0, None, False, False, ["1= Rome", "3=#30"],
+                         api_name="/generate")
+    assert api["forced"][0]["step"] == 1 and [f["token_id"] for f in api["forced"]][1] == 30
+    assert_same(api, cli_json(service, ["generate", FRANCE, "--max-tokens", "5", "--layers", "20,24,28", "--k", "3",
+                                        "--force", "1= Rome", "--force", "3=#30"]))
+    api = client.predict(EIFFEL, "12", 4, 3, api_name="/describe")
+    assert isinstance(api, dict) and api["layer"] == 12 and api["position"] == 4
+    assert_same(api, cli_json(service, ["describe", EIFFEL, "--layer", "12", "--position", "4", "--max-tokens", "3"]))
+    api = client.predict(EIFFEL, "10-12", -1, 2, "x -> x; ?", None, api_name="/describe")
+    assert [d["layer"] for d in api] == [10, 11, 12] and all(d["inspection_prompt"] == "x -> x; ?" for d in api)
+    assert_same(api, cli_json(service, ["describe", EIFFEL, "--layer", "10-12", "--max-tokens", "2", "--inspect",
+                                        "x -> x; ?"]))
+    lens = client.predict(FRANCE, "logit", "0,1,2", 3, "", api_name="/lens")["lenses"]["logit"]
+    assert len(lens["decided_at"]) == len(lens["top_ids"][0]) and None in lens["decided_at"]

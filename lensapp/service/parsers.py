@@ -210,11 +210,10 @@ Force = tuple[int, "int | str"]          # (generated step, token id or the exac
 def force(raw, max_step: int) -> Force:
     """One forced token: 'STEP=WORD' (WORD: the exact text of one token, spaces included: '3= Paris') or
     'STEP=#ID' (a token id), STEP counted from 0 over the generated tokens; or such a pair as read already."""
-    if isinstance(raw, (tuple, list)) and len(raw) == 2 and isinstance(raw[1], (int, str)):
-        step, token = whole("a forced step", 0, max_step)(raw[0]), raw[1]
-        if isinstance(token, bool) or (isinstance(token, int) and not 0 <= token < 1 << 31):
-            raise RequestError(f"a forced token id must be a whole number in 0..{(1 << 31) - 1}; got {show(token)}")
-        return step, token if isinstance(token, int) else _force_word(token)
+    if isinstance(raw, (tuple, list)) and len(raw) == 2 and isinstance(raw[1], str):
+        return force(f"{whole('a forced step', 0, max_step)(raw[0])}={raw[1]}", max_step)
+    if isinstance(raw, (tuple, list)) and len(raw) == 2 and type(raw[1]) is int and raw[1] >= 0:
+        return force(f"{whole('a forced step', 0, max_step)(raw[0])}=#{raw[1]}", max_step)
     if not isinstance(raw, str) or "=" not in raw:
         raise RequestError(f"a forced token is STEP=WORD or STEP=#ID (like 2=Paris or 2=#7042); got {show(raw)}")
     step_text, word = raw.split("=", 1)
