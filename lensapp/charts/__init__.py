@@ -8,14 +8,17 @@ model or imports torch; it only arranges numbers already in a result.
     tokens.py   token text made visible and unique     grid.py     the heatmap every chart draws
     lens.py     one prompt's charts                     compare.py  several prompts side by side
     intervention.py  before and after an intervention, their difference, the dose-response curve
+    decisions.py  where each token was decided (the strip under a heatmap), where branches part
 """
 
 from . import intervention
 from .compare import compare_heatmaps, compare_targets
+from .decisions import branch_divergence, decision_strip
 from .grid import LENS_TITLES, METRICS, DisplaySettings, Grid, Highlight, Metric, window_of
-from .lens import generation_heatmap, lens_diff, lens_heatmap, lens_pair, lens_table, target_curves
+from .lens import generation_heatmap, lens_diff, lens_heatmap, lens_pair, lens_table, target_curves, top1_curves
 from .tokens import clip, column_labels, display_tokens, show_token
 
-__all__ = ["LENS_TITLES", "METRICS", "DisplaySettings", "Grid", "Highlight", "Metric", "clip", "column_labels",
+__all__ = ["LENS_TITLES", "METRICS", "DisplaySettings", "Grid", "Highlight", "Metric", "branch_divergence", "clip",
+           "column_labels", "decision_strip",
            "compare_heatmaps", "compare_targets", "display_tokens", "generation_heatmap", "intervention", "lens_diff",
-           "lens_heatmap", "lens_pair", "lens_table", "show_token", "target_curves", "window_of"]
+           "lens_heatmap", "lens_pair", "lens_table", "show_token", "target_curves", "top1_curves", "window_of"]

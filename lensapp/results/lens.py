@@ -265,6 +265,22 @@ class LensResult:
     def to_csv(self) -> str:
         return self.long_frame().to_csv(index=False)
 
+    def top1_tokens(self, lens: str = "logit", position: int = -1, cap: int = 6) -> list[int]:
+        """The tokens that are the lens's top-1 at some layer at `position`, most probable first (their probability
+        at the deepest layer read, 0 where they left its top-k; then the highest they reached), at most `cap`:
+        what the line charts follow when no target is given."""
+        r = self.lenses[lens]
+        pos = position % len(self.input_ids)
+        ids, probs = r.top_ids[:, pos], r.top_probs[:, pos]                  # [L, k]
+
+        def prob(i: int, token: int) -> float:
+            hit = np.flatnonzero(ids[i] == token)
+            return float(probs[i, hit[0]]) if hit.size else 0.0
+
+        tops = list(dict.fromkeys(int(t) for t in ids[:, 0]))
+        tops.sort(key=lambda t: (-prob(len(ids) - 1, t), -max(prob(i, t) for i in range(len(ids)))))
+        return tops[:cap]
+
     # -- where each token was decided (decided.py) ----------------------------------------------------
     def decided_at(self, lens: str = "logit", rule: str = "top1") -> list[int | None]:
         """Per position, the layer from which the lens reads the position's final top-1 (under `rule`) at every
