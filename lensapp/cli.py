@@ -29,9 +29,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
+from dataclasses import fields as dataclass_fields
 
 from . import config, space
+from .fitting.settings import FitConfig
 from .service.field import fields_of
 from .service.kinds import KINDS
 
@@ -224,9 +225,8 @@ def format_descriptions(d) -> str:
 # -- fit -------------------------------------------------------------------------------------------
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from .fitting import SAVE_DTYPES, FitConfig
-
-    d = FitConfig()
+    """`lensapp fit`'s flags: what to fit and where it goes, then one flag per FitConfig field (its help and
+    default from its declaration: fitting/settings.py), then what only the command line does."""
     parser.add_argument("--model", default=None,
                         help="'embedded' (SmolLM2-135M-Instruct, the default), a hub id or a local folder")
     parser.add_argument("--corpus", default=None,
@@ -234,23 +234,14 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                              "'general' (the default: English the embedded model wrote itself, shipped), "
                              "'pydoc' (Python's own docs)")
     parser.add_argument("--out", required=True, help="lens file to write (.pt); also names the checkpoint")
-    parser.add_argument("--tokens", type=int, default=d.tokens, help="T: tokens per prompt")
-    parser.add_argument("--skip", type=int, default=d.skip, help="leading positions left out (attention sinks)")
-    parser.add_argument("--dim-batch", type=int, default=d.dim_batch, help="output dims per backward pass")
-    parser.add_argument("--min-prompts", type=int, default=d.min_prompts, help="never stop before this many")
-    parser.add_argument("--max-prompts", type=int, default=d.max_prompts, help="always stop at this many")
-    parser.add_argument("--threshold", type=float, default=d.threshold,
-                        help="stop when the mean relative change over --window prompts is below this")
-    parser.add_argument("--window", type=int, default=d.window, help="prompts averaged for the stop test")
+    for f in dataclass_fields(FitConfig):
+        flag, help = f.metadata["flag"] or f"--{f.name.replace('_', '-')}", f.metadata["help"].replace("%", "%%")
+        if isinstance(f.default, bool):                # a flag that turns the setting off (--no-bos)
+            parser.add_argument(flag, dest=f.name, action="store_false", help=help)
+        else:
+            parser.add_argument(flag, dest=f.name, type=type(f.default), default=f.default,
+                                choices=f.metadata["choices"] or None, help=help)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--device", default=d.device, help="torch device to fit on (cpu, cuda, ...)")
-    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="prompts between checkpoints")
-    parser.add_argument("--checkpoint-dir", type=Path, default=d.checkpoint_dir, help="where checkpoints go")
-    parser.add_argument("--save-dtype", default=d.save_dtype, choices=sorted(SAVE_DTYPES),
-                        help="dtype of the lens file")
-    parser.add_argument("--no-bos", action="store_true",
-                        help="fit prompts as tokenized, without the tokenizer's BOS token first (the default "
-                             "prepends it, as Anthropic's reference jlens does; recorded as provenance 'bos')")
     parser.add_argument("--shard", default=None, metavar="I/N", help="fit only every N-th fit chunk, from the I-th")
     parser.add_argument("--merge", nargs="+", metavar="LENS", default=None,
                         help="merge these lens files (weighted by n_prompts) into --out instead of fitting")
@@ -267,7 +258,7 @@ def run_fit(args: argparse.Namespace) -> int:
     from . import corpus as corpora
     from .engine.embedded import FORMAT_VERSION
     from .engine.loading import load_hf_model
-    from .fitting import SAVE_DTYPES, FitConfig, fit, merge, snapshot
+    from .fitting import SAVE_DTYPES, fit, merge, snapshot
 
     dtype = SAVE_DTYPES[args.save_dtype]
     if args.merge:
@@ -276,10 +267,7 @@ def run_fit(args: argparse.Namespace) -> int:
     if args.snapshot:
         print(snapshot(args.out, args.checkpoint_dir, dtype=dtype))
         return 0
-    cfg = FitConfig(tokens=args.tokens, skip=args.skip, dim_batch=args.dim_batch, min_prompts=args.min_prompts,
-                    max_prompts=args.max_prompts, threshold=args.threshold, window=args.window,
-                    checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-                    save_dtype=args.save_dtype, device=args.device, bos=not args.no_bos)
+    cfg = FitConfig(**{f.name: getattr(args, f.name) for f in dataclass_fields(FitConfig)})
     if args.threads:
         torch.set_num_threads(args.threads)
     chunks, _ = corpora.split_holdout(corpora.load_corpus(args.corpus))

@@ -22,6 +22,8 @@ Fixed limits that protect the machine (a public Space, a workshop of thirty peop
   PUNCTUATION_WIDTH       = 40     top-k the worker reads when a view skips punctuation (what it searches)
   MAX_TITLE_CHARS         = 120    a link's title
   MAX_NOTE_CHARS          = 1000   a link's note
+  MAX_EXPORT_ROWS         = 200000 rows of a download (lens x layer x position x top-k entries; the JSON holds
+                                   the same): ~3 s and ~18 MB of CSV to build on a small CPU
   MAX_FORCES              = 8      tokens forced in one generation (a branch of a branch of ...)
   MAX_BRANCHES            = 8      branches a page (and its link) holds beside a generation
   MAX_DESCRIBE_TOKENS     = 32     tokens of one description (Patchscopes)
@@ -54,6 +56,7 @@ MAX_SWEEP = 12
 PUNCTUATION_WIDTH = 40
 MAX_TITLE_CHARS = 120
 MAX_NOTE_CHARS = 1000
+MAX_EXPORT_ROWS = 200_000
 MAX_FORCES = 8
 MAX_BRANCHES = 8
 MAX_DESCRIBE_TOKENS = 32
@@ -125,6 +128,9 @@ class Config:
     stall_timeout: float = _setting(120.0, "seconds the engine may go without finishing a step while work waits, "
                                            "before it is taken for stuck and restarted")
     rate_limit: int = _setting(60, "requests per minute per client address (0 = off; loopback is never limited)")
+    trusted_proxies: str = _setting("auto", "proxies in front of the app whose X-Forwarded-For entry names the "
+                                            "client (counted from the right); `auto` = 1 on a Hugging Face Space "
+                                            "(SPACE_ID set), 0 elsewhere")
     max_fit_steps: int = _setting(200, "optimiser steps a fitted steering vector may take (0 = no fitting)")
     max_fit_seconds: float = _setting(60.0, "seconds a fitted steering vector may take")
     fitting: str = _setting("anyone", "who may fit a steering vector: `anyone`, the `host` (a logged-in visitor, "
@@ -134,6 +140,8 @@ class Config:
                                  "come back")
     fit_threads: int = _setting(1, "torch threads of the fitter's process (a fit never takes more cores)")
     auth: str = _setting("", "`user:password[,user:password...]` asks for a login (Gradio's own); empty = open")
+    health_token: str = _setting("", "a secret that shows the host all of /health (`Authorization: Bearer TOKEN`; "
+                                     "the login and this machine see it too); empty = no token")
     cache_entries: int = _setting(256, "results kept for identical requests (0 = no cache)")
     cache_mb: int = _setting(256, "memory the result cache may hold, in MB")
     cache_dir: str = _setting("", "converted models and lens downloads; empty = the user cache dir "
@@ -166,6 +174,9 @@ class Config:
         for name in ("request_timeout", "stall_timeout"):
             if not 1.0 <= getattr(self, name) <= 86_400:
                 raise ConfigError(f"{name} must be in 1..86400 seconds, got {getattr(self, name)}")
+        if self.trusted_proxies not in ("auto", *map(str, range(9))):
+            raise ConfigError(f"trusted_proxies must be 'auto' or a number of proxies 0..8, "
+                              f"got {self.trusted_proxies!r}")
         if self.max_model_len and self.max_prompt_tokens + MAX_GENERATE_TOKENS > self.max_model_len:
             raise ConfigError(f"max_prompt_tokens ({self.max_prompt_tokens}) + {MAX_GENERATE_TOKENS} generated "
                               f"must fit max_model_len ({self.max_model_len})")
@@ -199,6 +210,13 @@ class Config:
         import platformdirs
 
         return Path(platformdirs.user_cache_dir("lensapp"))
+
+    @property
+    def resolved_trusted_proxies(self) -> int:
+        """How many proxies' X-Forwarded-For entries to count back from the right (`service/identity.py`)."""
+        if self.trusted_proxies != "auto":
+            return int(self.trusted_proxies)
+        return 1 if os.environ.get("SPACE_ID") else 0      # a Space's own front end appends one entry
 
     @property
     def resolved_jlens(self) -> str | None:

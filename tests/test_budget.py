@@ -74,7 +74,7 @@ def run(service, request):
 # Near the budget, and accepted by it (test_the_heavy_examples_are_legal): every run tries these first.
 HEAVY = [LensRequest(prompts=(prompt(330),), layers="all", k=100, targets=("the river", "bread and fruit")),
          InterveneRequest(prompt=prompt(40), intervention="steer", word="Rome", layer="20",
-                          alphas=tuple(float(a) for a in range(12)), layers="all", new_tokens=64)]
+                          alphas=tuple(float(a) for a in range(8)), layers="all", new_tokens=64)]
 
 
 def test_the_heavy_examples_are_legal(service):

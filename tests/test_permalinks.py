@@ -174,8 +174,8 @@ def test_a_note_is_text_and_points_at_cells():
 
     md = note_markdown("<b>Title</b>", "layer 22: `␣city` <script>window.pwned=1</script>")
     assert "<script>" not in md and "<b>" not in md and "&lt;script&gt;" in md
-    hl = highlight_of("Look at layer 22 and layers 3-4, `␣city` or ` town`")
+    hl = highlight_of("Look at layer 22 and layers 3-4, `␣city` or ` town`", range(30))
     assert hl.layers == {22, 3, 4} and hl.tokens == {" city", " town"}
     assert hl.marks(22, " city") and hl.marks(3, " town") and not hl.marks(21, " city") and not hl.marks(22, "x")
-    assert not highlight_of("nothing here") and not highlight_of(None)
-    assert highlight_of("`Paris`").marks(5, " Paris")                   # a token without its space still matches
+    assert not highlight_of("nothing here", range(30)) and not highlight_of(None, range(30))
+    assert highlight_of("`Paris`", range(30)).marks(5, " Paris")       # a token without its space still matches

@@ -74,8 +74,9 @@ class InterventionResult:
         out = {"before": self.before.to_json(), "after": [r.to_json() for r in self.after],
                "labels": self.labels, "intervention": self.intervention}
         if self.word is not None:
-            out["dose_response"] = [{"change": c, "value": v, "prob": round_floats(p), "rank": int(k)}
-                                    for c, v, p, k in self.dose_response().itertuples(index=False)]
+            # the row before has no swept value: null (pandas holds it as NaN, which is not JSON)
+            out["dose_response"] = [{"change": c, "value": None if pd.isna(v) else v, "prob": round_floats(p),
+                                     "rank": int(k)} for c, v, p, k in self.dose_response().itertuples(index=False)]
         if self.source is not None:
             out["source"] = self.source.to_json()
         if self.generated_after:

@@ -20,6 +20,7 @@ from ..workshop import Workshop
 from . import notes, permalinks, status
 from .api import register_api
 from .compare_tab import build_compare_tab
+from .downloads import Downloads
 from .exercises import build_exercise_panel, check_links, question_outputs
 from .front import FRONT, FrontPage
 from .generate_tab import build_generate_tab
@@ -27,7 +28,7 @@ from .guard import Guard
 from .intervene_tab import build_intervene_tab
 from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, build_lens_tab
 from .prefetch import LinkPrefetch
-from .tabs import PRIVATE, Downloads, TabParts, md_text
+from .tabs import PRIVATE, TabParts, md_text
 
 CSS = """
 .lens-plot .altair { overflow-x: auto; justify-content: flex-start !important; align-items: flex-start !important; }
@@ -89,11 +90,11 @@ def build_app(service, cfg, workshop: Workshop | None = None) -> gr.Blocks:
 def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None = None) -> UI:
     """The app; with a workshop, its title, only its tabs and its Exercises panel (openings counted in `usage`)."""
     info = service.info
-    downloads = Downloads()
-    guard = Guard(RateLimiter(cfg.rate_limit))
+    guard = Guard(RateLimiter(cfg.rate_limit), cfg.resolved_trusted_proxies)
+    downloads = Downloads(guard)
     shown = workshop.tabs if workshop is not None else permalinks.TABS
     page_title = f"{workshop.title} · Lens Explorer" if workshop is not None else "Lens Explorer"
-    with gr.Blocks(title=page_title, delete_cache=(3600, 3600)) as demo:
+    with gr.Blocks(title=page_title, delete_cache=(Downloads.KEEP_SECONDS, Downloads.KEEP_SECONDS)) as demo:
         heading = f"# {md_text(workshop.title)}\nLens Explorer · " if workshop is not None else "# Lens Explorer\n"
         gr.Markdown(heading + _header(service), elem_id="header")
         health = service.health()

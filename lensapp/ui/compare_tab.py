@@ -7,10 +7,11 @@ import gradio as gr
 from .. import charts
 from ..config import MAX_COMPARE_PROMPTS, MAX_K
 from ..service import LensRequest
+from .downloads import Downloads
 from .examples import compare_examples
 from .lens_tab import colour_metric, grid_tables, punctuation_box
 from .permalinks import View, as_text, view_of
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, lens_choices, md_text
+from .tabs import PRIVATE, TabParts, build_chart, lens_choices, md_text
 
 HOW_TO = """
 What people do with a lens is contrast: "The capital of France is" against "… of Italy is", a sentence
@@ -60,9 +61,8 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
         curves = gr.Plot(visible=False, elem_id="compare-targets-plot", elem_classes=["lens-plot"], show_label=False)
         table = gr.Dataframe(label="Each prompt's top-1 at its last position, every layer", interactive=False,
                              wrap=True, elem_id="compare-table")
-        with gr.Row():
-            csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
-            json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
+        state = gr.State()
+        csv_file, json_file = downloads.buttons("compare", state)
 
     def readout(*values):
         lens, layers, k, targets, metric, chat, raw, punct = (*values[MAX_COMPARE_PROMPTS:], False)[:8]
@@ -81,16 +81,17 @@ def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
             # "#n" columns: display_tokens makes their whitespace visible
             charts.display_tokens(comparison.last_position_table(shown[0]).rename(
                 columns=lambda c: c.replace("prompt ", "#") if c.startswith("prompt ") else c)),
-            downloads.button("compare", ".csv", comparison.to_csv()),
-            downloads.button("compare", ".json", comparison.dumps()),
+            gr.Button(visible=True),                 # the downloads: built from `comparison` when asked for
+            gr.Button(visible=True),
             "".join(f"<h4>Prompt {n}</h4>" + grid_tables(r, shown) for n, r in enumerate(comparison.results, 1)),
+            comparison,
         )
 
     def run(*values, request: gr.Request = None):
         return guard.ui(request, readout, *values)
 
     inputs = [*boxes, lens, layers, k, targets, metric, chat, raw, punct]
-    outputs = [summary, heatmaps, curves, table, csv_file, json_file, grid_table]
+    outputs = [summary, heatmaps, curves, table, csv_file, json_file, grid_table, state]
     run_button.click(run, inputs, outputs, **PRIVATE)
     examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
 

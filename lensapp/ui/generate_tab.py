@@ -11,9 +11,10 @@ from .. import charts
 from ..config import LENS_CHOICES, MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
 from ..service import GenerateRequest
 from .chat_tab import build_chat
+from .downloads import Downloads
 from .examples import generate_examples
 from .permalinks import View, view_of
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, lens_choices, new_seed, warn
+from .tabs import PRIVATE, TabParts, build_chart, int_or, lens_choices, new_seed, warn
 
 HOW_TO = """
 The model writes one token per **step**. Each **column** is a step, labelled by the token the model
@@ -64,10 +65,8 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
                     table_lens = gr.Radio(choices[:2], value="logit", label="Table lens", visible=len(choices) > 1)
                 table = gr.Dataframe(label="Top-k at this step's newest token, every layer", interactive=False,
                                      wrap=True, elem_id="generate-table")
-                with gr.Row():
-                    csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
-                    json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
                 state = gr.State()
+                csv_file, json_file = downloads.buttons("generation", state)
             with gr.Tab("Chat", id="generate-chat"):
                 chat_handlers = build_chat(service, guard)
 
@@ -90,8 +89,8 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
             gr.Dropdown(choices=step_choices(gen), value=last),
             gr.Radio(value=shown),
             step_table(gen, last, shown),
-            downloads.button("generation", ".csv", gen.to_csv()),
-            downloads.button("generation", ".json", gen.dumps()),
+            gr.Button(visible=True),                 # the downloads: built from `gen` when asked for
+            gr.Button(visible=True),
         )
 
     def run(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, request: gr.Request = None):
@@ -110,12 +109,15 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
             return gr.skip()
         return step_table(gen, s, lens)
 
-    gr.on([step.input, table_lens.input], show_step, [state, step, table_lens], table, **PRIVATE)
+    def pick_step(gen, s, lens, request: gr.Request = None):
+        return guard.ui(request, show_step, gen, s, lens)
+
+    gr.on([step.input, table_lens.input], pick_step, [state, step, table_lens], table, **PRIVATE)
 
     fields = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "lens": lens,
               "layers": layers, "k": k, "chat": chat, "seed": seed, "raw": raw}
     return TabParts("generate", fields, lambda *values: view_of("generate", **dict(zip(fields, values))), run,
-                    inputs, outputs, run_button, handlers={"show_step": show_step, "chat_send": chat_handlers["send"]})
+                    inputs, outputs, run_button, handlers={"show_step": pick_step, "chat_send": chat_handlers["send"]})
 
 
 def step_choices(gen) -> list[tuple[str, int]]:

@@ -17,10 +17,11 @@ from ..charts import intervention as ichart
 from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
 from ..service import InterveneRequest
 from ..service import fields as f
-from ..snippets import intervention_snippet
+from ..snippets import intervention_snippet, model_reference
+from .downloads import Downloads
 from .lens_tab import colour_metric
 from .permalinks import View, as_text, view_of
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, lens_choices, md_text
+from .tabs import PRIVATE, TabParts, build_chart, int_or, lens_choices, md_text
 
 HOW_TO = """
 **Steer** adds a direction to the residual stream leaving a layer: the direction in which the lens reads
@@ -122,12 +123,10 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
                                         interactive=False, wrap=True, elem_id="intervene-source-table")
             target_table = gr.Dataframe(label="Target: top-1 by layer and position, before", interactive=False,
                                         wrap=True, elem_id="intervene-target-table")
-        with gr.Row():
-            csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
-            json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
+        state = gr.State()
+        csv_file, json_file = downloads.buttons("intervention", state)
         with gr.Accordion("Show the code", open=False):
             code = gr.Code(language="python", interactive=False, elem_id="intervene-code")
-        state = gr.State()
 
     names = ("prompt", "intervention", "word", "layer", "alphas", "direction", "from_word", "objective", "positions",
              "prompt_only", "ablation", "reference", "source", "source_positions", "lens", "layers", "k", "targets",
@@ -158,8 +157,8 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
             gr.Accordion(visible=patch, open=patch),
             top1_table(result.source) if patch else gr.skip(),
             top1_table(result.before) if patch else gr.skip(),
-            downloads.button("intervention", ".csv", result.to_csv()),
-            downloads.button("intervention", ".json", result.dumps()),
+            gr.Button(visible=True),                 # the downloads: built from `result` when asked for
+            gr.Button(visible=True),
             code_for(service, result),
         )
 
@@ -189,7 +188,10 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
         lens = lens if isinstance(lens, str) and lens in result.before.lenses else next(iter(result.before.lenses))
         return draw(result, index, lens, colour_metric(metric, result.before.lenses[lens].targets, quiet=True))
 
-    gr.on([change.input, shown_lens.input], show_change, [state, change, shown_lens, metric], [pair, diff, by_layer],
+    def pick_change(result, index, lens, metric, request: gr.Request = None):
+        return guard.ui(request, show_change, result, index, lens, metric)
+
+    gr.on([change.input, shown_lens.input], pick_change, [state, change, shown_lens, metric], [pair, diff, by_layer],
           **PRIVATE)
 
     def pick_source(result, evt: gr.SelectData):
@@ -213,16 +215,17 @@ def build_intervene_tab(service, guard, downloads: Downloads) -> TabParts:
     fields = dict(zip(names, components))
     return TabParts("intervene", fields, lambda *values: view_of("intervene", **dict(zip(fields, values))), run,
                     components, outputs, run_button,
-                    handlers={"show_change": show_change, "pick_source": pick_source, "pick_target": pick_target})
+                    handlers={"show_change": pick_change, "pick_source": pick_source, "pick_target": pick_target})
 
 
 def code_for(service, result) -> str:
     """The intervention as a runnable nnsight script (snippets.py)."""
     if result.intervention.get("direction") == "jacobian" and service.jlens is None:
         return ""
-    return intervention_snippet(family=service.model.family, model=service.model.path, prompt=result.before.prompt,
-                                intervention=result.intervention,
-                                jlens=service.jlens.source if service.jlens is not None else None)
+    model, note = model_reference(service.cfg.model, service.info.name)
+    return intervention_snippet(family=service.model.family, model=model, prompt=result.before.prompt,
+                                intervention=result.intervention, model_note=note,
+                                jlens=service.jlens.describe()["source"] if service.jlens is not None else None)
 
 
 def summarise(result) -> str:

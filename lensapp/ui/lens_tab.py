@@ -13,17 +13,18 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from .. import charts
+from .. import charts, redact
 from ..config import MAX_K, PUNCTUATION_WIDTH
 from ..service import LensRequest
 from ..service import fields as f
 from ..service.planning import jlens_subset
 from ..service.selection import span
-from ..snippets import lens_snippet
+from ..snippets import lens_snippet, model_reference
+from .downloads import Downloads
 from .examples import lens_examples
 from .notes import highlight_of
 from .permalinks import METRIC, START, View, as_text, view_of
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, md_text, table_html, warn
+from .tabs import PRIVATE, TabParts, build_chart, int_or, md_text, table_html, warn
 
 LOGIT_HOW_TO = """
 Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
@@ -113,12 +114,12 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     jacobian = tab.lens != "logit"
     with gr.Tab(tab.title, id=tab.name):
         if jacobian and service.jlens is None:
-            gr.Markdown(NO_LENS + (f"\n\nThe lens could not be loaded: {md_text(service.jlens_error)}"
+            gr.Markdown(NO_LENS + (f"\n\nThe lens could not be loaded: {md_text(redact.paths(service.jlens_error))}"
                                    if service.jlens_error else ""), elem_id="jlens-missing")
             return TabParts(tab.name, {}, lambda: View(tab=tab.name))
         gr.Markdown(tab.intro, elem_id=f"{tab.name}-intro")
         for warning in (service.jlens.warnings if jacobian else []):
-            gr.Markdown(f"**Note:** {md_text(warning)}.", elem_classes=["lens-warning"])
+            gr.Markdown(f"**Note:** {md_text(redact.paths(warning))}.", elem_classes=["lens-warning"])
         with gr.Accordion("How to read this", open=False):
             gr.Markdown(tab.how_to)
         layers_label = (f"Layers (all, a range like 20-29 or a list; these have a J: {span(service.jlens_layers)})"
@@ -154,9 +155,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
         table = gr.Dataframe(label="Top-k at this position, every layer (p = probability)", interactive=False,
                              wrap=True, elem_id=f"{tab.name}-table")
         curves = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False)
-        with gr.Row():
-            csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
-            json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
+        state = gr.State()
+        csv_file, json_file = downloads.buttons(f"{tab.name}-lens", state)
         with gr.Accordion("Show the code", open=False, elem_id=f"{tab.name}-code-box"):
             gr.Markdown("This view as a short nnsight script: paste it into a notebook (the copy button is at "
                         "the top right) to get the same numbers.")
@@ -166,13 +166,12 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
         if jacobian:
             with gr.Accordion("Lens provenance", open=False):
                 gr.JSON(value=service.jlens.describe(), label="The lens file", elem_id="jlens-provenance")
-        state = gr.State()
     shown = ("jacobian", "logit") if jacobian else ("logit",)
 
     def draw(result, metric, first, note=None):
         """The heatmap(s) of `result` from position `first` (None: the last ones); the cells the link's
         note names outlined."""
-        highlight = highlight_of(note)
+        highlight = highlight_of(note, result.layers)
         if jacobian:
             return (build_chart(charts.lens_pair, result, metric, start=first, highlight=highlight),
                     build_chart(charts.lens_diff, result, start=first))
@@ -201,8 +200,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
             top_k_tables(result, shown, last),
             gr.Plot(value=build_chart(charts.target_curves, result, shown) if req.targets else None,
                     visible=bool(req.targets)),
-            downloads.button(f"{tab.name}-lens", ".csv", result.to_csv()),
-            downloads.button(f"{tab.name}-lens", ".json", result.dumps()),
+            gr.Button(visible=True),                 # the downloads: built from `result` when asked for
+            gr.Button(visible=True),
             grid_tables(result, shown, cols.start),
         )
 
@@ -221,7 +220,10 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
             return gr.skip()
         return top_k_tables(result, shown, pos)
 
-    position.input(show_position, [state, position], table, **PRIVATE)
+    def pick_position(result, pos, request: gr.Request = None):
+        return guard.ui(request, show_position, result, pos)
+
+    position.input(pick_position, [state, position], table, **PRIVATE)
 
     def move_window(result, metric, first, note=None):
         """Redraw from the result in hand (no new readout); the link remembers the window."""
@@ -231,8 +233,10 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
         first = int_or(first, 0)
         return (*draw(result, metric, first, note), first, grid_tables(result, shown, first))
 
-    window.release(move_window, [state, metric, window] + inputs[9:], [heatmap, diff, start, grid_table],
-                   **PRIVATE)
+    def slide(result, metric, first, note=None, request: gr.Request = None):
+        return guard.ui(request, move_window, result, metric, first, note)
+
+    window.release(slide, [state, metric, window] + inputs[9:], [heatmap, diff, start, grid_table], **PRIVATE)
 
     def show_code(result, form, chat):
         if result is None:
@@ -245,7 +249,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat,
               "raw": raw, "start": start, "punct": punct}
     return TabParts(tab.name, fields, lambda *values: view_of(tab.name, **dict(zip(fields, values))), run, inputs,
-                    outputs, run_button, handlers={"show_position": show_position, "move_window": move_window})
+                    outputs, run_button, handlers={"show_position": pick_position, "move_window": slide})
 
 
 def punctuation_box(value: bool, elem_id: str) -> gr.Checkbox:
@@ -277,12 +281,10 @@ def colour_metric(metric, targets, quiet: bool = False) -> str:
 
 def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
     """The view of `result` as a runnable nnsight script (snippets.py)."""
-    info = service.info
-    note = f"{info.name} as the app loads it" + (" (hub: HuggingFaceTB/SmolLM2-135M-Instruct)"
-                                                    if info.name == "SmolLM2-135M-Instruct" else "")
-    return lens_snippet(family=service.model.family, model=service.model.path, prompt=result.prompt,
+    model, note = model_reference(service.cfg.model, service.info.name)
+    return lens_snippet(family=service.model.family, model=model, prompt=result.prompt,
                         layers=result.layers, k=result.lenses[next(iter(result.lenses))].top_ids.shape[-1], lens=lens,
-                        jlens=service.jlens.source if service.jlens is not None else None,
+                        jlens=service.jlens.describe()["source"] if service.jlens is not None else None,
                         chat=chat, form="vllm" if form == "vllm" else "transformers", model_note=note)
 
 

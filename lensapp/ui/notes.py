@@ -8,6 +8,7 @@ together the cells of that layer that show it.
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import replace
 
@@ -15,6 +16,7 @@ import gradio as gr
 
 from .. import config
 from ..charts import Highlight
+from ..service.field import RequestError
 from . import permalinks
 from .permalinks import View
 from .tabs import md_text
@@ -24,16 +26,22 @@ _TOKEN = re.compile(r"`([^`\n]{1,40})`")
 _GLYPHS = {"␣": " ", "↵": "\n", "⇥": "\t"}          # charts.show_token's glyphs, read back
 
 
-def highlight_of(note) -> Highlight:
-    """The cells a note points at (none for no note, or one that names no layer and no token)."""
-    if not isinstance(note, str) or not note:
+def highlight_of(note, layers) -> Highlight:
+    """The cells a note points at among the grid's rows `layers` (none for no note, or one that names no
+    layer and no token). The note is read by the link's own field (a RequestError past MAX_NOTE_CHARS), and
+    a range selects rows of the grid: what it costs is bounded by the grid, however wide the range."""
+    if note is None or note == "":
         return Highlight()
-    layers = set()
+    note = permalinks.NOTE(note)
+    rows, named = set(layers), False
+    chosen = set()
     for m in _LAYER.finditer(note):
-        lo, hi = int(m[1]), int(m[2] or m[1])
-        layers.update(range(lo, min(hi, lo + 200) + 1))
+        lo, hi, named = int(m[1]), int(m[2] or m[1]), True
+        chosen.update(layer for layer in rows if lo <= layer <= hi)
     tokens = {"".join(_GLYPHS.get(ch, ch) for ch in t) for t in _TOKEN.findall(note)}
-    return Highlight(frozenset(layers), frozenset(tokens))
+    if named and not chosen:                   # it names layers, none of them drawn: nothing is outlined
+        return Highlight()
+    return Highlight(frozenset(chosen), frozenset(tokens))
 
 
 def note_markdown(title, note) -> str:
@@ -47,7 +55,12 @@ def note_markdown(title, note) -> str:
 
 
 def shown(title, note) -> gr.Markdown:
-    text = note_markdown(title, note)
+    """The title and note above the view; a value no link could carry (too long, not text) is refused in one
+    line, before any of it is rendered."""
+    try:
+        text = note_markdown(permalinks.TITLE(title), permalinks.NOTE(note))
+    except RequestError as e:
+        raise gr.Error(html.escape(str(e)), title="Can't show that") from None
     return gr.Markdown(text, visible=bool(text))
 
 

@@ -1,4 +1,4 @@
-"""What every tab hands to `build_app`, and what every tab uses to show text and files.
+"""What every tab hands to `build_app`, and what every tab uses to show text and charts.
 
 A tab is built by a function returning `TabParts`: its permalink fields (view field -> input
 component), a function from those inputs' values to a `View`, and its readout handler with that
@@ -8,14 +8,10 @@ alone, so no tab knows another.
 
 from __future__ import annotations
 
-import contextlib
 import html
 import random
 import re
-import tempfile
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import altair as alt
@@ -106,24 +102,3 @@ def lens_choices(service) -> list[tuple[str, str]]:
 
 def warn(message: str) -> None:
     gr.Warning(html.escape(message))
-
-
-class Downloads:
-    """Files behind the download buttons, in one temp folder; old ones are pruned."""
-
-    KEEP_SECONDS = 3600
-
-    def __init__(self):
-        self.dir = Path(tempfile.mkdtemp(prefix="lensapp-exports-"))
-
-    def button(self, stem: str, suffix: str, text: str) -> gr.DownloadButton:
-        """A visible download button serving `text` as `<stem>-....<suffix>`."""
-        now = time.time()
-        for old in self.dir.iterdir():
-            with contextlib.suppress(FileNotFoundError):     # another handler may prune it first
-                if now - old.stat().st_mtime > self.KEEP_SECONDS:
-                    old.unlink(missing_ok=True)
-        fd, path = tempfile.mkstemp(prefix=f"{stem}-", suffix=suffix, dir=self.dir)
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        return gr.DownloadButton(value=path, visible=True)
