@@ -79,7 +79,7 @@ def test_every_request_field_is_declared_in_the_schema(cls):
 
 def test_a_link_reads_each_request_field_with_its_parser():
     for name, field in permalinks.VIEW_FIELDS.items():
-        if name in ("tab", "metric", "start", "title", "note"):  # what only a view has
+        if name in ("tab", "metric", "start", "title", "note", "branches"):  # what only a view has
             assert field is getattr(permalinks, name.upper())
             continue
         assert schema_field(field).parse is field.parse, name

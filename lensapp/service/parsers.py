@@ -261,3 +261,8 @@ def branches(max_count: int, max_forces: int, max_step: int) -> Callable[[Any], 
             raise RequestError("a branch forces no token")
         return out
     return parse
+
+
+def branches_text(chains) -> str:
+    """Branches as a link writes them (the inverse of `branches`): '3=#7042;3=#7042,9=#13'."""
+    return ";".join(",".join(f"{step}=#{token}" for step, token in chain) for chain in chains)

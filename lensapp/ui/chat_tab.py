@@ -11,6 +11,7 @@ from ..config import MAX_GENERATE_TOKENS, MAX_SEED, MAX_TEMPERATURE
 from ..service import ChatRequest
 from ..service import fields as f
 from ..service.planning import default_chat_layer
+from . import branching
 from .examples import CHAT_EXAMPLES
 from .tabs import PRIVATE, warn
 
@@ -48,11 +49,13 @@ def build_chat(service, guard) -> dict:
         clear = gr.Button("Clear", scale=1)
     gr.Examples([[m] for m in CHAT_EXAMPLES], inputs=[message], label="Try", api_visibility="private")
     history = gr.State([])           # the real conversation; the Chatbot shows an escaped copy plus readouts
+    branch = branching.build_chat_branch()
 
     def reply_to(text, history, shown, layer, lens, max_tokens, temperature, seed):
         messages = history + [{"role": "user", "content": text}]
-        reply = service.chat(ChatRequest.parse(messages=messages, layer=layer, lens=lens, max_tokens=max_tokens,
-                                               temperature=temperature, seed=seed))
+        req = ChatRequest.parse(messages=messages, layer=layer, lens=lens, max_tokens=max_tokens,
+                                temperature=temperature, seed=seed)
+        reply = service.chat(req)
         if reply.dropped_turns:
             warn(f"The conversation outgrew the prompt limit; the {reply.dropped_turns} oldest messages were left out.")
         lens_name = "J-lens" if lens == "jacobian" else "logit lens"
@@ -63,21 +66,32 @@ def build_chat(service, guard) -> dict:
              "metadata": {"title": f"{lens_name} at layer {reply.layer}: its top-1 under each token "
                                    "(hover or tap a token for the top-3)"}},
         ]
-        return "", messages + [{"role": "assistant", "content": reply.text}], shown
+        return ("", messages + [{"role": "assistant", "content": reply.text}], shown, (req, reply),
+                *branching.chat_steps((req, reply)))
 
     def send(text, history, shown, layer, lens, max_tokens, temperature, seed, request: gr.Request = None):
         if text is None or isinstance(text, str) and not text.strip():
-            return gr.skip(), gr.skip(), gr.skip()
+            return (gr.skip(),) * 6
         return guard.ui(request, reply_to, text, history, shown, layer, lens, max_tokens, temperature, seed)
+
+    def grow(last, step, token, shown, request: gr.Request = None):
+        return guard.ui(request, branching.chat_branch, service, last, step, token, shown, readout_html)
 
     def on_lens(lens):
         return gr.Dropdown(choices=service.chat_layers(lens), value=_default_layer(service, lens))
 
     message.submit(send, [message, history, chatbot, layer, chat_lens, max_tokens, temperature, seed],
-                   [message, history, chatbot], **PRIVATE)
+                   [message, history, chatbot, branch["last"], branch["step"], branch["alternatives"]], **PRIVATE)
+    branch["step"].input(branching.chat_alternatives, [branch["last"], branch["step"]], branch["alternatives"],
+                         **PRIVATE)
+    branch["alternatives"].input(grow, [branch["last"], branch["step"], branch["alternatives"], chatbot],
+                                 [chatbot, branch["step"], branch["alternatives"]], **PRIVATE)
+    branch["word"].submit(grow, [branch["last"], branch["step"], branch["word"], chatbot],
+                          [chatbot, branch["step"], branch["alternatives"]], **PRIVATE)
     chat_lens.input(on_lens, chat_lens, layer, **PRIVATE)
-    clear.click(lambda: ([], []), None, [history, chatbot], **PRIVATE)
-    return {"send": send}
+    clear.click(lambda: ([], [], None, gr.Radio(choices=[], value=None)), None,
+                [history, chatbot, branch["last"], branch["step"]], **PRIVATE)
+    return {"send": send, "chat_branch": grow}
 
 
 def readout_html(reply) -> str:

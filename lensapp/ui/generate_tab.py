@@ -10,7 +10,9 @@ import pandas as pd
 from .. import charts
 from ..config import LENS_CHOICES, MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
 from ..service import GenerateRequest
+from . import branching
 from .chat_tab import build_chat
+from .decisions import build_strip, draw_strip
 from .downloads import Downloads
 from .examples import generate_examples
 from .permalinks import View, view_of
@@ -60,6 +62,7 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
                 examples = generate_examples(prompt)
                 text = gr.Textbox(label="Generated text", interactive=False, elem_id="generate-text")
                 heatmap = gr.Plot(elem_id="generate-heatmap", elem_classes=["lens-plot"], show_label=False)
+                strip = build_strip("generate")
                 with gr.Row():
                     step = gr.Dropdown(label="Token table: step", choices=[], interactive=True, elem_id="generate-step")
                     table_lens = gr.Radio(choices[:2], value="logit", label="Table lens", visible=len(choices) > 1)
@@ -67,10 +70,12 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
                                      wrap=True, elem_id="generate-table")
                 state = gr.State()
                 csv_file, json_file = downloads.buttons("generation", state)
+                branch = branching.build_branch_panel(n)
+                req_state = gr.State()          # the request the generation on the page answered (its branches')
             with gr.Tab("Chat", id="generate-chat"):
                 chat_handlers = build_chat(service, guard)
 
-    def readout(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw):
+    def readout(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, branches="", rule="top1"):
         if isinstance(lens, str) and lens in LENS_CHOICES and lens not in {value for _, value in choices}:
             warn("No Jacobian lens is loaded; using the logit lens.")
             lens = "logit"
@@ -79,6 +84,7 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
         if req.seed is None and req.sampled:                          # a sample that can be had again
             req = replace(req, seed=new_seed())
         gen = service.generate(req)
+        results = branching.compute_branches(service, req, branches)
         shown = "jacobian" if lens == "both" else lens
         last = len(gen.steps) - 1
         return (
@@ -91,17 +97,30 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
             step_table(gen, last, shown),
             gr.Button(visible=True),                 # the downloads: built from `gen` when asked for
             gr.Button(visible=True),
+            req,
+            *draw_strip(gen, rule),
+            *branching.panel_updates(gen, results, rule=rule),
         )
 
-    def run(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, request: gr.Request = None):
-        return guard.ui(request, readout, prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw)
+    def run(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, branches="", rule="top1",
+            request: gr.Request = None):
+        """The readout of the inputs, with the branches a link names (the page's own Generate starts afresh)."""
+        return guard.ui(request, readout, prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, branches,
+                        rule)
 
-    outputs = [state, seed, text, heatmap, step, table_lens, table, csv_file, json_file]
-    inputs = [prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw]
+    def run_fresh(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, branches="", rule="top1",
+                  request: gr.Request = None):
+        return run(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, "", rule, request=request)
+
+    outputs = ([state, seed, text, heatmap, step, table_lens, table, csv_file, json_file, req_state,
+                strip["strip"], strip["summary"]] + [branch[name] for name in branching.UPDATED])
+    inputs = [prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, branch["branches"], strip["rule"]]
     reseed.click(new_seed, None, seed, queue=False, **PRIVATE)
-    run_button.click(run, inputs, outputs, **PRIVATE)
-    prompt.submit(run, inputs, outputs, **PRIVATE)
-    examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
+    run_button.click(run_fresh, inputs, outputs, **PRIVATE)
+    prompt.submit(run_fresh, inputs, outputs, **PRIVATE)
+    examples.load_input_event.then(run_fresh, inputs, outputs, **PRIVATE)
+    strip["rule"].input(draw_strip, [state, strip["rule"]], [strip["strip"], strip["summary"]], **PRIVATE)
+    grow = wire_branches(service, guard, branch, state, req_state, strip["rule"])
 
     def show_step(gen, s, lens):
         s = int_or(s, -1)
@@ -115,9 +134,32 @@ def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
     gr.on([step.input, table_lens.input], pick_step, [state, step, table_lens], table, **PRIVATE)
 
     fields = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "lens": lens,
-              "layers": layers, "k": k, "chat": chat, "seed": seed, "raw": raw}
+              "layers": layers, "k": k, "chat": chat, "seed": seed, "raw": raw, "branches": branch["branches"]}
     return TabParts("generate", fields, lambda *values: view_of("generate", **dict(zip(fields, values))), run,
-                    inputs, outputs, run_button, handlers={"show_step": pick_step, "chat_send": chat_handlers["send"]})
+                    inputs, outputs, run_button, handlers={"show_step": pick_step, "chat_send": chat_handlers["send"],
+                                                           "grow_branch": grow,
+                                                           "chat_branch": chat_handlers["chat_branch"]})
+
+
+def wire_branches(service, guard, b: dict, state, req_state, rule):
+    """The branch panel's events (ui/branching.py): a token clicked shows its alternatives; one picked (or typed)
+    grows a branch; another branch chosen is shown beside the generation. Returns the handler that grows one."""
+    updated = [b[name] for name in branching.UPDATED]
+
+    def grow(gen, req, results, source, step, token, rule, request: gr.Request = None):
+        return guard.ui(request, branching.add_branch, service, gen, req, results, source, step, token, rule)
+
+    b["source"].input(branching.pick_source, [state, b["results"], b["source"]], [b["step"], b["alternatives"]],
+                      **PRIVATE)
+    gr.on([b["step"].input, b["layer"].input], branching.alternatives_at,
+          [state, b["results"], b["source"], b["step"], b["layer"]], b["alternatives"], **PRIVATE)
+    b["alternatives"].input(grow, [state, req_state, b["results"], b["source"], b["step"], b["alternatives"], rule],
+                            updated, **PRIVATE)
+    gr.on([b["force"].click, b["word"].submit], grow,
+          [state, req_state, b["results"], b["source"], b["step"], b["word"], rule], updated, **PRIVATE)
+    b["shown"].input(branching.show, [state, b["results"], b["shown"], rule], [b["heatmap"], b["strip"],
+                                                                             b["divergence"]], **PRIVATE)
+    return grow
 
 
 def step_choices(gen) -> list[tuple[str, int]]:

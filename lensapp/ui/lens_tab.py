@@ -20,6 +20,8 @@ from ..service import fields as f
 from ..service.planning import jlens_subset
 from ..service.selection import span
 from ..snippets import lens_snippet, model_reference
+from .decisions import build_strip, draw_strip
+from .describing import build_describe_panel, describe_cell
 from .downloads import Downloads
 from .examples import lens_examples
 from .notes import highlight_of
@@ -147,6 +149,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
         window = gr.Slider(0, 1, value=0, step=1, visible=False, label="Positions shown: the first of the window",
                            elem_id=f"{tab.name}-window")
         heatmap = gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot"], show_label=False)
+        strip = build_strip(tab.name)
         with gr.Accordion("Heatmap as a table", open=False, elem_id=f"{tab.name}-grid-box"):
             grid_table = gr.HTML(elem_id=f"{tab.name}-grid-table", elem_classes=["grid-table"])
         diff = gr.Plot(elem_id=f"{tab.name}-diff", elem_classes=["lens-plot"], show_label=False, visible=jacobian)
@@ -154,7 +157,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
                                elem_id=f"{tab.name}-position")
         table = gr.Dataframe(label="Top-k at this position, every layer (p = probability)", interactive=False,
                              wrap=True, elem_id=f"{tab.name}-table")
-        curves = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False)
+        curves = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False, elem_id=f"{tab.name}-curves")
+        describe = build_describe_panel(tab.name, info.n_layers)
         state = gr.State()
         csv_file, json_file = downloads.buttons(f"{tab.name}-lens", state)
         with gr.Accordion("Show the code", open=False, elem_id=f"{tab.name}-code-box"):
@@ -198,17 +202,19 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
             lens_summary(result, shown),
             gr.Dropdown(choices=position_choices(result.input_tokens), value=last),
             top_k_tables(result, shown, last),
-            gr.Plot(value=build_chart(charts.target_curves, result, shown) if req.targets else None,
-                    visible=bool(req.targets)),
+            gr.Plot(value=line_charts(result, shown, last), visible=True),
             gr.Button(visible=True),                 # the downloads: built from `result` when asked for
             gr.Button(visible=True),
             grid_tables(result, shown, cols.start),
+            gr.Radio(value="top1"),
+            *draw_strip(result, "top1", cols.start),
         )
 
     def run(prompt, layers, k, targets, metric, chat, raw, start, punct=False, note=None, request: gr.Request = None):
         return guard.ui(request, readout, prompt, layers, k, targets, metric, chat, raw, start, punct, note)
 
-    outputs = [state, heatmap, diff, window, summary, position, table, curves, csv_file, json_file, grid_table]
+    outputs = [state, heatmap, diff, window, summary, position, table, curves, csv_file, json_file, grid_table,
+               strip["rule"], strip["strip"], strip["summary"]]
     inputs = [prompt, layers, k, targets, metric, chat, raw, start, punct] + ([note] if note is not None else [])
     run_button.click(run, inputs, outputs, **PRIVATE)
     prompt.submit(run, inputs, outputs, **PRIVATE)
@@ -217,13 +223,27 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     def show_position(result, pos):
         pos = int_or(pos, -1)
         if result is None or not 0 <= pos < len(result.input_ids):     # none chosen, or not one of the choices
-            return gr.skip()
-        return top_k_tables(result, shown, pos)
+            return gr.skip(), gr.skip()
+        return top_k_tables(result, shown, pos), line_charts(result, shown, pos)
 
     def pick_position(result, pos, request: gr.Request = None):
         return guard.ui(request, show_position, result, pos)
 
-    position.input(pick_position, [state, position], table, **PRIVATE)
+    position.input(pick_position, [state, position], [table, curves], **PRIVATE)
+    strip["rule"].input(draw_strip, [state, strip["rule"], window], [strip["strip"], strip["summary"]], **PRIVATE)
+    window.release(draw_strip, [state, strip["rule"], window], [strip["strip"], strip["summary"]], **PRIVATE)
+
+    def describe_at(result, pos, chat, layer, max_tokens, inspect, inspect_layer, request: gr.Request = None):
+        return guard.ui(request, describe_cell, service, result, pos, chat, layer, max_tokens, inspect, inspect_layer,
+                        False)
+
+    def describe_column(result, pos, chat, layer, max_tokens, inspect, inspect_layer, request: gr.Request = None):
+        return guard.ui(request, describe_cell, service, result, pos, chat, layer, max_tokens, inspect, inspect_layer,
+                        True)
+
+    asked = [state, position, chat] + [describe[name] for name in ("layer", "max_tokens", "inspect", "inspect_layer")]
+    describe["one"].click(describe_at, asked, describe["table"], **PRIVATE)
+    describe["column"].click(describe_column, asked, describe["table"], **PRIVATE)
 
     def move_window(result, metric, first, note=None):
         """Redraw from the result in hand (no new readout); the link remembers the window."""
@@ -249,7 +269,15 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat,
               "raw": raw, "start": start, "punct": punct}
     return TabParts(tab.name, fields, lambda *values: view_of(tab.name, **dict(zip(fields, values))), run, inputs,
-                    outputs, run_button, handlers={"show_position": pick_position, "move_window": slide})
+                    outputs, run_button, handlers={"show_position": pick_position, "move_window": slide,
+                                               "describe_at": describe_at, "describe_column": describe_column})
+
+
+def line_charts(result, lenses: tuple[str, ...], position: int):
+    """The targets' curves; with no target, the tokens that were top-1 at some layer at `position`."""
+    if result.lenses[lenses[0]].targets:
+        return build_chart(charts.target_curves, result, lenses)
+    return build_chart(charts.top1_curves, result, lenses, position)
 
 
 def punctuation_box(value: bool, elem_id: str) -> gr.Checkbox:

@@ -46,6 +46,11 @@ TITLE = Field("title", f"the link's title, shown above its view (one line, up to
               "", lambda raw: _one_line(parsers.text("the title", config.MAX_TITLE_CHARS, empty_ok=True)(raw)))
 NOTE = Field("note", f"a note shown above the view (up to {config.MAX_NOTE_CHARS} characters; 'layer 22' or a token "
              "in backticks outlines its cells)", "", parsers.text("the note", config.MAX_NOTE_CHARS, empty_ok=True))
+# A generation's branches (ui/branching.py): chains of forced token ids, as their text ('3=#7042;3=#7042,9=#13'),
+# read by the force field's own parser (service/parsers.py).
+_BRANCHES = parsers.branches(config.MAX_BRANCHES, config.MAX_FORCES, config.MAX_GENERATE_TOKENS - 1)
+BRANCHES = Field("branches", "the generation's branches: for each, the steps forced and the token ids put there", "",
+                 lambda raw: parsers.branches_text(_BRANCHES(raw)))
 # Request fields a link names more briefly: link name -> the request field's name.
 SHORT_NAMES = {"punct": f.SKIP_PUNCTUATION.name}
 PUNCT = replace(f.SKIP_PUNCTUATION, name="punct")
@@ -86,6 +91,7 @@ class View:
     punct: bool = PUNCT.declared()
     title: str = TITLE.declared()
     note: str = NOTE.declared()
+    branches: str = BRANCHES.declared()
 
 
 VIEW_FIELDS = f.fields_of(View)
@@ -93,7 +99,7 @@ VIEW_FIELDS = f.fields_of(View)
 TAB_FIELDS = {
     "logit": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start", "punct"),
     "jacobian": ("prompt", "layers", "k", "targets", "metric", "chat", "raw", "start", "punct"),
-    "generate": ("prompt", "max_tokens", "temperature", "seed", "lens", "layers", "k", "chat", "raw"),
+    "generate": ("prompt", "max_tokens", "temperature", "seed", "lens", "layers", "k", "chat", "raw", "branches"),
     "compare": ("prompts", "lens", "layers", "k", "targets", "metric", "chat", "raw", "punct"),
     "intervene": ("prompt", "intervention", "word", "layer", "alphas", "direction", "from_word", "objective",
                   "positions",
@@ -110,7 +116,7 @@ def encode(view: View) -> dict[str, str]:
         value = getattr(view, name)
         if name == "prompts":
             out.update({f"prompt{i}": p for i, p in enumerate(value, 1)})
-        elif value is not None:
+        elif value is not None and not (name == "branches" and not value):      # no branches: no key
             out[name] = as_text(value)
     out.update({name: getattr(view, name) for name in NOTE_FIELDS if getattr(view, name)})
     return out
