@@ -61,3 +61,20 @@ def test_a_description_of_a_cell_outside_the_prompt_says_so(tiny_service):
         with pytest.raises(RequestError, match=says):
             tiny_service.check(req)
     assert tiny_service.check(DescribeRequest(prompt=PROMPT, layer="all")).forwards == 1 + 4
+
+
+def test_requests_with_edits_are_salted_should_prefix_caching_ever_be_on(monkeypatch):
+    """Every description of a sweep sends the same inspection prompt: with vLLM's prefix cache on, the second
+    would reuse the first one's keys and values (another state at the placeholder). The app runs it off; were
+    it on, each request with edits gets a salt of its own, and a plain one none."""
+    import torch
+
+    from lensapp.engine import vllm_backend
+    from lensapp.engine.protocol import Edit
+
+    edit = (Edit(3, "replace", torch.zeros(1, 8), positions=(2,)),)
+    assert vllm_backend.PREFIX_CACHING is False and vllm_backend._prompt((1, 2, 3), edit) == [1, 2, 3]
+    monkeypatch.setattr(vllm_backend, "PREFIX_CACHING", True)
+    a, b = vllm_backend._prompt((1, 2, 3), edit), vllm_backend._prompt((1, 2, 3), edit)
+    assert a["prompt_token_ids"] == b["prompt_token_ids"] == [1, 2, 3] and a["cache_salt"] != b["cache_salt"]
+    assert vllm_backend._prompt((1, 2, 3), ()) == [1, 2, 3]

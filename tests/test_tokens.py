@@ -58,3 +58,13 @@ def _read_back(label: str) -> str:
     import re
 
     return re.sub(r"(.)\((\d)/(\d)\)", lambda m: m[1] if m[2] == "1" else "", label)
+
+
+def test_a_text_cut_inside_a_character_shows_its_bytes(embedded_dir):
+    from lensapp.service.prompts import Prompts
+
+    prompts = Prompts(AutoTokenizer.from_pretrained(embedded_dir), 512)
+    ids = prompts.tokenizer("巴黎 🎉", add_special_tokens=False)["input_ids"]
+    assert prompts.text(ids) == "巴黎 🎉"
+    assert prompts.text(ids[:-1]) == "巴黎 <0xF0><0x9F><0x8E>"                # cut inside the emoji
+    assert prompts.text(ids[1:]) == "<0xB4>黎 🎉"                             # begun inside a character

@@ -12,7 +12,7 @@ from ..config import MAX_PROMPT_CHARS
 from ..jlens import with_bos
 from ..results import Target
 from .field import RequestError
-from .tokens import TokenDecoder
+from .tokens import TokenDecoder, show_bytes
 
 
 def load_tokenizer(path: str):
@@ -98,7 +98,24 @@ class Prompts:
             dropped += n
 
     def text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """The tokens as text; where they end (or break) inside a character, its bytes as <0xNN>, never U+FFFD."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if "\ufffd" not in text:
+            return text
+        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        pieces, run = [], []
+        for i in (int(i) for i in ids if int(i) not in special):
+            raw = self.decode.token_bytes(i)
+            if raw is None:
+                run.append(i)
+                continue
+            if run:
+                pieces.append(self.tokenizer.decode(run).encode("utf-8"))
+                run = []
+            pieces.append(raw)
+        if run:
+            pieces.append(self.tokenizer.decode(run).encode("utf-8"))
+        return show_bytes(b"".join(pieces))
 
     def _template(self, messages: list[dict]) -> list[int]:
         if not self.has_chat_template:
