@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     from lensapp.engine.protocol import Sampling
     from lensapp.service import DescribeRequest, GenerateRequest, LensService
 
-    service = LensService.start(config.Config(jlens="none"))
+    # A long deadline: the bench measures a busy machine's time, it does not cut it short.
+    service = LensService.start(config.Config(jlens="none", request_timeout=1800))
     service.wait_ready(900)
     try:
         info = service.info
@@ -81,13 +82,17 @@ def main(argv=None) -> int:
                                                        max_tokens=args.describe_tokens)) for layer in plan.layers]
         sweep_req = DescribeRequest(prompt=DESCRIBED, layer="all", position=4, max_tokens=args.describe_tokens)
 
-        got = {
-            "branch": median_time(branch, args.repeats),
-            "alone": median_time(alone, args.repeats),
-            "sweep": median_time(lambda i: service.describer._describe(sweep_req, plan), args.repeats),
-            "sequential": median_time(lambda i: [service.describer._describe(
-                dataclasses.replace(sweep_req, layer=str(p.layers[0])), p) for p in ones], args.repeats),
+        runs = {
+            "branch": branch,
+            "alone": alone,
+            "sweep": lambda i: service.describer._describe(sweep_req, plan),
+            "sequential": lambda i: [service.describer._describe(
+                dataclasses.replace(sweep_req, layer=str(p.layers[0])), p) for p in ones],
         }
+        got = {}
+        for name, fn in runs.items():
+            got[name] = median_time(fn, args.repeats)
+            print(f"  ({name}: {got[name]:.3f} s, load average {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
     finally:
         service.close()
     got["branch/alone"] = got["branch"] / got["alone"]

@@ -32,7 +32,7 @@ def test_a_link_restores_every_branch(page, app_url, embedded_dir):
     for forced in ([f"1=#{rome}"], [f"1=#{rome}", f"3=#{berlin}"]):
         expected = client.predict(PROMPT, 6, "logit", "24-29", 5, 0.0, None, False, False, forced,
                                   api_name="/generate")
-        assert expected["text"].strip() in listing, (expected["text"], listing)
+        assert expected["text"].replace("\n", " ↵ ").strip() in listing, (expected["text"], listing)
     assert "branch 1: step 1" in listing and "parts at step 1" in listing
     assert page.locator("#branch-shown input[type=radio]").count() == 2
     wait_plot(page, "branch-heatmap")

@@ -82,10 +82,10 @@ def branch_divergence(a: GenerationResult, b: GenerationResult, lens: str = "log
     chart = alt.Chart(alt.Data(values=rows)).mark_rect(stroke="white", strokeWidth=0.5).encode(
         x=alt.X("column:N", sort=order, title="step: this branch's token / the other's",
                 axis=alt.Axis(labelAngle=-40, labelAlign="right", labelLimit=160)),
-        y=alt.Y("layer:O", sort="descending", title="layer"),
+        y=alt.Y("layer:O", sort="descending", title="layer", axis=alt.Axis(labelFontSize=9)),
         color=alt.Color("differs:N", scale=alt.Scale(domain=["differs", "same top-1"], range=["#e45756", "#d0d0d0"]),
                         title=None, legend=alt.Legend(orient="top")),
         tooltip=["step:O", "layer:O", "differs:N"],
-    ).properties(width=alt.Step(settings.cell_width), height=alt.Step(8),
+    ).properties(width=alt.Step(settings.cell_width), height=alt.Step(11),
                  title=f"Where they part (step {start}) and which layers changed their mind ({LENS_TITLES[lens]})")
     return finish(chart, settings, "branches")

@@ -118,15 +118,20 @@ def branch_label(gen, branch, i: int) -> str:
 def listing(gen, results: list, labels: list[str]) -> str:
     if not results:
         return ""
-    lines = [f"**The generation:** {md_text(gen.text)}"]
+    lines = [f"**The generation:** {_one_line(gen.text)}"]
     for label, branch in zip(labels, results):
         part = parting(gen, branch)
         changes = changed_layers(gen, branch, gen.lens_names[0])
         after = changes[1] if len(changes) > 1 else None
         mind = (f"; at the next step {len(after['layers'])} of {len(gen.steps[0].readout.layers)} layers changed "
                 "their top-1" if after else "")
-        lines.append(f"- **{md_text(label)}** (parts at step {part}{mind}): {md_text(branch.text)}")
+        lines.append(f"- **{md_text(label)}** (parts at step {part}{mind}): {_one_line(branch.text)}")
     return "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    """A generated text on one line of Markdown: its line breaks as ↵."""
+    return md_text(text.replace("\r", "").replace("\n", " ↵ "))
 
 
 def step_choices(gen) -> list[tuple[str, int]]:
