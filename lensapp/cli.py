@@ -122,9 +122,8 @@ def _run(args, cfg: config.Config) -> int:
     from .service import LensService
 
     request = request_of(args)
-    if getattr(request, "lens", "logit") != "logit" and cfg.resolved_jlens is None:
-        raise ValueError("no Jacobian lens is configured for this model: pass --jlens PATH or HUB_REPO:FILE")
-    # The model's config, tokenizer and lens load in seconds: check everything before vLLM's minute of start.
+    # The model's config, tokenizer and lens load in seconds: check everything (a Jacobian lens asked for where
+    # none is loaded, too: planning.NO_JLENS) before vLLM's minute of start.
     service = LensService.start(cfg, start_engine=False)
     try:
         service.check(request, MAX_CLI_PROMPTS)
@@ -182,14 +181,14 @@ def _display_grid(r, name: str) -> list[str]:
 
 def format_intervention(r) -> str:
     """What was done, the word's final probability before and after each change, and what was generated."""
-    what = ", ".join(f"{k}={v}" for k, v in r.intervention.items() if v not in (None, "", []))
+    what = ", ".join(f"{k}={v}" for k, v in r.intervention.to_json().items() if v not in (None, "", []))
     out = [f"{r.before.model}: {r.before.prompt!r}", f"intervention: {what}",
            f"model's next token before: {r.before.model_next_token!r}; after: "
            + ", ".join(f"{label} {a.model_next_token!r}" for label, a in zip(r.labels, r.after))]
     if r.word is not None:
         out += [f"\nP({r.word!r}) at the last position, the model's output:", r.dose_response().to_string(index=False)]
     if r.generated_after:
-        out += [f"\ngenerated before: {r.generated_before!r}"]
+        out += [f"\ngenerated before (seed {r.seed}): {r.generated_before!r}"]
         out += [f"generated with {label}: {text!r}" for label, text in zip(r.labels, r.generated_after)]
     return "\n".join(out)
 

@@ -124,7 +124,7 @@ class Config:
     part_cells: int = _setting(4096, "cells one engine request reads at most: a larger readout is cut by layers into "
                                      "parts (each re-runs the prompt's forward), so no one waits long behind it")
     request_timeout: float = _setting(120.0, "seconds a light request may take before it is cancelled; a heavier one "
-                                             "gets up to twice this, in proportion to its cost")
+                                             "gets up to five times this, in proportion to its cost")
     stall_timeout: float = _setting(120.0, "seconds the engine may go without finishing a step while work waits, "
                                            "before it is taken for stuck and restarted")
     rate_limit: int = _setting(60, "requests per minute per client address (0 = off; loopback is never limited)")

@@ -23,7 +23,7 @@ TEXT = ("The old harbour town wakes early. Fishing boats come back before the su
         "people buying bread, fruit and the morning's catch. Children walk to school along the river, and the church "
         "bell rings the hour. ").split()
 LAYERS = ["all", "last", "20-29", "0,10,20,28", "5-16"]
-WORDS = st.lists(st.sampled_from(TEXT), min_size=1, max_size=6).map(" ".join)
+WORDS = st.lists(st.sampled_from([w.strip(".,") for w in TEXT]), min_size=1, max_size=6).map(" ".join)
 
 
 def prompt(n: int) -> str:

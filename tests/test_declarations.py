@@ -3,23 +3,30 @@ and a request is read once, when it is made.
 
 The first test declares a throwaway request kind (a generation with one more field at its end) and finds that
 field on the API's endpoint (last, with its help and its parser), on the command line (its flag, read by its
-parser), in the tab's link and inputs; the registry entry is the only other line it adds. The second counts
+parser), as the last key of a link to a tab of that kind (read back by its parser) and as an input of that
+tab, which sends it; the kind's registry entry and the tab's one-line declaration are the only other lines it
+adds. The second counts
 the field parsers a request goes through: each of its fields once, when it is made, and none after, however
-far it travels through the service.
+far it travels through the service (a fitted steer's default sweep, too: its fit is a fake's, tests/fakes.py).
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import gradio as gr
 import pytest
+from fakes import FitDeskFake
 
 from lensapp import cli
 from lensapp.service import kinds, parsers
 from lensapp.service.field import Field, RequestError
+from lensapp.service.limits import RateLimiter
 from lensapp.service.requests import GenerateRequest, InterveneRequest, LensRequest
-from lensapp.ui import api
+from lensapp.ui import api, generate_tab, permalinks, views
+from lensapp.ui.downloads import Downloads
+from lensapp.ui.guard import Guard
 
 SHOUT = Field("shout", "say it louder", False, parsers.flag("shout"), flag="--shout")
 
@@ -32,8 +39,13 @@ class ShoutRequest(GenerateRequest):
 @pytest.fixture
 def shout_kind(monkeypatch):
     heard = []
-    kind = kinds.Kind("shout", ShoutRequest, lambda service, req: heard.append(req) or _Answer(),
-                      "Generate, louder.", "what generate returns", command="generate, louder")
+
+    def run(service, req):
+        heard.append(req)
+        return _Answer() if service is None else service.generate(req)
+
+    kind = kinds.Kind("shout", ShoutRequest, run, "Generate, louder.", "what generate returns",
+                      command="generate, louder")
     monkeypatch.setitem(kinds.KINDS, "shout", kind)
     return kind, heard
 
@@ -63,6 +75,31 @@ def test_a_field_added_at_the_end_of_a_request_reaches_every_surface(shout_kind)
     assert isinstance(request, ShoutRequest) and request.shout and request.max_tokens == 3
 
 
+def test_the_field_reaches_a_link_and_a_tab_of_that_kind(shout_kind, tiny_service, monkeypatch):
+    _, heard = shout_kind
+    view = views.TabView("shout", "shout")                      # the tab's declaration: its kind, nothing else
+    monkeypatch.setitem(views.TAB_VIEWS, "shout", view)
+
+    link = permalinks.encode(views.View(tab="shout", prompt="Hi", shout=True))
+    assert list(link)[-1] == "shout" and link["shout"] == "1"
+    back, notices = permalinks.decode(permalinks.query_string(views.View(tab="shout", shout=True)))
+    assert notices == [] and back.tab == "shout" and back.shout is True
+    back, notices = permalinks.decode("tab=shout&shout=loudly")
+    assert back.shout is False and "shout must be true or false" in notices[0]
+
+    guard = Guard(RateLimiter(0))
+    with gr.Blocks():
+        parts = generate_tab.build_generate_tab(tiny_service, guard, Downloads(guard), view)
+    box = parts.inputs["shout"]
+    assert isinstance(box, gr.Checkbox) and box.label == "say it louder" and box.value is False
+    assert set(parts.inputs) == set(view.input_names())
+    values = view.values_of(views.View(tab="shout", prompt="Hi", max_tokens=1, shout=True))
+    assert values["shout"] is True
+    out = parts.run(values)
+    assert heard[-1].shout is True and heard[-1].max_tokens == 1 and out["text"] == out["state"].text
+    assert permalinks.decode(permalinks.query_string(view.view_of(values))).view.shout is True
+
+
 @pytest.fixture
 def counted(monkeypatch):
     calls = []
@@ -87,7 +124,11 @@ def counted(monkeypatch):
     (lambda: InterveneRequest.parse(prompt="The capital of France is", intervention="patch",
                                     source="The capital of Italy is", layer="0-1"),
      lambda service, req: service.intervene(req)),
-], ids=["lens", "generate", "steer", "patch"])
+    (lambda: InterveneRequest.parse(prompt="The capital of France is", intervention="steer", word="Rome", layer="1",
+                                    direction="fitted", positions="-1"),
+     lambda service, req: service.intervener.run(req, replace(service.intervention_inputs(),
+                                                              fits=FitDeskFake(service.info.d_model)))),
+], ids=["lens", "generate", "steer", "patch", "fitted steer"])
 def test_a_request_is_read_once_when_it_is_made(tiny_service, counted, make, run):
     request = make()
     assert sorted(counted) == sorted(f.name for f in type(request).__dataclass_fields__.values())

@@ -39,8 +39,10 @@ def test_a_run_builds_no_file(tiny_service):
 
     built = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
     before = exported()
-    out = built.tabs["logit"].run("The capital of France is", "all", 5, "", "top1_prob", False, False, None, False, "")
-    csv_button, json_button = out[8], out[9]
+    out = built.tabs["logit"].run({"prompt": "The capital of France is", "layers": "all", "k": 5, "targets": "",
+                                   "metric": "top1_prob", "chat": False, "raw": False, "start": None, "punct": False,
+                                   "note": ""})
+    csv_button, json_button = out["csv"], out["json"]
     assert isinstance(csv_button, gr.Button) and csv_button.visible and json_button.visible    # shown, nothing built
     assert exported() == before
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from lensapp.engine.core import Engine
-from lensapp.engine.protocol import ModelInfo
+from lensapp.engine.protocol import ModelInfo, Progress
 from lensapp.engine.turns import asking
 
 INFO = ModelInfo(name="stand-in", n_layers=2, d_model=4, vocab_size=8, backend="vllm-cpu", device="cpu",
@@ -29,13 +29,13 @@ class StandIn:
     concurrent = True
 
     def __init__(self, n: int):
-        self.n, self.dead, self.steps = n, False, 0
+        self.n, self.dead, self.steps, self.cpu = n, False, 0, 0.0
 
     def failure(self):
         return "its process died" if self.dead else None
 
     def progress(self):
-        return self.steps
+        return Progress(self.steps, self.cpu)
 
     def is_dead(self, error):
         return "its process died" if isinstance(error, DeadError) else None
@@ -126,6 +126,34 @@ def test_a_long_request_that_keeps_stepping_is_not_a_stuck_engine():
         e.close()
 
 
+def test_one_long_step_with_busy_processes_is_not_a_stuck_engine_up_to_the_ceiling():
+    """Four seconds without a step but with CPU time spent (a crowded step) against a stall limit of 1 s: no
+    restart; a busy engine that never steps is restarted at STALL_CEILING times the limit."""
+    e, backends = make_engine(stall_timeout=1.0, watchdog_seconds=0.2)
+    try:
+        async def long_step(backend):
+            for _ in range(20):
+                await asyncio.sleep(0.2)
+                backend.cpu += 1.0
+            backend.steps += 1
+            return "done"
+
+        assert ask(e, long_step) == ("answered", "done")
+        assert len(backends) == 1
+
+        async def spins(backend):
+            while True:
+                await asyncio.sleep(0.2)
+                backend.cpu += 1.0
+
+        t = time.perf_counter()
+        heard = ask(e, spins)
+        assert heard[0] == "error" and "restarted" in heard[1] and 4 < time.perf_counter() - t < 20
+        assert "no engine step finished in" in e.reason
+    finally:
+        e.close()
+
+
 def test_an_engine_that_stops_stepping_is_restarted_and_its_callers_told():
     e, backends = make_engine(stall_timeout=1.0, watchdog_seconds=0.2)
     try:
@@ -137,7 +165,7 @@ def test_an_engine_that_stops_stepping_is_restarted_and_its_callers_told():
         assert heard[0] == "error" and "restarted" in heard[1] and time.perf_counter() - t < 10
         e.wait_ready(10)
         assert len(backends) == 2 and e.health()["restarts"] == 1
-        assert "no engine step finished" in e.reason
+        assert "no engine step finished and its processes were idle" in e.reason
     finally:
         e.close()
 

@@ -24,7 +24,8 @@ from lensapp.ui.permalinks import View, as_text
 
 SCHEMA = {name: value for name, value in vars(f).items() if isinstance(value, Field)}
 EXAMPLES = {name: FIELD_CASES.get(name, ((), ())) for name in SCHEMA}
-for _alias, _base in (("CHAT_MAX_TOKENS", "MAX_TOKENS"), ("CHAT_K", "K")):      # a field made from another
+for _alias, _base in (("CHAT_MAX_TOKENS", "MAX_TOKENS"), ("CHAT_K", "K"),      # a field made from another
+                      ("INTERVENE_SEED", "SEED")):
     EXAMPLES[_alias] = (tuple(x for x in FIELD_CASES[_base][0] if x[1] != SCHEMA[_base].default), FIELD_CASES[_base][1])
 REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest, DescribeRequest)
 # The API's published parameter order: a parameter is only ever added at the end (old clients keep working).
@@ -78,7 +79,7 @@ def test_every_request_field_is_declared_in_the_schema(cls):
 
 
 def test_a_link_reads_each_request_field_with_its_parser():
-    for name, field in permalinks.VIEW_FIELDS.items():
+    for name, field in permalinks.view_fields().items():
         if name in ("tab", "metric", "start", "title", "note", "branches"):  # what only a view has
             assert field is getattr(permalinks, name.upper())
             continue
@@ -133,12 +134,12 @@ def tiny_app(tiny_service):
 
 def test_the_tabs_open_on_the_schemas_defaults(tiny_app):
     _, built = tiny_app
-    assert set(built.tabs) == set(permalinks.TABS)
+    assert list(built.tabs) == list(permalinks.TABS) == list(permalinks.TAB_VIEWS)
     for name, parts in built.tabs.items():
-        assert set(parts.fields) <= set(permalinks.VIEW_FIELDS) | {f"prompt{i}" for i in range(1, 5)}, name
+        assert set(parts.inputs) == set(parts.view.input_names()), name      # every field the link carries
         view = View(tab=name)
-        for (field, component), value in zip(parts.fields.items(), parts.values(view)):
-            assert component.value == (value if not isinstance(value, tuple) else as_text(value)), (name, field)
+        for component, value in parts.values(view).items():
+            assert component.value == (value if not isinstance(value, tuple) else as_text(value)), (name, component)
 
 
 # -- one hostile value, three doors -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -210,7 +211,9 @@ def test_dockerfile_variants_install_with_the_makefile():
     # The CPU base is a build argument (a Debian made by debootstrap where no registry answers); so is torch's
     # index, by default the Makefile's.
     assert global_args == {"VARIANT": "cpu", "BASE": "python:3.11-slim", "TORCH_INDEX": TORCH_INDEX}
-    assert any(c[-3:-1] == ["--extra-index-url", TORCH_INDEX] for c in make_commands("install"))
+    # A venv that does not exist yet: on a machine that has installed, `make -n install` has nothing left to run.
+    fresh = make_commands("install", VENV=str(Path(tempfile.gettempdir()) / "lensapp-no-venv"))
+    assert any(c[-3:-1] == ["--extra-index-url", TORCH_INDEX] for c in fresh)
     assert docker_variants() == {"cpu": "requirements.txt", "gpu": "requirements-gpu.txt"}
     bases = {s["name"]: s["base"] for s in stages}
     assert bases["base-cpu"] == "${BASE}" and bases["base-gpu"].startswith("nvidia/cuda:")
@@ -267,11 +270,12 @@ def test_wheel_installs_a_working_lensapp(tmp_path):
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     # This venv's packages stand in for the dependencies (already tested to resolve), all but vLLM:
-    # `pip install .` without an extra has none, and `--backend transformers` must not need it.
+    # `pip install .` without an extra has none, and `--backend transformers` must not need it. The wheel is
+    # installed even where those packages hold an editable lensapp (a developer's `pip install -e .`).
     (Path(site) / "_lensapp_test_deps.pth").write_text(
         f"{sysconfig.get_paths()['purelib']}\nimport sys; sys.modules['vllm'] = None\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
-                    "--quiet", str(wheel)], check=True, timeout=300)
+                    "--ignore-installed", "--quiet", str(wheel)], check=True, timeout=300)
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()

@@ -171,7 +171,7 @@ def test_the_service_reads_a_bos_lens_with_bos_and_warns_when_a_prompt_differs(t
         said = []                                   # the page says it too, as a warning beside the chart
         monkeypatch.setattr(lens_tab, "warn", said.append)
         page = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0)).tabs["jacobian"]
-        page.run("Water boils", "all", 1, "", "top1_prob", True, False, None)
+        page.run({"prompt": "Water boils", "layers": "all", "k": 1, "metric": "top1_prob", "chat": True})
         assert len(said) == 1 and "fitted without a BOS" in said[0]
     finally:
         tiny_service.install_jlens(old)
@@ -232,7 +232,7 @@ def test_the_json_and_the_page_say_when_a_lens_was_fitted_under_other_releases(t
         notes = [b.value for b in page.demo.blocks.values()
                  if "lens-warning" in (getattr(b, "elem_classes", None) or [])]
         assert notes == [f"**Note:** {lens_tab.md_text(warning)}."]
-        page.tabs["jacobian"].run("Water boils", "all", 1, "", "top1_prob", False, False, None)
+        page.tabs["jacobian"].run({"prompt": "Water boils", "layers": "all", "k": 1, "metric": "top1_prob"})
         assert said == []
     finally:
         tiny_service.install_jlens(old)

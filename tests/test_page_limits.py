@@ -7,18 +7,21 @@ handlers with a request from one address.
 from __future__ import annotations
 
 import time
+from functools import partial
 from types import SimpleNamespace
 
 import gradio as gr
 import pytest
 
 from lensapp import config
+from lensapp.ui import generate_tab, lens_tab
 from lensapp.ui.notes import highlight_of, shown
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:gradio.helpers")
 
 MEGABYTE_NOTE = "layers 0-99999999 " * (1_000_000 // 18)      # ~1 MB of layer ranges, each naming 10^8 layers
-LENS_ARGS = ("The capital of France is", "all", 3, "", "top1_prob", False, False, None, False)
+LENS_VALUES = {"prompt": "The capital of France is", "layers": "all", "k": 3, "targets": "", "metric": "top1_prob",
+               "chat": False, "raw": False, "start": None, "punct": False}
 
 
 def visitor(address: str = "203.0.113.5"):
@@ -42,11 +45,13 @@ def refused(fn, *args, **kwargs) -> str:
 
 def test_a_megabyte_note_from_the_page_is_refused_in_one_line(app):
     lens = app.tabs["logit"]
+    move_window = partial(lens_tab.move_window, lens_tab.LOGIT_TAB, app.guard)
     t = time.perf_counter()
-    message = refused(lens.run, *LENS_ARGS, MEGABYTE_NOTE)
+    message = refused(lens.run, {**LENS_VALUES, "note": MEGABYTE_NOTE})
     assert "the note has" in message and f"the limit is {config.MAX_NOTE_CHARS}" in message
-    result = lens.run(*LENS_ARGS, "layer 2 and `␣Paris`")[0]              # a note within the limit draws
-    assert "the note has" in refused(lens.handlers["move_window"], result, "top1_prob", 0, MEGABYTE_NOTE)
+    result = lens.run({**LENS_VALUES, "note": "layer 2 and `␣Paris`"})["state"]      # a note within the limit draws
+    assert "the note has" in refused(move_window, {"state": result, "metric": "top1_prob", "window": 0,
+                                                   "note": MEGABYTE_NOTE})
     assert "the note has" in refused(shown, "", MEGABYTE_NOTE)            # the note shown above the view
     assert time.perf_counter() - t < 30                                   # refused at once: no 10^8-layer sets
 
@@ -64,16 +69,20 @@ def test_page_handlers_that_redraw_are_rate_limited_like_a_run(app):
     """A window move, a position, a step and a change each cost one request of the visitor's address."""
     me = visitor("203.0.113.77")
     lens, gen = app.tabs["logit"], app.tabs["generate"]
-    result = lens.run(*LENS_ARGS, "", request=me)[0]                      # 1
-    steps = gen.run("Hi", 2, 0.0, "logit", "all", 3, False, 0, False, request=me)[0]   # 2
-    lens.handlers["move_window"](result, "top1_prob", 0, "", request=me)    # 3
-    lens.handlers["show_position"](result, 1, request=me)                  # 4
-    gen.handlers["show_step"](steps, 0, "logit", request=me)                # 5
-    for handler, args in ((lens.handlers["move_window"], (result, "top1_prob", 0, "")),
-                          (lens.handlers["show_position"], (result, 0)),
-                          (gen.handlers["show_step"], (steps, 1, "logit"))):
-        assert "too many requests" in refused(handler, *args, request=me)
-    lens.handlers["move_window"](result, "top1_prob", 0, "", request=visitor("203.0.113.78"))   # another address
+    move_window = partial(lens_tab.move_window, lens_tab.LOGIT_TAB, app.guard)
+    pick_position = partial(lens_tab.pick_position, lens_tab.LOGIT_TAB, app.guard)
+    pick_step = partial(generate_tab.pick_step, app.guard)
+    result = lens.run({**LENS_VALUES, "note": ""}, request=me)["state"]                          # 1
+    steps = gen.run({"prompt": "Hi", "max_tokens": 2, "temperature": 0.0, "lens": "logit", "layers": "all", "k": 3,
+                     "chat": False, "seed": 0, "raw": False}, request=me)["state"]               # 2
+    window = {"state": result, "metric": "top1_prob", "window": 0, "note": ""}
+    move_window(window, request=me)                                                              # 3
+    pick_position({"state": result, "position": 1}, request=me)                                  # 4
+    pick_step({"state": steps, "step": 0, "table_lens": "logit"}, request=me)                    # 5
+    for handler, values in ((move_window, window), (pick_position, {"state": result, "position": 0}),
+                            (pick_step, {"state": steps, "step": 1, "table_lens": "logit"})):
+        assert "too many requests" in refused(handler, values, request=me)
+    move_window(window, request=visitor("203.0.113.78"))                                         # another address
 
 
 # -- in Chromium: a note past the box's own limit, as a forged page would send it -----------------------

@@ -2,7 +2,13 @@
 from the code before the request declarations were made the one source of every surface): each API
 endpoint's parameters, their order and defaults; each tab's link keys; each command's flags and positional
 arguments. Surfaces only ever grow: a parameter is added at the end of an endpoint, a key or a flag is
-added, never renamed, moved or dropped (an intended change is listed in docs/using.md and here)."""
+added, never renamed, moved or dropped (an intended change is listed in docs/using.md and here).
+
+Intended changes since the freeze:
+- /intervene `alphas`: default '' (was '0,0.1,0.2,0.4,0.8'). Empty is the default sweep, 0, 0.1, 0.2, 0.4 and
+  0.8, or for a fitted vector 0, 1/2, 1 and 2 times its own length: a caller who names no alphas gets what
+  they got before, and one who names 0,0.1,0.2,0.4,0.8 now gets exactly those, fitted vector or not (before,
+  that text was taken for "the default" and swapped for the fitted sweep)."""
 
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ def test_no_endpoint_is_dropped():
 @pytest.mark.parametrize("tab", sorted(k for k in FROZEN["links"] if not k.startswith("_")))
 def test_a_tabs_link_keeps_its_keys(tab):
     view = permalinks.View(tab=tab)
-    keys = set(permalinks.encode(view)) | set(permalinks.TAB_FIELDS[tab])
+    keys = set(permalinks.encode(view)) | set(permalinks.tab_fields(tab))
     assert set(FROZEN["links"][tab]) <= keys
     assert set(FROZEN["links"]["_always"]) - {"title", "note"} <= keys
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .families import Family, find, hf_logits
-from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
+from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Progress, Sampling
 from .trace import JLENS_ATTR, Site, continuation_trace, lens_body, lens_trace
 
 
@@ -93,8 +93,8 @@ class TransformersBackend:
     def failure(self) -> str | None:
         return None
 
-    def progress(self) -> int:
-        return self.steps
+    def progress(self) -> Progress:
+        return Progress(self.steps)      # it runs on the engine's own thread: the watchdog waits for it anyway
 
     def is_dead(self, error: BaseException) -> str | None:
         return None              # an error here is the call's own: the model lives in this process

@@ -13,7 +13,7 @@ step by step), the transformers backend's one at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -209,6 +209,11 @@ class ChatOutput:
     top_probs: list[list[float]]
 
 
+class Progress(NamedTuple):
+    steps: int                  # engine steps finished (any request's)
+    cpu_seconds: float = 0.0    # CPU time the engine's own processes have spent (0: it runs in this process)
+
+
 class StartFailed(RuntimeError):
     """A backend could not start (or died on its first request). The message names the cause in one line;
     `permanent`: the same settings on the same machine would fail the same way, so it is not retried."""
@@ -245,9 +250,10 @@ class Backend(Protocol):
     def failure(self) -> str | None:
         """Why this backend can no longer serve (its engine process died), or None while it can."""
 
-    def progress(self) -> int:
-        """How many engine steps (any request's forward or decode step) have finished so far: a count that goes
-        on growing while the engine works, however long one request is, and stops when the engine is stuck."""
+    def progress(self) -> Progress:
+        """How far the engine has got: engine steps finished (any request's forward or decode step) and the CPU
+        time its own processes have spent. Both grow while the engine works, however long one request or one
+        step is; both stop when it is stuck."""
 
     def is_dead(self, error: BaseException) -> str | None:
         """Why `error`, raised by a call, means this backend is dead (None: the call's own failure)."""

@@ -29,6 +29,8 @@ RESTART_DELAYS = (0.0, 5.0, 15.0, 30.0, 60.0)     # seconds before the n-th rest
 # Start failures that the same code and settings will meet again (a layout the model does not have, a bad
 # value): the engine is down at once instead of retrying. Others (memory, a process that died) are retried.
 PERMANENT = (ValueError, TypeError, AttributeError, KeyError, ImportError, NotImplementedError)
+STALL_CEILING = 5              # a busy engine may go this many stall_timeouts without finishing a step
+CPU_MOVED = 0.5                # CPU seconds that count as work (a stuck process still ticks a little)
 
 
 class Supervisor:
@@ -127,28 +129,53 @@ class Supervisor:
         self._ready.set()                                # waiting callers wake up and are told
 
     async def _watchdog(self) -> None:
-        """Every few seconds: a backend that says it died, or one that finished no step for `stall_timeout`
-        seconds while parts were in flight, is restarted. Its own steps (`Backend.progress`) count, so a long
-        generation that keeps stepping is never taken for a stuck engine."""
+        """Every few seconds: a backend that says it died is restarted, and so is one that is stuck: parts in
+        flight, and neither a step finished nor CPU time spent by its processes for `stall_timeout` seconds (or
+        no step finished for STALL_CEILING times that, however busy it looks). A long request keeps stepping,
+        and one long step (many heavy parts at once on a crowded CPU) keeps its processes busy: neither is
+        taken for a stuck engine."""
         loop = asyncio.get_running_loop()
-        seen, since = None, loop.time()
+        watch = _Stall()
         while True:
             await asyncio.sleep(self.watchdog_seconds)
             backend = self._backend
             if self.state != "ready" or backend is None:
-                seen = None
+                watch = _Stall()
                 continue
             reason = backend.failure()
             if reason:
                 self._restart_soon(self._generation, reason)
                 continue
-            mark = (self._generation, backend.progress(), self._completed)
-            if self._in_flight == 0 or mark != seen:
-                seen, since = mark, loop.time()
-            elif loop.time() - since > self.stall_timeout:
-                self._restart_soon(self._generation, f"no engine step finished in {loop.time() - since:.0f} s "
-                                                     f"while {self._in_flight} requests were in flight")
-                seen = None
+            progress = backend.progress()
+            stuck = watch.update(loop.time(), self._generation, self._in_flight, progress.steps + self._completed,
+                                 progress.cpu_seconds, self.stall_timeout)
+            if stuck:
+                self._restart_soon(self._generation, stuck)
+                watch = _Stall()
+
+
+class _Stall:
+    """When a backend's steps and its processes' CPU time last moved while parts were in flight."""
+
+    def __init__(self):
+        self.generation, self.steps, self.cpu = None, None, None
+        self.step_at = self.cpu_at = 0.0
+
+    def update(self, now: float, generation: int, in_flight: int, steps: int, cpu: float,
+               stall_timeout: float) -> str | None:
+        """Why the backend is stuck, or None."""
+        if in_flight == 0 or generation != self.generation:
+            self.generation, self.steps, self.cpu, self.step_at, self.cpu_at = generation, steps, cpu, now, now
+            return None
+        if steps != self.steps:
+            self.steps, self.step_at, self.cpu_at = steps, now, now
+        if cpu > (self.cpu or 0.0) + CPU_MOVED:
+            self.cpu, self.cpu_at = cpu, now
+        if now - self.cpu_at > stall_timeout:
+            return f"no engine step finished and its processes were idle for {now - self.cpu_at:.0f} s"
+        if now - self.step_at > STALL_CEILING * stall_timeout:
+            return f"no engine step finished in {now - self.step_at:.0f} s"
+        return None
 
 
 def dead(error: BaseException, backend: Backend) -> str | None:

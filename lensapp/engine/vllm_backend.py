@@ -21,7 +21,17 @@ import logging
 from . import cpu_env
 from .families import Family, find
 from .process_log import LOG
-from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling, StartFailed
+from .protocol import (
+    ChatOutput,
+    GenerationOutput,
+    JStack,
+    LensOutput,
+    LensSpec,
+    ModelInfo,
+    Progress,
+    Sampling,
+    StartFailed,
+)
 from .stages import gather_head_shards, is_last_stage, runs_here
 from .trace import JLENS_ATTR, SAVED, Site, chat_readout, continuation_trace, lens_body, lens_trace
 from .unembed_pool import worker_pool
@@ -145,8 +155,8 @@ class VLLMBackend:
         return ChatOutput(token_ids=ids, top_ids=[[int(i) for i in top_ids] for top_ids, _ in steps],
                           top_probs=[[float(p) for p in top_probs] for _, top_probs in steps])
 
-    def progress(self) -> int:
-        return self.steps
+    def progress(self) -> Progress:
+        return Progress(self.steps, engine_cpu_seconds())
 
     def failure(self) -> str | None:
         llm = self.model.vllm_entrypoint
@@ -209,6 +219,21 @@ def _prompt(input_ids, edits) -> list[int] | dict:
 
         return {"prompt_token_ids": list(input_ids), "cache_salt": uuid.uuid4().hex}
     return list(input_ids)
+
+
+def engine_cpu_seconds() -> float:
+    """CPU time spent by vLLM's processes under this one (EngineCore and its workers: vLLM names them VLLM::...)."""
+    import psutil
+
+    total = 0.0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name().startswith("VLLM::"):
+                times = p.cpu_times()
+                total += times.user + times.system
+        except psutil.Error:                 # gone while listed
+            continue
+    return total
 
 
 def _first_line(e: BaseException) -> str:

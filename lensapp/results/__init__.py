@@ -3,7 +3,8 @@
     lens.py        LensResult: one prompt, every requested lens x layer x position (and its targets)
     generation.py  GenerationResult (a readout per generated token) and ChatReply
     compare.py     Comparison: several prompts side by side, aligned at their last token
-    intervention.py  InterventionResult: a prompt read before and after a steer, ablation or patch
+    intervention.py  InterventionResult: a prompt read before and after a steer, ablation or patch, and what
+                   was done (InterventionDone: SteerDone, AblateDone, PatchDone)
     export.py      JSON and CSV text
     decided.py     where each token was decided: the layer from which a lens reads it to the last
     branching.py   a generation branched at a forced token, and where two generations part
@@ -16,8 +17,9 @@ from .compare import Comparison
 from .description import Description, Descriptions
 from .export import dumps
 from .generation import ChatReply, GenerationResult, GenerationStep
-from .intervention import InterventionResult
+from .intervention import AblateDone, FitReport, InterventionDone, InterventionResult, PatchDone, SteerDone
 from .lens import LensReadout, LensResult, Target, TargetScore
 
-__all__ = ["ChatReply", "Comparison", "Description", "Descriptions", "GenerationResult", "GenerationStep",
-           "InterventionResult", "LensReadout", "LensResult", "Target", "TargetScore", "dumps"]
+__all__ = ["AblateDone", "ChatReply", "Comparison", "Description", "Descriptions", "FitReport", "GenerationResult",
+           "GenerationStep", "InterventionDone", "InterventionResult", "LensReadout", "LensResult", "PatchDone",
+           "SteerDone", "Target", "TargetScore", "dumps"]

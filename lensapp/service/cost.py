@@ -15,8 +15,8 @@ generations before and after, its multi-token targets, a patch's source):
   Qwen3-8B). An estimate of arithmetic, not a clock: the bench measures seconds.
 
 `check` refuses a request whose units pass the budget (`max_work`) in one line that says what to reduce;
-`deadline` gives a request its time: `request_timeout` for a light one, up to twice that for the heaviest
-the budget allows, so a long legal request is never cancelled for being long.
+`deadline` gives a request its time: `request_timeout` for a light one, up to five times that for the
+heaviest the budget allows, so a long legal request is never cancelled for being long.
 """
 
 from __future__ import annotations
@@ -90,11 +90,15 @@ def check(cost: Cost, weight: int, max_work: int, what: str) -> None:
                            "one lens, fewer targets or changes, or a shorter prompt")
 
 
+DEADLINE_SPREAD = 4.0      # the heaviest request the budget allows gets 1 + this many request_timeouts
+
+
 def deadline(cost: Cost, weight: int, max_work: int, request_timeout: float) -> float:
-    """Seconds a request of this cost may take: request_timeout, and up to as much again in proportion to its
-    share of the budget."""
+    """Seconds a request of this cost may take: request_timeout, and up to DEADLINE_SPREAD times as much again in
+    proportion to its share of the budget. Generous on purpose: a deadline cancels one request that runs away
+    (the watchdog restarts a stuck engine), and a crowded CPU stretches every legal request alike."""
     share = min(1.0, cost.units(weight) / max(1, max_work))
-    return request_timeout * (1.0 + share)
+    return request_timeout * (1.0 + DEADLINE_SPREAD * share)
 
 
 def branch(n_prefix: int, n_new: int, n_layers: int, n_lenses: int) -> Cost:

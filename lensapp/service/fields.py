@@ -50,74 +50,98 @@ def choosing(what: str, options: tuple[str, ...], say: str | None = None) -> dic
 
 
 PROMPT = Field("prompt", "the text to read", "", text("the prompt", MAX_PROMPT_CHARS), required=True,
-               api=(str, REQUIRED))
+               api=(str, REQUIRED), label="Prompt")
 PROMPTS = Field("prompts", "the prompts, read together the same way", (), prompts, required=True,
-                api=(list[str], REQUIRED))
+                api=(list[str], REQUIRED), label="Prompt")
 LENS = Field("lens", "logit | jacobian | both (with both and layers=all: the Jacobian lens's layers)", "logit",
-             **choosing("lens", tuple(LENS_CHOICES), "logit, jacobian or both"), flag="--lens")
-LAYERS = Field("layers", "all | L,L,... | A-B (negative counts from the end)", "all", layers, flag="--layers")
-K = Field("k", f"top-k tokens per cell (1..{MAX_K})", 5, whole("k", 1, MAX_K), flag="--k")
+             **choosing("lens", tuple(LENS_CHOICES), "logit, jacobian or both"), flag="--lens", label="Lens")
+LAYERS = Field("layers", "all | L,L,... | A-B (negative counts from the end)", "all", layers, flag="--layers",
+               label="Layers (all, 10-20 or 0,5,-1)")
+K = Field("k", f"top-k tokens per cell (1..{MAX_K})", 5, whole("k", 1, MAX_K), flag="--k", label="Top-k")
 TARGETS = Field("targets", "words to score at every cell (comma-separated)", (), targets, flag="--target",
-                api=(str, ""))
+                api=(str, ""), label="Target word(s), comma-separated (optional)")
 CHAT = Field("chat", "wrap the prompt in the tokenizer's chat template (instruct models)", False, flag("chat"),
-             flag="--chat")
+             flag="--chat", label="Wrap in the chat template (instruct models)")
 SKIP_PUNCTUATION = Field("skip_punctuation", "each cell shows the best of the top "
                          f"{PUNCTUATION_WIDTH} tokens that is not punctuation or whitespace, with its rank (the "
-                         "top-k stays the true one)", False, flag("skip_punctuation"), flag="--skip-punctuation")
+                         "top-k stays the true one)", False, flag("skip_punctuation"), flag="--skip-punctuation",
+                         label="Skip punctuation and whitespace")
 RAW = Field("raw", "raw logits: norm(h) @ W_U.T, skipping the family's logit arithmetic (soft-capping, scale)",
-            False, flag("raw"), flag="--raw")
+            False, flag("raw"), flag="--raw", label="Raw logits")
 MAX_TOKENS = Field("max_tokens", f"tokens to generate (1..{MAX_GENERATE_TOKENS})", 8,
-                   whole("max_tokens", 1, MAX_GENERATE_TOKENS), flag="--max-tokens")
+                   whole("max_tokens", 1, MAX_GENERATE_TOKENS), flag="--max-tokens", label="Max new tokens")
 TEMPERATURE = Field("temperature", f"0 = greedy, up to {MAX_TEMPERATURE:g}", 0.0,
-                    number("temperature", 0.0, MAX_TEMPERATURE), flag="--temperature")
+                    number("temperature", 0.0, MAX_TEMPERATURE), flag="--temperature",
+                    label="Temperature (0 = greedy)")
 SEED = Field("seed", "sampling seed: the same seed gives the same text (none: a fresh sample each time)", None,
-             optional_whole("seed", 0, MAX_SEED), flag="--seed", api=(int | None, None))
+             optional_whole("seed", 0, MAX_SEED), flag="--seed", api=(int | None, None),
+             label="Seed (sampling: the same seed gives the same text)")
 MESSAGES = Field("messages", "the conversation: [{role, content}, ...], ending with the user's", (), messages,
                  required=True, api=(list[dict], REQUIRED))
 CHAT_LENS = Field("lens", "the readout's lens: jacobian | logit", "jacobian",
-                  **choosing("the chat readout", LENSES, "one lens, logit or jacobian"))
+                  **choosing("the chat readout", LENSES, "one lens, logit or jacobian"),
+                  label="Readout lens")
 CHAT_LAYER = Field("layer", "the readout's layer (negative counts from the end; none: about two thirds of the depth)",
-                   None, optional_whole("the chat layer", -(1 << 20), 1 << 20), api=(int | None, None))
+                   None, optional_whole("the chat layer", -(1 << 20), 1 << 20), api=(int | None, None),
+                   label="Readout layer")
 CHAT_MAX_TOKENS = replace(MAX_TOKENS, default=32)
 CHAT_K = replace(K, default=3)
 
-# -- interventions (service/intervening.py) -------------------------------------------------------------
+# -- interventions (service/intervening/) -------------------------------------------------------------
 
 # On the command line the intervention's kind is whichever of --steer WORD, --ablate WORD or --patch-from SOURCE
 # is given (`selects`), so neither the kind nor the word nor the source has an argument of its own.
 KIND = Field("intervention", "steer (add a direction), ablate (remove it) or patch (copy cells from a source prompt)",
-             "steer", **choosing("intervention", ("steer", "ablate", "patch")), cli=False,
+             "steer", **choosing("intervention", ("steer", "ablate", "patch")), cli=False, label="Intervention",
              selects={"steer": ("--steer", "word"), "ablate": ("--ablate", "word"),
                       "patch": ("--patch-from", "source")})
 WORD = Field("word", "the word whose direction is added (steer) or removed (ablate)", "",
-             text("the word", MAX_TARGET_CHARS, empty_ok=True), cli=False)
+             text("the word", MAX_TARGET_CHARS, empty_ok=True), cli=False,
+             label="Word (steer toward it, or ablate it)")
 FROM_WORD = Field("from_word", "steer from this word toward `word`: the difference of their directions", "",
-                  text("the from word", MAX_TARGET_CHARS, empty_ok=True), flag="--from")
+                  text("the from word", MAX_TARGET_CHARS, empty_ok=True), flag="--from",
+                  label="From word (steer from it to the word; optional)")
 DIRECTION = Field("direction", "a word's logit-lens direction (its unembedding row through the final norm's scale), "
                   "its Jacobian-lens direction (J_l^T of that), or a vector fitted to make the lens read it",
-                  "logit", **choosing("direction", ("logit", "jacobian", "fitted")), flag="--direction")
+                  "logit", **choosing("direction", ("logit", "jacobian", "fitted")), flag="--direction",
+                  label="Direction")
 OBJECTIVE = Field("objective", "what a fitted vector must make read the word: the lens at its layer, or the output",
-                  "output", **choosing("objective", ("lens", "output")), flag="--objective")
+                  "output", **choosing("objective", ("lens", "output")), flag="--objective",
+                  label="Fitted: make read the word by")
 SPAN = Field("layer", "the layer, or a span of layers (L-L2), whose output is changed", "",
-             indices("layer"), flag="--layer", required=True, api=(str, ""))
+             indices("layer"), flag="--layer", required=True, api=(str, ""), label="Layer or span (L or L-L2)")
+# The sweep a steering request makes when it names no alphas (service/intervening/steer.py, `sweep`): these, or
+# for a fitted vector these multiples of its own length.
+DEFAULT_ALPHAS = (0.0, 0.1, 0.2, 0.4, 0.8)
+FITTED_MULTIPLES = (0.0, 0.5, 1.0, 2.0)
 ALPHAS = Field("alphas", "steering strengths: the added vector's length in units of the layer's typical residual norm "
-               f"(comma-separated, up to {MAX_SWEEP}: a dose-response sweep)", (0.0, 0.1, 0.2, 0.4, 0.8),
-               numbers("alpha", -MAX_ALPHA, MAX_ALPHA, MAX_SWEEP), flag="--alpha", api=(str, "0,0.1,0.2,0.4,0.8"))
+               f"(comma-separated, up to {MAX_SWEEP}: a dose-response sweep; empty: 0, 0.1, 0.2, 0.4, 0.8, and for a "
+               "fitted vector 0, 1/2, 1 and 2 times its own length)", (),
+               numbers("alpha", -MAX_ALPHA, MAX_ALPHA, MAX_SWEEP, empty_ok=True), flag="--alpha", api=(str, ""),
+               label="Alphas (steer: × the layer's typical norm; a sweep; empty: the default)")
 POSITIONS = Field("positions", "the prompt positions changed: all, P, P-P2 (negative counts from the end)", "all",
-                  indices("positions"), flag="--position")
+                  indices("positions"), flag="--position", label="Positions changed (all, P or P-P2; -1 is the last)")
 PROMPT_ONLY = Field("prompt_only", "steer the prompt only, not the tokens a generation adds", False,
-                    flag("prompt_only"), flag="--prompt-only")
+                    flag("prompt_only"), flag="--prompt-only", label="Steer the prompt only, not generated tokens")
 ABLATION = Field("ablation", "remove the component along the direction (project), or set it to its mean over a "
-                 "reference text (mean)", "project", **choosing("ablation", ("project", "mean")), flag="--ablation")
+                 "reference text (mean)", "project", **choosing("ablation", ("project", "mean")), flag="--ablation",
+                 label="Ablation")
 REFERENCE = Field("reference", "the text whose mean a mean ablation uses (empty: a paragraph of general English)", "",
-                  text("the reference", MAX_PROMPT_CHARS, empty_ok=True), flag="--reference")
+                  text("the reference", MAX_PROMPT_CHARS, empty_ok=True), flag="--reference",
+                  label="Mean ablation: reference text (empty: a built-in paragraph)")
 SOURCE = Field("source", "patch: the prompt whose cells are copied", "",
-               text("the source prompt", MAX_PROMPT_CHARS, empty_ok=True), cli=False)
+               text("the source prompt", MAX_PROMPT_CHARS, empty_ok=True), cli=False,
+               label="Patch: source prompt (its cells are copied in)")
 SOURCE_POSITIONS = Field("source_positions", "patch: the source's positions (empty: as many as the target's, aligned "
                          "at the end)", "", lambda raw: "" if isinstance(raw, str) and not raw.strip()
-                         else indices("source_positions")(raw), flag="--source-position")
+                         else indices("source_positions")(raw), flag="--source-position",
+                         label="Patch: source positions (empty: aligned at the end)")
+# Both generations, before and after, sample with one seed (service/intervening/runner.py, `generation_seed`).
+INTERVENE_SEED = replace(SEED, help="the sampling seed of the texts generated before and after (one seed for both; "
+                         "none: 0)")
 NEW_TOKENS = Field("new_tokens", f"tokens to generate with and without the intervention (0..{MAX_GENERATE_TOKENS}: "
-                   "none)", 0, whole("new_tokens", 0, MAX_GENERATE_TOKENS), flag="--max-tokens")
+                   "none)", 0, whole("new_tokens", 0, MAX_GENERATE_TOKENS), flag="--max-tokens",
+                   label="Generate this many tokens before and after (0: none)")
 
 
 __all__ = ["Field", "RequestError", "fields_of", "show"]

@@ -154,12 +154,15 @@ _prompt = text("the prompt", MAX_PROMPT_CHARS)
 CHAT_ROLES = ("system", "user", "assistant")
 
 
-def numbers(name: str, lo: float, hi: float, max_count: int) -> Callable[[Any], tuple[float, ...]]:
-    """1..max_count numbers in lo..hi: comma-separated text, a list, or one number."""
+def numbers(name: str, lo: float, hi: float, max_count: int, *, empty_ok: bool = False
+            ) -> Callable[[Any], tuple[float, ...]]:
+    """1..max_count numbers in lo..hi: comma-separated text, a list, or one number (empty_ok: none, too)."""
     one = number(name, lo, hi)
 
     def parse(raw) -> tuple[float, ...]:
         items = [raw] if not isinstance(raw, (list, tuple)) else raw
+        if empty_ok and all(isinstance(t, str) and not t.strip() for t in items):
+            return ()
         items = [t for item in items for t in (item.split(",") if isinstance(item, str) else [item])
                  if not isinstance(t, str) or t.strip()]
         if not items or len(items) > max_count:

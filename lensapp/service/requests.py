@@ -32,6 +32,7 @@ from .fields import (
     FROM_WORD,
     INSPECT,
     INSPECT_LAYER,
+    INTERVENE_SEED,
     KIND,
     LAYERS,
     LENS,
@@ -122,7 +123,7 @@ class ChatRequest(Request):
 @dataclass(frozen=True)
 class InterveneRequest(Request):
     """Steer, ablate or patch the residual stream at `layer` (a layer or a span), then read every lens again
-    (service/intervening.py says what each field does)."""
+    (service/intervening/ says what each field does)."""
 
     prompt: str = PROMPT.declared()
     intervention: str = KIND.declared()
@@ -144,7 +145,7 @@ class InterveneRequest(Request):
     targets: tuple[str, ...] = TARGETS.declared()
     new_tokens: int = NEW_TOKENS.declared()
     temperature: float = TEMPERATURE.declared()
-    seed: int | None = SEED.declared()
+    seed: int | None = INTERVENE_SEED.declared()
     chat: bool = CHAT.declared()
     raw: bool = RAW.declared()
 

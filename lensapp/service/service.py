@@ -35,7 +35,7 @@ from .cache import ResultCache
 from .describing import Describer
 from .field import RequestError, show
 from .fits import FitDesk
-from .intervening import Intervener
+from .intervening import Inputs, Intervener, Jacobians, Limits
 from .prompts import Prompts, load_tokenizer
 from .requests import ChatRequest, DescribeRequest, GenerateRequest, InterveneRequest, LensRequest
 from .selection import span
@@ -54,7 +54,7 @@ class LensService:
         self.budget: Budget | None = None        # the memory plan checked at start (engine/memory.py)
         self.token_weight = cost.token_weight(model.info.n_layers, model.info.d_model, model.info.vocab_size)
         self.fits = FitDesk(cfg)                 # fitted steering vectors: one at a time, in their own process
-        self.intervener = Intervener(self)
+        self.intervener = Intervener(engine, model.path, model.family)
         self.brancher = Brancher(self)           # forced tokens: a generation's branches
         self.describer = Describer(self)         # Patchscopes: a cell described in words
         # Told of each request asked for: observer(kind, request), kind one of lens, compare, generate, chat,
@@ -161,7 +161,7 @@ class LensService:
         """Every check a request gets, without running it (the CLI asks before an engine starts): its planned
         cost, or RequestError."""
         if isinstance(req, InterveneRequest):
-            return self.intervener.plan(req).cost
+            return self.intervener.plan(req, self.intervention_inputs()).cost
         if isinstance(req, LensRequest):
             return self._plan_lens(req, max_prompts).cost
         if isinstance(req, DescribeRequest):
@@ -250,12 +250,20 @@ class LensService:
         return self.cache.get_or_compute(key, compute)
 
     def intervene(self, req: InterveneRequest, progress=None) -> InterventionResult:
-        """Steer, ablate or patch, and read before and after (service/intervening.py); identical requests are
+        """Steer, ablate or patch, and read before and after (service/intervening/); identical requests are
         computed once (a generation here always has a seed: 0 unless given). `progress(step, p, norm)` hears
         a fitted vector's steps."""
         self._observe("intervene", req)
         key = self._key("intervene", *(getattr(req, f) for f in req.__dataclass_fields__))
-        return self.cache.get_or_compute(key, lambda: self.intervener.run(req, progress))
+        return self.cache.get_or_compute(key, lambda: self.intervener.run(req, self.intervention_inputs(), progress))
+
+    def intervention_inputs(self) -> Inputs:
+        """What an intervention is planned against, as this service stands (its Jacobian lens may change)."""
+        cfg, info = self.cfg, self.info
+        limits = Limits(cfg.part_cells, self.token_weight, cfg.max_work, cfg.request_timeout, cfg.max_fit_steps,
+                        cfg.max_fit_seconds)
+        jacobians = Jacobians(self.jlens, self.jlens_layers, info.n_layers, info.d_model)
+        return Inputs(info, self.prompts, jacobians, limits, self.fits)
 
     def check_cost(self, work: cost.Cost, what: str) -> None:
         """RequestError when `work` passes the budget (`max_work`), in one line saying what to reduce."""

@@ -33,38 +33,39 @@ TRUNK = -1                  # "Branch from" / "Show": the generation itself
 
 
 def build_branch_panel(n_layers: int) -> dict[str, gr.components.Component]:
+    """The panel's components, by name (the link's branches are the form's: `views.BRANCHES`)."""
     with gr.Accordion("Branch: the road not taken", open=True, elem_id="branch-box"):
         gr.Markdown(HOW_TO)
-        source = gr.Radio([("the generation", TRUNK)], value=TRUNK, label="Branch from", elem_id="branch-source")
-        step = gr.Radio([], label="Click a generated token", elem_id="branch-step")
+        out = {"branch_source": gr.Radio([("the generation", TRUNK)], value=TRUNK, label="Branch from",
+                                         elem_id="branch-source"),
+               "branch_step": gr.Radio([], label="Click a generated token", elem_id="branch-step")}
         with gr.Row():
-            layer = gr.Dropdown(list(range(n_layers)), value=2 * n_layers // 3, label="Alternatives at layer",
-                                elem_id="branch-layer", scale=1)
-            word = gr.Textbox(label="…or put this token there (its exact text, or #ID)", elem_id="branch-word", scale=3)
-            force = gr.Button("Branch", size="sm", scale=0, min_width=90, elem_id="branch-force")
-        alternatives = gr.Radio([], label="Pick a token to put there", elem_id="branch-alternatives")
-        listing = gr.Markdown(elem_id="branch-listing")
-        shown = gr.Radio([], label="Show beside the generation", elem_id="branch-shown")
-        heatmap = gr.Plot(elem_id="branch-heatmap", elem_classes=["lens-plot"], show_label=False)
-        strip = gr.Plot(elem_id="branch-strip", elem_classes=["lens-plot"], show_label=False)
-        divergence = gr.Plot(elem_id="branch-divergence", elem_classes=["lens-plot"], show_label=False)
-        branches = gr.Textbox(value="", visible=False, elem_id="generate-branches")     # the link's branches
-        results = gr.State([])
-    return {"source": source, "step": step, "layer": layer, "word": word, "force": force,
-            "alternatives": alternatives, "listing": listing, "shown": shown, "heatmap": heatmap, "strip": strip,
-            "divergence": divergence, "branches": branches, "results": results}
+            out["branch_layer"] = gr.Dropdown(list(range(n_layers)), value=2 * n_layers // 3,
+                                              label="Alternatives at layer", elem_id="branch-layer", scale=1)
+            out["branch_word"] = gr.Textbox(label="…or put this token there (its exact text, or #ID)",
+                                            elem_id="branch-word", scale=3)
+            out["branch_force"] = gr.Button("Branch", size="sm", scale=0, min_width=90, elem_id="branch-force")
+        out["branch_alternatives"] = gr.Radio([], label="Pick a token to put there", elem_id="branch-alternatives")
+        out["branch_listing"] = gr.Markdown(elem_id="branch-listing")
+        out["branch_shown"] = gr.Radio([], label="Show beside the generation", elem_id="branch-shown")
+        for name in ("heatmap", "strip", "divergence"):
+            out[f"branch_{name}"] = gr.Plot(elem_id=f"branch-{name}", elem_classes=["lens-plot"], show_label=False)
+        out["branch_results"] = gr.State([])
+        out["req"] = gr.State()           # the request the generation on the page answered (its branches')
+    return out
 
 
-# What `panel_updates` fills, in its order (generate_tab.py appends these to its outputs).
-UPDATED = ("branches", "results", "source", "step", "alternatives", "listing", "shown", "heatmap", "strip",
-           "divergence")
+# What `panel_updates` fills (a generation's run writes these too).
+UPDATED = ("branches", "branch_results", "branch_source", "branch_step", "branch_alternatives", "branch_listing",
+           "branch_shown", "branch_heatmap", "branch_strip", "branch_divergence")
+SHOWN = ("branch_heatmap", "branch_strip", "branch_divergence")
 
 
 _CHAINS = parsers.branches(MAX_BRANCHES, MAX_FORCES, MAX_GENERATE_TOKENS - 1)
 
 
 def chains_of(text: str) -> list[tuple]:
-    """The page's branches (their link text, as `permalinks.BRANCHES` keeps it) as force chains."""
+    """The page's branches (their link text, as `views.BRANCHES` keeps it) as force chains."""
     return list(_CHAINS(text or ""))
 
 
@@ -80,33 +81,40 @@ def compute_branches(service, req: GenerateRequest, text: str) -> list:
     return out
 
 
-def panel_updates(gen, results: list, show: int | None = None, rule: str = "top1") -> tuple:
-    """The panel for a generation and its branches (`UPDATED`'s order), showing branch `show` (the newest); the
+def panel_updates(gen, results: list, show: int | None = None, rule: str = "top1") -> dict:
+    """The panel for a generation and its branches (`UPDATED`, by name), showing branch `show` (the newest); the
     link's branches are theirs, as token ids."""
     labels = [branch_label(gen, r, i) for i, r in enumerate(results)]
     show = len(results) - 1 if show is None else show
-    return (parsers.branches_text([tuple(r.forced) for r in results]), results,
-            gr.Radio(choices=[("the generation", TRUNK)] + [(lab, i) for i, lab in enumerate(labels)], value=TRUNK),
-            gr.Radio(choices=step_choices(gen), value=None),
-            gr.Radio(choices=[], value=None),
-            listing(gen, results, labels),
-            gr.Radio(choices=[(lab, i) for i, lab in enumerate(labels)], value=show if results else None),
-            *drawn(gen, results, show, rule))
+    return {"branches": parsers.branches_text([tuple(r.forced) for r in results]), "branch_results": results,
+            "branch_source": gr.Radio(choices=[("the generation", TRUNK)] + [(lab, i) for i, lab in enumerate(labels)],
+                                      value=TRUNK),
+            "branch_step": gr.Radio(choices=step_choices(gen), value=None),
+            "branch_alternatives": gr.Radio(choices=[], value=None),
+            "branch_listing": listing(gen, results, labels),
+            "branch_shown": gr.Radio(choices=[(lab, i) for i, lab in enumerate(labels)],
+                                     value=show if results else None),
+            **drawn(gen, results, show, rule)}
 
 
-def drawn(gen, results: list, show: int, rule: str = "top1") -> tuple:
-    """(heatmap, strip, divergence) of branch `show` beside the generation (nothing where there is none)."""
+def drawn(gen, results: list, show: int, rule: str = "top1") -> dict:
+    """Branch `show`'s heatmap, strip and divergence beside the generation (nothing where there is none)."""
     if gen is None or not 0 <= show < len(results):
-        return None, None, None
+        return dict.fromkeys(SHOWN)
     branch = results[show]
     lens = gen.lens_names[0]
     divergence = build_chart(charts.branch_divergence, gen, branch, lens) if parting(gen, branch) is not None else None
-    return build_chart(charts.generation_heatmap, branch, lens), draw_strip(branch, rule)[0], divergence
+    return {"branch_heatmap": build_chart(charts.generation_heatmap, branch, lens),
+            "branch_strip": draw_strip(branch, rule)[0], "branch_divergence": divergence}
 
 
-def show(gen, results: list, shown, rule: str = "top1") -> tuple:
+# -- what the panel's events call (values by name -> updates by name) ---------------------------------------------
+
+def show(guard, values: dict, request: gr.Request = None) -> dict:
     """The branch chosen under *Show beside the generation*."""
-    return drawn(gen, results, shown if isinstance(shown, int) else -1, rule)
+    shown = values["branch_shown"]
+    return guard.ui(request, drawn, values["state"], values["branch_results"] or [],
+                    shown if isinstance(shown, int) else -1, values.get("rule") or "top1")
 
 
 def branch_label(gen, branch, i: int) -> str:
@@ -146,10 +154,20 @@ def source_of(gen, results: list, source) -> tuple:
     return gen, ()
 
 
-def pick_source(gen, results, source):
+def pick_source(guard, values: dict, request: gr.Request = None) -> dict:
     """Branching from another generation: its tokens to click."""
-    origin, _ = source_of(gen, results, source)
-    return gr.Radio(choices=step_choices(origin), value=None), gr.Radio(choices=[], value=None)
+    def choices():
+        origin, _ = source_of(values["state"], values["branch_results"] or [], values["branch_source"])
+        return {"branch_step": gr.Radio(choices=step_choices(origin), value=None),
+                "branch_alternatives": gr.Radio(choices=[], value=None)}
+    return guard.ui(request, choices)
+
+
+def pick_step(guard, values: dict, request: gr.Request = None) -> dict:
+    """A clicked token's alternatives (or the layer they are read at changed)."""
+    return guard.ui(request, lambda: {"branch_alternatives": alternatives_at(
+        values["state"], values["branch_results"] or [], values["branch_source"], values["branch_step"],
+        values["branch_layer"])})
 
 
 def alternatives_at(gen, results, source, step, layer):
@@ -175,7 +193,14 @@ def alternatives_at(gen, results, source, step, layer):
                              for t, w in seen.items()], value=None)
 
 
-def add_branch(service, gen, req, results, source, step, token, rule="top1") -> tuple:
+def grow(service, guard, token_from: str, values: dict, request: gr.Request = None) -> dict:
+    """A branch grown from the clicked token with the token in `token_from` (the alternative picked, or the word
+    typed), through the guard."""
+    return guard.ui(request, add_branch, service, values["state"], values["req"], values["branch_results"] or [],
+                    values["branch_source"], values["branch_step"], values[token_from], values.get("rule") or "top1")
+
+
+def add_branch(service, gen, req, results, source, step, token, rule="top1") -> dict:
     """Branch `source` at `step` with `token` ('#ID', or the exact text of one token): the new branch joins the
     page's (a branch the page has already is shown again, not added twice)."""
     if gen is None or req is None:
@@ -196,30 +221,46 @@ def add_branch(service, gen, req, results, source, step, token, rule="top1") -> 
 # -- the chat ------------------------------------------------------------------------------------------------
 
 def build_chat_branch() -> dict[str, gr.components.Component]:
+    """The chat's branch box, by name; `chat_last` holds (the request, the reply) of the last reply."""
     with gr.Accordion("Branch the last reply", open=False, elem_id="chat-branch-box"):
-        step = gr.Radio([], label="Click a token of the reply", elem_id="chat-branch-step")
-        alternatives = gr.Radio([], label="Pick a token to put there (the readout's top-k at its layer)",
-                                elem_id="chat-branch-alternatives")
-        word = gr.Textbox(label="…or put this token there (its exact text, or #ID)", elem_id="chat-branch-word")
-    return {"step": step, "alternatives": alternatives, "word": word, "last": gr.State(None)}
+        out = {"chat_branch_step": gr.Radio([], label="Click a token of the reply", elem_id="chat-branch-step"),
+               "chat_branch_alternatives": gr.Radio([], label="Pick a token to put there (the readout's top-k at "
+                                                    "its layer)", elem_id="chat-branch-alternatives"),
+               "chat_branch_word": gr.Textbox(label="…or put this token there (its exact text, or #ID)",
+                                              elem_id="chat-branch-word")}
+    return {**out, "chat_last": gr.State(None)}
 
 
-def chat_steps(last):
-    """The last reply's tokens to click ((request, reply) in `last`)."""
+CHAT_UPDATED = ("chat_last", "chat_branch_step", "chat_branch_alternatives")
+
+
+def chat_steps(last) -> dict:
+    """The last reply's tokens to click ((request, reply) in `last`), as `CHAT_UPDATED`."""
     reply = last[1] if last else None
-    return (gr.Radio(choices=[(f"{s}: {charts.clip(charts.show_token(t), 16)}", s) for s, t in enumerate(reply.tokens)]
-                     if reply else [], value=None), gr.Radio(choices=[], value=None))
+    return {"chat_last": last,
+            "chat_branch_step": gr.Radio(choices=[(f"{s}: {charts.clip(charts.show_token(t), 16)}", s)
+                                                  for s, t in enumerate(reply.tokens)] if reply else [], value=None),
+            "chat_branch_alternatives": gr.Radio(choices=[], value=None)}
 
 
-def chat_alternatives(last, step):
+def chat_alternatives(values: dict, request: gr.Request = None) -> dict:
+    """The clicked token's alternatives: the readout's top-k at its layer."""
+    last, step = values["chat_last"], values["chat_branch_step"]
     reply = last[1] if last else None
     if reply is None or not isinstance(step, int) or not 0 <= step < len(reply.readout):
-        return gr.Radio(choices=[], value=None)
-    return gr.Radio(choices=[(f"{charts.show_token(t)}  ({100 * p:.1f}%)", f"#{i}")
-                             for (t, p), i in zip(reply.readout[step], reply.top_ids[step])], value=None)
+        return {"chat_branch_alternatives": gr.Radio(choices=[], value=None)}
+    choices = [(f"{charts.show_token(t)}  ({100 * p:.1f}%)", f"#{i}")
+               for (t, p), i in zip(reply.readout[step], reply.top_ids[step])]
+    return {"chat_branch_alternatives": gr.Radio(choices=choices, value=None)}
 
 
-def chat_branch(service, last, step, token, shown: list, readout_html) -> tuple:
+def grow_chat(service, guard, readout_html, token_from: str, values: dict, request: gr.Request = None) -> dict:
+    """The last reply branched at the clicked token with the token in `token_from`, through the guard."""
+    return guard.ui(request, chat_branch, service, values["chat_last"], values["chat_branch_step"], values[token_from],
+                    values["chatbot"], readout_html)
+
+
+def chat_branch(service, last, step, token, shown: list, readout_html) -> dict:
     """The last reply branched at `step`: shown under it as a reply of its own, with its readout."""
     if not last:
         raise gr.Error("Send a message first: a branch grows from the last reply.")
@@ -233,5 +274,5 @@ def chat_branch(service, last, step, token, shown: list, readout_html) -> tuple:
                       "metadata": {"title": what}},
                      {"role": "assistant", "content": readout_html(branch),
                       "metadata": {"title": f"{what}: its readout"}}]
-    return shown, gr.Radio(value=None), gr.Radio(choices=[], value=None)
-
+    return {"chatbot": shown, "chat_branch_step": gr.Radio(value=None),
+            "chat_branch_alternatives": gr.Radio(choices=[], value=None)}

@@ -2,7 +2,8 @@
 the rule the page switches to, drawn from the result in hand (switching asks the engine for nothing), with a
 per-prompt summary (how many settled, their mean layer, the latest-decided tokens).
 
-`build_strip(prefix)` makes the components, by name; `draw_strip` is the handler that fills them.
+`build_strip(prefix)` makes the components, by name (rule, strip, decided); `strip_of` fills them from a result,
+`redraw_strip` is the handler of the rule (and a lens tab's window).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import gradio as gr
 from .. import charts
 from ..results import GenerationResult
 from ..results.decided import RULE_TITLES, summary
-from .tabs import build_chart, md_text
+from .tabs import build_chart, int_or, md_text
 
 RULES = [("top-1", "top1"), ("in the top 5", "top5"), ("p > 0.5", "p50")]
 
@@ -28,7 +29,7 @@ def build_strip(prefix: str) -> dict[str, gr.components.Component]:
                     elem_id=f"{prefix}-rule", info=HOW_TO)
     strip = gr.Plot(elem_id=f"{prefix}-strip", elem_classes=["lens-plot"], show_label=False)
     text = gr.Markdown(elem_id=f"{prefix}-decided")
-    return {"rule": rule, "strip": strip, "summary": text}
+    return {"rule": rule, "strip": strip, "decided": text}
 
 
 def draw_strip(result, rule, start=None):
@@ -37,6 +38,23 @@ def draw_strip(result, rule, start=None):
         return gr.skip(), gr.skip()
     rule = rule if rule in RULE_TITLES else "top1"
     return build_chart(charts.decision_strip, result, rule, start=start), strip_summary(result, rule)
+
+
+def strip_of(result, rule, start=None) -> dict:
+    """The strip and its summary by name (`build_strip`'s)."""
+    strip, text = draw_strip(result, rule, start)
+    return {"strip": strip, "decided": text}
+
+
+def redraw_strip(guard, values: dict, request: gr.Request = None) -> dict:
+    """The strip of the result in hand under the rule chosen, from the window's first position where there is
+    one (no engine call)."""
+    def redraw():
+        if values["state"] is None:
+            return {}
+        start = values.get("window")
+        return strip_of(values["state"], values["rule"], None if start is None else int_or(start, 0))
+    return guard.ui(request, redraw)
 
 
 def strip_summary(result, rule: str = "top1") -> str:

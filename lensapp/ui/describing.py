@@ -4,7 +4,7 @@ Under a heatmap: the position is the one the token table shows, the layer is typ
 of descriptions beside the heatmap's column of tokens). The inputs are the describe request's own fields
 (`DescribeRequest`: their labels, defaults and parsers); the answer is a table, one row per layer.
 
-`build_describe_panel(prefix)` makes the components, by name; `describe_cell` is the handler.
+`build_describe_panel(prefix)` makes the components, by name; `describe` is the handler (`describe_cell` its work).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ INTRO = ("The lens says which token a cell is closest to; this asks the model wh
 
 
 def build_describe_panel(prefix: str, n_layers: int) -> dict[str, gr.components.Component]:
+    """The panel's components, by name (each `describe_...`)."""
     with gr.Accordion("Describe a cell in words (Patchscopes)", open=False, elem_id=f"{prefix}-describe-box"):
         gr.Markdown(INTRO)
         with gr.Row():
@@ -43,8 +44,15 @@ def build_describe_panel(prefix: str, n_layers: int) -> dict[str, gr.components.
             column = gr.Button("Every layer at this position", elem_id=f"{prefix}-describe-sweep", size="sm")
         table = gr.Dataframe(label="What the model says the cell holds", interactive=False, wrap=True,
                              elem_id=f"{prefix}-describe-table")
-    return {"layer": layer, "max_tokens": tokens, "inspect_layer": inspect_layer, "inspect": inspect, "one": one,
-            "column": column, "table": table}
+    return {"describe_layer": layer, "describe_max_tokens": tokens, "describe_inspect_layer": inspect_layer,
+            "describe_inspect": inspect, "describe_one": one, "describe_column": column, "describe_table": table}
+
+
+def describe(service, guard, every_layer: bool, values: dict, request: gr.Request = None) -> dict:
+    """The cell at the token table's position described (or its whole column), through the guard."""
+    return guard.ui(request, lambda: {"describe_table": describe_cell(
+        service, values["state"], values["position"], values["chat"], values["describe_layer"],
+        values["describe_max_tokens"], values["describe_inspect"], values["describe_inspect_layer"], every_layer)})
 
 
 def describe_cell(service, result, position, chat, layer, max_tokens, inspect, inspect_layer, every_layer: bool):

@@ -77,16 +77,21 @@ class Downloads:
         self._lock = threading.Lock()
         atexit.register(shutil.rmtree, self.dir, ignore_errors=True)
 
-    def buttons(self, stem: str, state: gr.State) -> tuple[gr.Button, gr.Button]:
-        """The Download CSV and JSON buttons (hidden until a run shows them) for the result in `state`;
-        call inside the tab's layout. Files are named `<stem>-<random>.csv`."""
+    def buttons(self, stem: str, state: gr.State) -> dict[str, gr.Button]:
+        """The Download CSV and JSON buttons by kind (hidden until a run shows them: `shown()`) for the result in
+        `state`; call inside the tab's layout. Files are named `<stem>-<random>.csv`."""
         with gr.Row():
-            shown = [gr.Button(label, visible=False, size="sm") for label in KINDS.values()]
+            buttons = {kind: gr.Button(label, visible=False, size="sm") for kind, label in KINDS.items()}
             carrier = gr.DownloadButton(visible="hidden")
-        for button, kind in zip(shown, KINDS):
+        for kind, button in buttons.items():
             button.click(self._handler(stem, kind), state, carrier, concurrency_limit=2, concurrency_id="downloads",
                          **PRIVATE).success(None, carrier, None, js=JS_SAVE, **PRIVATE)
-        return shown[0], shown[1]
+        return buttons
+
+    @staticmethod
+    def shown() -> dict[str, gr.Button]:
+        """The buttons' updates once a run has a result: shown (a file is built from it only when asked for)."""
+        return {kind: gr.Button(visible=True) for kind in KINDS}
 
     def _handler(self, stem: str, kind: str):
         def build(result, request: gr.Request = None):

@@ -1,22 +1,28 @@
-"""The generation tab: a readout of the newest token at every step, and the chat (chat_tab.py)."""
+"""The generation tab: a readout of the newest token at every step, and the chat (chat_tab.py).
+
+Its inputs are the `generate` request's fields but `force` (`views.TAB_VIEWS`: the tab's own generation is
+unforced; its branches, ui/branching.py, force tokens, and its link carries them as `branches`); the handlers
+below are what its events call."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import gradio as gr
 import pandas as pd
 
 from .. import charts
-from ..config import LENS_CHOICES, MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
-from ..service import GenerateRequest
+from ..service.kinds import KINDS
 from . import branching
 from .chat_tab import build_chat
-from .decisions import build_strip, draw_strip
+from .decisions import build_strip, redraw_strip, strip_of
 from .downloads import Downloads
 from .examples import generate_examples
-from .permalinks import View, view_of
-from .tabs import PRIVATE, TabParts, build_chart, int_or, lens_choices, new_seed, warn
+from .form import Form, asked, single_lenses
+from .readout import shown_lenses
+from .tabs import PRIVATE, Components, TabParts, build_chart, how_to, int_or, new_seed, on
+from .views import TAB_VIEWS, TabView
 
 HOW_TO = """
 The model writes one token per **step**. Each **column** is a step, labelled by the token the model
@@ -30,136 +36,129 @@ above 0, the seed makes the sample reproducible: left empty, a run picks one and
 """
 
 
-def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
-    d = View()
-    n = service.info.n_layers
-    choices = lens_choices(service)
-    with gr.Tab("Generation", id="generate"):
+def build_generate_tab(service, guard, downloads: Downloads, view: TabView = TAB_VIEWS["generate"]) -> TabParts:
+    """view: what the tab shows and its link carries (a test builds it for a throwaway kind)."""
+    with gr.Tab("Generation", id=view.name):
         with gr.Tabs():
-            with gr.Tab("Step by step", id="generate-steps"):
+            with gr.Tab("Step by step", id=f"{view.name}-steps"):
                 gr.Markdown("Generate, and read every layer at the newest token of every step.")
-                with gr.Accordion("How to read this", open=False):
-                    gr.Markdown(HOW_TO)
-                prompt = gr.Textbox(label="Prompt", value=d.prompt, lines=2, max_lines=8, elem_id="generate-prompt")
-                with gr.Row():
-                    max_tokens = gr.Slider(1, MAX_GENERATE_TOKENS, value=d.max_tokens, step=1, label="Max new tokens",
-                                           elem_id="generate-max-tokens")
-                    temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=d.temperature, step=0.05,
-                                            label="Temperature (0 = greedy)", elem_id="generate-temperature")
-                    lens = gr.Radio(choices, value=d.lens, label="Lens", elem_id="generate-lens")
-                with gr.Row():
-                    layers = gr.Textbox(label=f"Layers (all, 10-20 or 0,5,-1; this model: 0..{n - 1})", value=d.layers,
-                                        elem_id="generate-layers")
-                    k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id="generate-k")
-                    seed = gr.Number(label="Seed (sampling: the same seed gives the same text)", value=d.seed,
-                                     minimum=0, maximum=MAX_SEED, precision=0, elem_id="generate-seed")
-                    reseed = gr.Button("New seed", size="sm", scale=0, min_width=100, elem_id="generate-new-seed")
-                with gr.Row():
-                    chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
-                    raw = gr.Checkbox(label="Raw logits", value=d.raw, elem_id="generate-raw",
-                                      info="h·W_U alone, without the model's own logit soft-capping or scaling")
-                run_button = gr.Button("Generate", variant="primary", elem_id="generate-run", elem_classes=["run"])
-                examples = generate_examples(prompt)
-                text = gr.Textbox(label="Generated text", interactive=False, elem_id="generate-text")
-                heatmap = gr.Plot(elem_id="generate-heatmap", elem_classes=["lens-plot"], show_label=False)
-                strip = build_strip("generate")
-                with gr.Row():
-                    step = gr.Dropdown(label="Token table: step", choices=[], interactive=True, elem_id="generate-step")
-                    table_lens = gr.Radio(choices[:2], value="logit", label="Table lens", visible=len(choices) > 1)
-                table = gr.Dataframe(label="Top-k at this step's newest token, every layer", interactive=False,
-                                     wrap=True, elem_id="generate-table")
-                state = gr.State()
-                csv_file, json_file = downloads.buttons("generation", state)
-                branch = branching.build_branch_panel(n)
-                req_state = gr.State()          # the request the generation on the page answered (its branches')
-            with gr.Tab("Chat", id="generate-chat"):
-                chat_handlers = build_chat(service, guard)
-
-    def readout(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, branches="", rule="top1"):
-        if isinstance(lens, str) and lens in LENS_CHOICES and lens not in {value for _, value in choices}:
-            warn("No Jacobian lens is loaded; using the logit lens.")
-            lens = "logit"
-        req = GenerateRequest.parse(prompt=prompt, max_tokens=max_tokens, lens=lens, layers=layers, k=k,
-                                    temperature=temperature, seed=seed, chat=chat, raw=raw)
-        if req.seed is None and req.sampled:                          # a sample that can be had again
-            req = replace(req, seed=new_seed())
-        gen = service.generate(req)
-        results = branching.compute_branches(service, req, branches)
-        shown = "jacobian" if lens == "both" else lens
-        last = len(gen.steps) - 1
-        return (
-            gen,
-            req.seed,
-            gen.text,
-            build_chart(charts.generation_heatmap, gen, lens),
-            gr.Dropdown(choices=step_choices(gen), value=last),
-            gr.Radio(value=shown),
-            step_table(gen, last, shown),
-            gr.Button(visible=True),                 # the downloads: built from `gen` when asked for
-            gr.Button(visible=True),
-            req,
-            *draw_strip(gen, rule),
-            *branching.panel_updates(gen, results, rule=rule),
-        )
-
-    def run(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, branches="", rule="top1",
-            request: gr.Request = None):
-        """The readout of the inputs, with the branches a link names (the page's own Generate starts afresh)."""
-        return guard.ui(request, readout, prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, branches,
-                        rule)
-
-    def run_fresh(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, branches="", rule="top1",
-                  request: gr.Request = None):
-        return run(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, "", rule, request=request)
-
-    outputs = ([state, seed, text, heatmap, step, table_lens, table, csv_file, json_file, req_state,
-                strip["strip"], strip["summary"]] + [branch[name] for name in branching.UPDATED])
-    inputs = [prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, branch["branches"], strip["rule"]]
-    reseed.click(new_seed, None, seed, queue=False, **PRIVATE)
-    run_button.click(run_fresh, inputs, outputs, **PRIVATE)
-    prompt.submit(run_fresh, inputs, outputs, **PRIVATE)
-    examples.load_input_event.then(run_fresh, inputs, outputs, **PRIVATE)
-    strip["rule"].input(draw_strip, [state, strip["rule"]], [strip["strip"], strip["summary"]], **PRIVATE)
-    grow = wire_branches(service, guard, branch, state, req_state, strip["rule"])
-
-    def show_step(gen, s, lens):
-        s = int_or(s, -1)
-        if gen is None or not 0 <= s < len(gen.steps):       # none chosen, or not one of the choices
-            return gr.skip()
-        return step_table(gen, s, lens)
-
-    def pick_step(gen, s, lens, request: gr.Request = None):
-        return guard.ui(request, show_step, gen, s, lens)
-
-    gr.on([step.input, table_lens.input], pick_step, [state, step, table_lens], table, **PRIVATE)
-
-    fields = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "lens": lens,
-              "layers": layers, "k": k, "chat": chat, "seed": seed, "raw": raw, "branches": branch["branches"]}
-    return TabParts("generate", fields, lambda *values: view_of("generate", **dict(zip(fields, values))), run,
-                    inputs, outputs, run_button, handlers={"show_step": pick_step, "chat_send": chat_handlers["send"],
-                                                           "grow_branch": grow,
-                                                           "chat_branch": chat_handlers["chat_branch"]})
+                how_to(HOW_TO)
+                form = Form(view, service)
+                reseed = _inputs(form, service)
+                run_button = gr.Button("Generate", variant="primary", elem_id=f"{view.name}-run",
+                                       elem_classes=["run"])
+                examples = generate_examples(form.inputs["prompt"])
+                outputs = _outputs(view, service, downloads, form.inputs["seed"])
+                # a run writes the branches it drew (a tab without them: to nowhere)
+                outputs["branches"] = form.inputs.get("branches") or gr.State("")
+            with gr.Tab("Chat", id=f"{view.name}-chat"):
+                build_chat(service, guard)
+    parts = {**form.inputs, **outputs}
+    run_fn = partial(run, view, service, guard)
+    written = [name for name in outputs if name != "rule"]
+    reseed.click(new_seed, None, form.inputs["seed"], queue=False, **PRIVATE)
+    for trigger in ([run_button.click, form.inputs["prompt"].submit], examples.load_input_event.then):
+        on(trigger, partial(run_fresh, view, service, guard), parts, [*form.inputs, "rule"], written)
+    on([parts["step"].input, parts["table_lens"].input], partial(pick_step, guard), parts,
+       ["state", "step", "table_lens"], ["table"])
+    on(parts["rule"].input, partial(redraw_strip, guard), parts, ["state", "rule"], ["strip", "decided"])
+    _wire_branches(service, guard, parts)
+    return TabParts(view, form.inputs, outputs, run_fn, {"rule": parts["rule"]}, run_button)
 
 
-def wire_branches(service, guard, b: dict, state, req_state, rule):
+def _wire_branches(service, guard, parts: Components) -> None:
     """The branch panel's events (ui/branching.py): a token clicked shows its alternatives; one picked (or typed)
-    grows a branch; another branch chosen is shown beside the generation. Returns the handler that grows one."""
-    updated = [b[name] for name in branching.UPDATED]
+    grows a branch; another branch chosen is shown beside the generation."""
+    panel = ["state", "branch_results", "branch_source"]
+    on(parts["branch_source"].input, partial(branching.pick_source, guard), parts, panel,
+       ["branch_step", "branch_alternatives"])
+    on([parts["branch_step"].input, parts["branch_layer"].input], partial(branching.pick_step, guard), parts,
+       [*panel, "branch_step", "branch_layer"], ["branch_alternatives"])
+    grown = [*panel, "req", "branch_step", "rule"]
+    on(parts["branch_alternatives"].input, partial(branching.grow, service, guard, "branch_alternatives"), parts,
+       [*grown, "branch_alternatives"], branching.UPDATED)
+    on([parts["branch_force"].click, parts["branch_word"].submit],
+       partial(branching.grow, service, guard, "branch_word"), parts, [*grown, "branch_word"], branching.UPDATED)
+    on(parts["branch_shown"].input, partial(branching.show, guard), parts,
+       ["state", "branch_results", "branch_shown", "rule"], branching.SHOWN)
 
-    def grow(gen, req, results, source, step, token, rule, request: gr.Request = None):
-        return guard.ui(request, branching.add_branch, service, gen, req, results, source, step, token, rule)
 
-    b["source"].input(branching.pick_source, [state, b["results"], b["source"]], [b["step"], b["alternatives"]],
-                      **PRIVATE)
-    gr.on([b["step"].input, b["layer"].input], branching.alternatives_at,
-          [state, b["results"], b["source"], b["step"], b["layer"]], b["alternatives"], **PRIVATE)
-    b["alternatives"].input(grow, [state, req_state, b["results"], b["source"], b["step"], b["alternatives"], rule],
-                            updated, **PRIVATE)
-    gr.on([b["force"].click, b["word"].submit], grow,
-          [state, req_state, b["results"], b["source"], b["step"], b["word"], rule], updated, **PRIVATE)
-    b["shown"].input(branching.show, [state, b["results"], b["shown"], rule], [b["heatmap"], b["strip"],
-                                                                             b["divergence"]], **PRIVATE)
-    return grow
+def _inputs(form: Form, service) -> gr.Button:
+    """The form, laid out; its New seed button."""
+    form.add("prompt", lines=2, max_lines=8)
+    with gr.Row():
+        form.add("max_tokens")
+        form.add("temperature")
+        form.add("lens")
+    with gr.Row():
+        form.add("layers", label=f"Layers (all, 10-20 or 0,5,-1; this model: 0..{service.info.n_layers - 1})")
+        form.add("k")
+        form.add("seed")
+        reseed = gr.Button("New seed", size="sm", scale=0, min_width=100, elem_id=f"{form.view.name}-new-seed")
+    with gr.Row():
+        form.add("chat")
+        form.add("raw")
+    if "branches" in form.fields:
+        form.add("branches", visible=False)      # the link's branches: the panel below writes them
+    form.rest()
+    return reseed
+
+
+def _outputs(view: TabView, service, downloads: Downloads, seed: gr.Number) -> Components:
+    """What a generation writes, by name (the seed a sample used among them)."""
+    out = {"seed": seed, "text": gr.Textbox(label="Generated text", interactive=False, elem_id=f"{view.name}-text"),
+           "heatmap": gr.Plot(elem_id=f"{view.name}-heatmap", elem_classes=["lens-plot"], show_label=False)}
+    out.update(build_strip(view.name))
+    lenses = single_lenses(service)
+    with gr.Row():
+        out["step"] = gr.Dropdown(label="Token table: step", choices=[], interactive=True, elem_id=f"{view.name}-step")
+        out["table_lens"] = gr.Radio(lenses, value="logit", label="Table lens", visible=len(lenses) > 1)
+    out["table"] = gr.Dataframe(label="Top-k at this step's newest token, every layer", interactive=False,
+                                wrap=True, elem_id=f"{view.name}-table")
+    out["state"] = gr.State()
+    out.update(downloads.buttons("generation", out["state"]))
+    out.update(branching.build_branch_panel(service.info.n_layers))
+    return out
+
+
+def run(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
+    """The generation the inputs' `values` (by name) ask, with the branches a link names, through the guard."""
+    return guard.ui(request, readout, view, service, values)
+
+
+def run_fresh(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
+    """The page's own Generate: a new generation starts with no branches."""
+    return run(view, service, guard, {**values, "branches": ""}, request=request)
+
+
+def readout(view: TabView, service, values: dict) -> dict:
+    req = asked(view, service, values)
+    if req.seed is None and req.sampled:                          # a sample that can be had again
+        req = replace(req, seed=new_seed())
+    gen = KINDS[view.kind].run(service, req)
+    results = branching.compute_branches(service, req, values.get("branches"))
+    shown = shown_lenses(req.lens)[0]
+    last = len(gen.steps) - 1
+    rule = values.get("rule") or "top1"
+    return {
+        "state": gen, "seed": req.seed, "text": gen.text,
+        "heatmap": build_chart(charts.generation_heatmap, gen, req.lens),
+        "step": gr.Dropdown(choices=step_choices(gen), value=last),
+        "table_lens": gr.Radio(value=shown),
+        "table": step_table(gen, last, shown),
+        **Downloads.shown(),
+        "req": req, **strip_of(gen, rule), **branching.panel_updates(gen, results, rule=rule),
+    }
+
+
+def pick_step(guard, values: dict, request: gr.Request = None) -> dict:
+    """The top-k table of the chosen step (none chosen, or not one of the choices: unchanged)."""
+    def table():
+        gen, s = values["state"], int_or(values["step"], -1)
+        if gen is None or not 0 <= s < len(gen.steps):
+            return {}
+        return {"table": step_table(gen, s, values["table_lens"])}
+    return guard.ui(request, table)
 
 
 def step_choices(gen) -> list[tuple[str, int]]:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import html
 import re
-from dataclasses import replace
 
 import gradio as gr
 
 from .. import config
 from ..charts import Highlight
 from ..service.field import RequestError
-from . import permalinks
-from .permalinks import View
 from .tabs import md_text
+from .views import NOTE, TITLE, View
 
 _LAYER = re.compile(r"\blayers?\s+(\d+)(?:\s*(?:-|–|to)\s*(\d+))?", re.IGNORECASE)
 _TOKEN = re.compile(r"`([^`\n]{1,40})`")
@@ -32,7 +30,7 @@ def highlight_of(note, layers) -> Highlight:
     a range selects rows of the grid: what it costs is bounded by the grid, however wide the range."""
     if note is None or note == "":
         return Highlight()
-    note = permalinks.NOTE(note)
+    note = NOTE(note)
     rows, named = set(layers), False
     chosen = set()
     for m in _LAYER.finditer(note):
@@ -58,7 +56,7 @@ def shown(title, note) -> gr.Markdown:
     """The title and note above the view; a value no link could carry (too long, not text) is refused in one
     line, before any of it is rendered."""
     try:
-        text = note_markdown(permalinks.TITLE(title), permalinks.NOTE(note))
+        text = note_markdown(TITLE(title), NOTE(note))
     except RequestError as e:
         raise gr.Error(html.escape(str(e)), title="Can't show that") from None
     return gr.Markdown(text, visible=bool(text))
@@ -67,12 +65,12 @@ def shown(title, note) -> gr.Markdown:
 def with_notes(view: View, title, note) -> View:
     """`view` carrying the boxes' title and note; a value a link could not carry is left out (never raises)."""
     words = {}
-    for name, value in (("title", title), ("note", note)):
+    for field, value in ((TITLE, title), (NOTE, note)):
         try:
-            words[name] = permalinks.VIEW_FIELDS[name](value)
+            words[field.name] = field(value)
         except (TypeError, ValueError):          # RequestError is a ValueError
             continue
-    return replace(view, **words)
+    return view.replace(**words)
 
 
 def note_boxes() -> tuple[gr.Textbox, gr.Textbox]:
