@@ -125,3 +125,27 @@ def test_a_link_keeps_branches_as_ids():
     assert "branches" not in permalinks.encode(permalinks.View(tab="generate"))
     view, notices = permalinks.decode("tab=generate&branches=3%3DParis")
     assert view.branches == "" and "token ids" in notices[0]
+
+
+def test_the_chats_last_reply_branches(app, tiny_service):
+    from lensapp.ui import chat_tab
+
+    values = {**chat_tab.CHAT.initial(), "lens": "logit", "layer": None, "max_tokens": 4, "message": "Hi there",
+              "history": [], "chatbot": []}
+    assert "force" not in values                                   # the branch box forces, not the form
+    out = chat_tab.send(chat_tab.CHAT, tiny_service, app.guard, values)
+    assert set(branching.CHAT_UPDATED) <= set(out) and out["chat_last"][1].text == out["history"][-1]["content"]
+    last = out["chat_last"]
+    picked = branching.chat_alternatives({"chat_last": last, "chat_branch_step": 1})
+    choices = picked["chat_branch_alternatives"].constructor_args["choices"]
+    assert choices and all(v.startswith("#") for _, v in choices)
+    token = choices[-1][1]
+    grown = branching.grow_chat(tiny_service, app.guard, chat_tab.readout_html, "chat_branch_alternatives",
+                                {"chat_last": last, "chat_branch_step": 1, "chat_branch_alternatives": token,
+                                 "chatbot": out["chatbot"]})
+    assert len(grown["chatbot"]) == len(out["chatbot"]) + 2 and "branch at token 1" in grown["chatbot"][-2]["metadata"][
+        "title"]
+    with pytest.raises(gr.Error, match="Send a message first"):
+        branching.grow_chat(tiny_service, app.guard, chat_tab.readout_html, "chat_branch_word",
+                            {"chat_last": None, "chat_branch_step": 1, "chat_branch_word": "#5", "chatbot": []})
+    assert chat_tab.forget({})["chat_last"] is None
