@@ -1,11 +1,14 @@
-"""Command line: `lensapp lens | generate | intervene | components | fit | serve | space`, on the service and results
-the app uses.
+"""Command line: `lensapp lens | generate | intervene | components | describe | fit | serve | space`, on the
+service and results the app uses.
 
 Examples:
     lensapp lens "The capital of France is" --lens both --layers 20-29 --k 5 --target Paris
     lensapp lens "The capital of France is" "The capital of Italy is" --json > capitals.json
     lensapp lens "The Eiffel Tower is in the city of" --skip-punctuation
     lensapp generate "Once upon a time" --max-tokens 16 --temperature 0.8 --seed 7 --json
+    lensapp generate "The capital of France is" --max-tokens 8 --force "1= Rome" --json
+    lensapp describe "The Eiffel Tower is in the city of" --layer 12 --position 4 --json
+    lensapp describe "The Eiffel Tower is in the city of" --layer all --position 4 --max-tokens 6
     lensapp intervene "The capital of France is" --steer Rome --layer 22 --alpha 0,0.2,0.4 --json
     lensapp intervene "The Eiffel Tower is in the city of" --ablate Paris --direction jacobian --layer 20-28
     lensapp intervene "The Colosseum is in the city of" --patch-from "The Eiffel Tower is in the city of" \\
@@ -138,6 +141,9 @@ def _run(args, cfg: config.Config) -> int:
             progress = None if args.json else _fit_progress
             result = service.intervene(request, progress)
             print(dumps(result) if args.json else format_intervention(result))
+        elif args.command == "describe":
+            result = service.describe(request)
+            print(dumps(result) if args.json else format_descriptions(result))
         else:
             result = service.generate(request)
             print(dumps(result) if args.json else format_generation(result))
@@ -159,6 +165,10 @@ def format_lens(r) -> str:
         for t in r.lenses[name].targets:
             out.append(f"target {t.text!r} ({t.scored_as}): p at last position by layer "
                        + " ".join(f"{p:.3g}" for p in t.probs[:, -1]))
+        strip = r.decided_json(name)
+        out.append(f"[{name} lens] decided at (the first layer from which each position's final top-1 stays the "
+                   "top-1): " + ", ".join(f"{tok!r}: {'never' if layer is None else layer}"
+                                          for tok, layer in zip(strip["decided_tokens"], strip["decided_at"])))
     return "\n".join(out)
 
 
@@ -214,10 +224,22 @@ def _fit_progress(step: int, p: float, norm: float) -> None:
 
 def format_generation(g) -> str:
     out = [f"{g.model}: {g.prompt!r} -> {g.text!r}"]
+    out += [f"forced at step {step}: {g.tokens[step]!r} (#{token})" for step, token in g.forced]
     for name in g.steps[0].readout.lenses if g.steps else []:
         grid = g.step_grid(name).map(repr)
         grid.columns = [repr(s.token) for s in g.steps]
         out += [f"\n[{name} lens] top-1 at the newest position, per layer (rows) and step (columns)", grid.to_string()]
+        decided = ", ".join(f"{tok!r}: {'never' if layer is None else layer}"
+                            for tok, layer in zip(g.tokens, g.decided_at(name)))
+        out.append(f"[{name} lens] decided at (the first layer from which each token stays the top-1): {decided}")
+    return "\n".join(out)
+
+
+def format_descriptions(d) -> str:
+    first = d.items[0]
+    out = [f"{first.model}: {first.prompt!r}, position {first.position} ({first.source_token!r}), described through "
+           f"{first.inspection_prompt!r}:"]
+    out += [f"  layer {x.layer:>3} (into layer {x.inspect_layer}): {x.text!r}" for x in d.items]
     return "\n".join(out)
 
 

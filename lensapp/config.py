@@ -24,6 +24,9 @@ Fixed limits that protect the machine (a public Space, a workshop of thirty peop
   MAX_NOTE_CHARS          = 1000   a link's note
   MAX_EXPORT_ROWS         = 200000 rows of a download (lens x layer x position x top-k entries; the JSON holds
                                    the same): ~3 s and ~18 MB of CSV to build on a small CPU
+  MAX_FORCES              = 8      tokens forced in one generation (a branch of a branch of ...)
+  MAX_BRANCHES            = 8      branches a page (and its link) holds beside a generation
+  MAX_DESCRIBE_TOKENS     = 32     tokens of one description (Patchscopes)
 and the configurable ones, with their defaults for a public CPU Space: `max_prompt_tokens`,
 `max_work` (what one request may cost: service/cost.py), `max_batch`, `queue_size`, `client_requests`,
 `client_parts` (one visitor's share), `request_timeout`, `stall_timeout`, `rate_limit`, `max_fit_steps`
@@ -54,6 +57,9 @@ PUNCTUATION_WIDTH = 40
 MAX_TITLE_CHARS = 120
 MAX_NOTE_CHARS = 1000
 MAX_EXPORT_ROWS = 200_000
+MAX_FORCES = 8
+MAX_BRANCHES = 8
+MAX_DESCRIBE_TOKENS = 32
 DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache is sized for it)
 # A temperature below vLLM's own threshold decodes greedily on every backend (logits divided by 1e-73 overflow).
 GREEDY_BELOW = 1e-5

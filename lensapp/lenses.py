@@ -59,7 +59,8 @@ def readout(
 
     Returns float32 tensors (top_ids, target_ranks int64):
       top_ids, top_probs [rows, k]; entropy [rows] (nats);
-      kl_to_final [rows] = KL(final || this) when `final` (same rows) is given;
+      kl_to_final [rows] = KL(final || this) and final_top_id [rows] (final's argmax) when `final` (same rows)
+      is given;
       target_probs, target_ranks [rows, n_targets] when `target_ids` [n_targets] is given
       (rank 1 = the top token; ties rank in the target's favour).
     Works in log space on row chunks, so peak memory is ROW_CHUNK x vocab.
@@ -160,20 +161,22 @@ class FinalDistribution:
 
     KL(f || l) = sum_v f (log f - log l) = log_z_l - H(f) - f . logits_l, so only the
     probabilities and their entropy are needed, not a second log-softmax per layer.
-    probs [P, vocab] broadcasts against logits [..., P, vocab].
+    probs [P, vocab] broadcasts against logits [..., P, vocab]; top_id [P]: its argmax, the token whose
+    decision a readout's strip shows (`results/decided.py`).
     """
 
-    def __init__(self, probs: torch.Tensor, entropy: torch.Tensor):
+    def __init__(self, probs: torch.Tensor, entropy: torch.Tensor, top_id: torch.Tensor | None = None):
         self.probs, self.entropy = probs, entropy
+        self.top_id = probs.argmax(-1) if top_id is None else top_id
 
     @classmethod
     def from_logits(cls, logits: torch.Tensor) -> FinalDistribution:
         log_p = torch.log_softmax(logits.float(), dim=-1)
         p = log_p.exp()
-        return cls(p, -(p * log_p).sum(-1))
+        return cls(p, -(p * log_p).sum(-1), log_p.argmax(-1))
 
     def __getitem__(self, rows) -> FinalDistribution:
-        return FinalDistribution(self.probs[rows], self.entropy[rows])
+        return FinalDistribution(self.probs[rows], self.entropy[rows], self.top_id[rows])
 
 
 def _exp_stats(logits: torch.Tensor, m: torch.Tensor):
@@ -242,6 +245,8 @@ def _readout_chunk(logits, k, final, target_ids):
     if final is not None:
         cross = FUSED.final_cross(logits, m, final.probs.to(logits.dtype))
         out["kl_to_final"] = (log_s - final.entropy.double() - cross).float().clamp_min(0.0)
+        # [n, P] like every field (the same row n times), so parts of a readout concatenate by layers
+        out["final_top_id"] = final.top_id.to(top.indices.device).expand(logits.shape[0], -1).clone()
     if target_ids is not None and target_ids.numel():
         t_logits = logits[..., target_ids]                              # [n, P, n_targets]
         out["target_probs"] = (t_logits - log_z[..., None]).exp()

@@ -3,6 +3,8 @@ surface must refuse in one line): test data, kept out of the production schema (
 
 from lensapp.config import (
     MAX_ALPHA,
+    MAX_DESCRIBE_TOKENS,
+    MAX_FORCES,
     MAX_GENERATE_TOKENS,
     MAX_K,
     MAX_LAYERS_CHARS,
@@ -84,4 +86,19 @@ CASES = {
                  ("last", "1.5", True, HUGE, "nan", [1])),
     "PATTERNS": (((20, 20), ("", None), ("-1", -1)),
                  ("all", 1.5, True, HUGE)),
+    # issue 28: forced tokens and Patchscopes
+    "FORCE": ((("2=Paris", ((2, "Paris"),)), (["1= Rome", "3=#7042"], ((1, " Rome"), (3, 7042))), ("", ()),
+               (((1, 5),), ((1, 5),))),
+              ("Paris", "x=a", "2=", ["3=a", "1=b"], f"{MAX_GENERATE_TOKENS}=a", "1=a\x00", 7,
+               [f"{i}=a" for i in range(MAX_FORCES + 1)], "1=#" + "9" * 20)),
+    "DESCRIBE_LAYER": ((("12", "12"), ("all", "all"), (-1, "-1"), ("3-5", "3-5")),
+                       ("twelve", "", 1.5, "1;2")),
+    "DESCRIBE_POSITION": (((-1, -1), ("4", 4)),
+                          ("last", 1.5, HUGE)),
+    "DESCRIBE_TOKENS": (((8, 8), ("1", 1)),
+                        (0, MAX_DESCRIBE_TOKENS + 1, "few")),
+    "INSPECT": ((("", ""), ("x -> x; ?", "x -> x; ?")),
+                (NUL, SURROGATE, 3)),
+    "INSPECT_LAYER": (((None, None), ("", None), (-1, -1), ("7", 7)),
+                      ("x", 1.5, True)),
 }

@@ -76,8 +76,8 @@ def cli_json(service, argv: list[str]):
     if args.command == "lens":
         results = service.lens(request, cli.MAX_CLI_PROMPTS)
         return json.loads(dumps(results[0] if len(results) == 1 else results))
-    run = {"intervene": service.intervene, "components": service.components}.get(args.command, service.generate)
-    return json.loads(dumps(run(request)))
+    run = {"intervene": service.intervene, "components": service.components, "describe": service.describe}
+    return json.loads(dumps(run.get(args.command, service.generate)(request)))
 
 
 def assert_same(api, expected, where="answer"):
@@ -148,3 +148,22 @@ def test_the_lens_with_sublayers_answers_what_the_cli_prints(client, service):
     api = client.predict(prompt=FRANCE, layers="20,24", k=3, sublayers=True, api_name="/lens")
     assert_same(api, cli_json(service, ["lens", FRANCE, "--layers", "20,24", "--k", "3", "--sublayers"]))
     assert set(api["after_attention"]) == {"logit"} and len(api["after_attention"]["logit"]["top_tokens"]) == 2
+
+
+def test_a_branch_and_a_description_answer_what_the_cli_prints(client, service):
+    """issue 28: /generate's last parameter forces tokens (a branch of a branch here), /describe describes a cell,
+    and a layer range of them is a list; the lens JSON's decided_at arrives with its nulls."""
+    api = client.predict(FRANCE, 5, "logit", "20,24,28", 3, 0.0, None, False, False, ["1= Rome", "3=#30"],
+                         api_name="/generate")
+    assert api["forced"][0]["step"] == 1 and [f["token_id"] for f in api["forced"]][1] == 30
+    assert_same(api, cli_json(service, ["generate", FRANCE, "--max-tokens", "5", "--layers", "20,24,28", "--k", "3",
+                                        "--force", "1= Rome", "--force", "3=#30"]))
+    api = client.predict(EIFFEL, "12", 4, 3, api_name="/describe")
+    assert isinstance(api, dict) and api["layer"] == 12 and api["position"] == 4
+    assert_same(api, cli_json(service, ["describe", EIFFEL, "--layer", "12", "--position", "4", "--max-tokens", "3"]))
+    api = client.predict(EIFFEL, "10-12", -1, 2, "x -> x; ?", None, api_name="/describe")
+    assert [d["layer"] for d in api] == [10, 11, 12] and all(d["inspection_prompt"] == "x -> x; ?" for d in api)
+    assert_same(api, cli_json(service, ["describe", EIFFEL, "--layer", "10-12", "--max-tokens", "2", "--inspect",
+                                        "x -> x; ?"]))
+    lens = client.predict(FRANCE, "logit", "0,1,2", 3, "", api_name="/lens")["lenses"]["logit"]
+    assert len(lens["decided_at"]) == len(lens["top_ids"][0]) and None in lens["decided_at"]

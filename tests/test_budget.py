@@ -1,9 +1,9 @@
 """The work budget holds on the real engine: requests within the published limits (any kind, up to the longest
 prompt, every layer, both lenses, k 100, eight multi-token targets, twelve alphas or patched layers, 64
-tokens generated before and after) never restart the engine and never run past the deadline their cost
-plans (a components readout with a layer's whole attention pattern among them), while another visitor's
-short lens still answers beside them; what the budget refuses, it refuses in one line, before the engine
-sees it. (service/cost.py)"""
+tokens generated before and after, a branch forced in them, a column of 30 cells described) never restart
+the engine and never run past the deadline their cost plans (a components readout with a layer's whole
+attention pattern among them), while another visitor's short lens still answers beside them; what the budget
+refuses, it refuses in one line, before the engine sees it. (service/cost.py)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 
 from lensapp import config
 from lensapp.engine.turns import asking
-from lensapp.service import ComponentsRequest, GenerateRequest, InterveneRequest, LensRequest, RequestError
+from lensapp.service import (
+    ComponentsRequest,
+    DescribeRequest,
+    GenerateRequest,
+    InterveneRequest,
+    LensRequest,
+    RequestError,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -37,7 +44,7 @@ def legal_requests(draw):
     common = {"layers": draw(st.sampled_from(LAYERS)), "k": draw(st.sampled_from([1, 5, 100])),
               "lens": draw(st.sampled_from(["logit", "both"]))}
     words = draw(st.sampled_from([3, 12, 40, 120, 380]))
-    kind = draw(st.sampled_from(["lens", "generate", "steer", "ablate", "patch", "components"]))
+    kind = draw(st.sampled_from(["lens", "generate", "branch", "describe", "steer", "ablate", "patch", "components"]))
     targets = tuple(draw(st.lists(WORDS, max_size=8)))
     if kind == "components":            # a layer's attention pattern costs heads x positions^2 weights
         return ComponentsRequest(prompt=prompt(words), target="river", foil=draw(st.sampled_from(["", "bread"])),
@@ -47,6 +54,15 @@ def legal_requests(draw):
         return LensRequest(prompts=(prompt(words),), targets=targets, **common)
     if kind == "generate":
         return GenerateRequest(prompt=prompt(words), max_tokens=draw(st.integers(1, 64)), **common)
+    if kind == "branch":      # a token id forced early (before any end of text), a branch of a branch after it
+        n = draw(st.integers(1, 64))
+        steps = sorted(set(draw(st.lists(st.integers(0, min(n - 1, 4)), min_size=1, max_size=2))))
+        return GenerateRequest(prompt=prompt(words), max_tokens=n, **common,
+                               force=tuple(f"{s}=#{draw(st.integers(0, 2000))}" for s in steps))
+    if kind == "describe":
+        return DescribeRequest(prompt=prompt(words), layer=draw(st.sampled_from(LAYERS)),
+                               max_tokens=draw(st.sampled_from([1, 8, config.MAX_DESCRIBE_TOKENS])),
+                               position=draw(st.integers(-words, -1)))
     start = draw(st.integers(0, 29))
     span = f"{start}-{min(29, start + draw(st.integers(0, 11)))}"
     extra = {"new_tokens": draw(st.sampled_from([0, 8, 64])), "targets": targets[:7]}
@@ -75,6 +91,8 @@ def run(service, request):
         return service.generate(request)
     if isinstance(request, ComponentsRequest):
         return service.components(request)
+    if isinstance(request, DescribeRequest):
+        return service.describe(request)
     return service.intervene(request)
 
 
@@ -83,6 +101,9 @@ HEAVY = [LensRequest(prompts=(prompt(330),), layers="all", k=100, targets=("the 
          InterveneRequest(prompt=prompt(40), intervention="steer", word="Rome", layer="20",
                           alphas=tuple(float(a) for a in range(8)), layers="all", new_tokens=64),
          ComponentsRequest(prompt=prompt(300), target="river", patterns=-1)]       # the last layer's whole pattern
+# issue 28's kinds, tried every run too: a branch read through both lenses, a whole column described.
+ROAD = [GenerateRequest(prompt=prompt(40), max_tokens=32, layers="all", lens="both", force=("2=#600",)),
+        DescribeRequest(prompt=prompt(120), layer="all", max_tokens=8)]
 
 
 def test_the_heavy_examples_are_legal(service):
@@ -96,6 +117,8 @@ def test_the_heavy_examples_are_legal(service):
 @example(request=HEAVY[0])
 @example(request=HEAVY[1])
 @example(request=HEAVY[2])
+@example(request=ROAD[0])
+@example(request=ROAD[1])
 @given(request=legal_requests())
 def test_a_legal_request_never_restarts_the_engine_nor_passes_its_deadline(service, request):
     try:

@@ -18,7 +18,7 @@ from hostile import assert_one_line, run_cli
 from lensapp import config
 from lensapp.service import fields as f
 from lensapp.service.field import Field, RequestError, fields_of
-from lensapp.service.requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
+from lensapp.service.requests import ChatRequest, DescribeRequest, GenerateRequest, InterveneRequest, LensRequest
 from lensapp.ui import api, permalinks, views
 from lensapp.ui.permalinks import View, as_text
 
@@ -27,7 +27,7 @@ EXAMPLES = {name: FIELD_CASES.get(name, ((), ())) for name in SCHEMA}
 for _alias, _base in (("CHAT_MAX_TOKENS", "MAX_TOKENS"), ("CHAT_K", "K"),      # a field made from another
                       ("INTERVENE_SEED", "SEED")):
     EXAMPLES[_alias] = (tuple(x for x in FIELD_CASES[_base][0] if x[1] != SCHEMA[_base].default), FIELD_CASES[_base][1])
-REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest)
+REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest, DescribeRequest)
 # The API's published parameter order: a parameter is only ever added at the end (old clients keep working).
 PUBLISHED = {
     "lens": ["prompt", "lens", "layers", "k", "targets", "chat", "raw", "skip_punctuation"],
@@ -38,6 +38,7 @@ PUBLISHED = {
                   "positions", "prompt_only", "ablation", "reference", "source", "source_positions", "lens", "layers",
                   "k", "targets", "new_tokens", "temperature", "seed", "chat", "raw"],
     "components": ["prompt", "target", "foil", "position", "patterns", "chat"],
+    "describe": ["prompt", "layer", "position", "max_tokens", "inspect", "inspect_layer", "chat"],
 }
 
 
@@ -80,7 +81,7 @@ def test_every_request_field_is_declared_in_the_schema(cls):
 
 def test_a_link_reads_each_request_field_with_its_parser():
     for name, field in permalinks.view_fields().items():
-        if name in ("tab", "metric", "start", "title", "note"):  # what only a view has
+        if name in ("tab", "metric", "start", "title", "note", "branches"):  # what only a view has
             assert field is getattr(permalinks, name.upper())
             continue
         assert schema_field(field).parse is field.parse, name

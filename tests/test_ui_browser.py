@@ -136,7 +136,8 @@ def test_example_draws_heatmap_with_tooltips(page, app_url, model_dims, embedded
         page.get_by_role("button", name="Download CSV").first.click()
     with open(download.value.path(), newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f))                     # (tokens may hold newlines: quoted fields)
-    assert rows[0] == "lens,layer,position,input_token,rank,token_id,token,prob,entropy,kl_to_final".split(",")
+    assert rows[0][:10] == "lens,layer,position,input_token,rank,token_id,token,prob,entropy,kl_to_final".split(",")
+    assert rows[0][10:] == ["decided_at", "decided_at_top5", "decided_at_p50"]      # the strip's, per position
     assert len(rows) == 1 + n_layers * n_pos * 5
     # editing an input rewrites the address bar
     field(page, "logit-k").fill("7")

@@ -125,6 +125,32 @@ def target_curves(result: LensResult, lenses: tuple[str, ...] = ("logit",), posi
     return finish(curves(rows, "target", "lens", f"P(target) after {where}"), settings, "targets")
 
 
+def top1_curves(result: LensResult, lenses: tuple[str, ...] = ("logit",), position: int = -1, cap: int = 6,
+                settings: DisplaySettings = DisplaySettings()):
+    """With no target given: the tokens that were the top-1 at any layer at one position (at most `cap`, most
+    probable first, per lens), their probability and rank across layers where they are in the readout's top-k
+    (a line breaks where a token falls out of it: below the top-k nothing is known)."""
+    pos = position % len(result.input_ids)
+    rows = []
+    for lens in lenses:
+        r = result.lenses[lens]
+        for token in result.top1_tokens(lens, pos, cap):
+            text = next(r.top_tokens[i][pos][j] for i in range(len(result.layers))
+                        for j in range(r.top_ids.shape[-1]) if r.top_ids[i, pos, j] == token)
+            run = 0
+            for i, layer in enumerate(result.layers):
+                hit = np.flatnonzero(r.top_ids[i, pos] == token)
+                if not hit.size:
+                    run += 1                                  # the next stretch in the top-k is a new line
+                    continue
+                rows.append({"layer": int(layer), "target": show_token(text), "lens": LENS_TITLES[lens],
+                             "prob": finite(r.top_probs[i, pos, hit[0]]), "rank": int(hit[0]) + 1,
+                             "run": f"{lens}:{token}:{run}"})
+    where = show_token(result.input_tokens[pos])
+    return finish(curves(rows, "target", "lens", f"The tokens that were top-1 at some layer, after {where}",
+                         detail="run"), settings, "top1-tokens")
+
+
 def target_rows(result: LensResult, lens: str, pos: int, **extra) -> list[dict]:
     """One row per target x layer: probability (the whole word at the last position) and rank."""
     rows = []
@@ -139,14 +165,17 @@ def target_rows(result: LensResult, lens: str, pos: int, **extra) -> list[dict]:
     return rows
 
 
-def curves(rows: list[dict], color: str, dash: str, title: str):
-    """Probability and rank across layers, one line per (color, dash) pair."""
+def curves(rows: list[dict], color: str, dash: str, title: str, detail: str | None = None):
+    """Probability and rank across layers, one line per (color, dash) pair (and per `detail` value: a line's
+    separate stretches)."""
     layers = [r["layer"] for r in rows]
     base = alt.Chart().encode(
         x=alt.X("layer:Q", title="layer", scale=alt.Scale(domain=[min(layers), max(layers)])),
         color=alt.Color(f"{color}:N", scale=alt.Scale(scheme="tableau10"), title=color),
         strokeDash=alt.StrokeDash(f"{dash}:N", title=dash),
         tooltip=[f"{color}:N", f"{dash}:N", "layer:Q", alt.Tooltip("prob:Q", format=".4f"), "rank:Q"])
+    if detail is not None:
+        base = base.encode(detail=f"{detail}:N")
     prob = base.mark_line(point=True).encode(y=alt.Y("prob:Q", title="probability", scale=alt.Scale(domain=[0, 1])))
     rank = base.mark_line(point=True).encode(
         y=alt.Y("rank:Q", title="rank (1 = top, log)", scale=alt.Scale(type="log", reverse=True)))

@@ -65,8 +65,9 @@ def merge_lens(parts: list[LensOutput]) -> LensOutput:
 
 def split_generation(spec: LensSpec, max_cells: int) -> tuple[list[LensSpec], LensSpec]:
     """(the prompt's readout as lens parts, the generation reading only its new tokens), when the prompt's
-    readout is larger than max_cells; ([], spec) when it is not, or when the spec reads no prompt."""
-    if not spec.read_prompt or len(spec.input_ids) * len(spec.layers) * len(spec.lenses) <= max_cells:
+    readout is larger than max_cells; ([], spec) when it is not, or when the spec reads no prompt or only
+    its last positions (`read_from`: a branch's continuation reads the one token it forced)."""
+    if not spec.read_prompt or spec.read_from or len(spec.input_ids) * len(spec.layers) * len(spec.lenses) <= max_cells:
         return [], spec
     prompt = dataclasses.replace(spec, continuations=(), keep_layers=(), keep_positions=None, norms=False)
     return split_lens(prompt, max_cells), dataclasses.replace(spec, read_prompt=False)

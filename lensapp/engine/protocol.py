@@ -116,6 +116,8 @@ class LensSpec:
     after_attention: where each block's MLP part is read (a block-relative path: `anatomy.Anatomy.mlp_part`);
       given, `run_lens` also reads the logit lens at each requested layer's residual after its attention and
       before its MLP, the block's output less that part (`LensOutput.after_attention`).
+    read_from: `run_generate`'s step 0 reads prompt positions read_from.. only (a branch's continuation: the
+      positions before it were read by the generation it branches from); 0: all of them.
     """
 
     input_ids: tuple[int, ...]
@@ -133,6 +135,7 @@ class LensSpec:
     norms: bool = False
     read_prompt: bool = True
     after_attention: str = ""
+    read_from: int = 0
 
     @property
     def layers(self) -> list[int]:
@@ -146,6 +149,8 @@ class LensSpec:
             raise ValueError(f"keep_layers {self.keep_layers} are outside 0..{n_layers - 1}")
         if self.keep_positions is not None and not all(0 <= p < len(self.input_ids) for p in self.keep_positions):
             raise ValueError(f"keep_positions {self.keep_positions} are outside 0..{len(self.input_ids) - 1}")
+        if not 0 <= self.read_from < len(self.input_ids):
+            raise ValueError(f"read_from {self.read_from} is outside the prompt's 0..{len(self.input_ids) - 1}")
 
     def check_chat(self) -> None:
         """ValueError for a chat readout with edits (see `Backend.run_chat`)."""

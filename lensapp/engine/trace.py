@@ -205,12 +205,14 @@ def step_rows(spec: LensSpec, step: int) -> dict:
 
 def lens_body(model, spec: LensSpec, site: Site, own_logits: bool = False, pool: UnembedPool | None = None,
               step: int = 0) -> dict:
-    """{lens: readout fields [L, P, ...]} for one step of a generation (step 0: the prompt), the spec's
-    edits made as it reads (see `read_streams`)."""
+    """{lens: readout fields [L, P, ...]} for one step of a generation (step 0: the prompt, from position
+    spec.read_from), the spec's edits made as it reads (see `read_streams`)."""
     streams = read_streams(model, site, spec.read_layers, spec.edits, **step_rows(spec, step))
     if not site.last_stage() or (step == 0 and not spec.read_prompt):    # the prompt is read apart (`parts`)
         return {}
     h = torch.stack([streams[x] for x in spec.read_layers])
+    if step == 0 and spec.read_from:
+        h = h[:, spec.read_from:]
     return lens_readouts(model, spec, site, h, own_logits=own_logits, pool=pool)
 
 

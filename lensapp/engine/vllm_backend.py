@@ -50,6 +50,11 @@ from .unembed_pool import worker_pool
 log = logging.getLogger(__name__)
 
 GPU_MEMORY_SHARE = 0.85        # on a GPU, vLLM's share of its memory (weights, KV cache, activations)
+# vLLM's prefix cache stays off: a request that edits the stream (an intervention, a Patchscopes description, whose
+# sweep sends the same inspection prompt with a different state at its placeholder each time) must never be served
+# another request's cached keys and values for the same tokens. Should it ever be turned on, every request with edits
+# is salted (`_prompt`), so it shares no cache with any other.
+PREFIX_CACHING = False
 
 
 def vllm_head(layout, model, x):
@@ -87,7 +92,7 @@ class VLLMBackend:
             self.model = VLLM(path, dispatch=True, mode="async", dtype=info.dtype, max_model_len=max_model_len,
                              gpu_memory_utilization=gpu_memory_utilization or GPU_MEMORY_SHARE,
                              tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
-                             enable_prefix_caching=False, disable_log_stats=True, **extra)
+                             enable_prefix_caching=PREFIX_CACHING, disable_log_stats=True, **extra)
         except Exception as e:
             cause = LOG.cause(since=self._log_mark)
             # With a cause printed, the same start would meet it again; without one (a process killed), retry.
@@ -121,8 +126,9 @@ class VLLMBackend:
     async def run_lens(self, spec: LensSpec) -> LensOutput:
         """The prompt's trace and one per multi-token target, all in flight at once."""
         spec.check(self.info.n_layers, self.info.d_model)
-        tracers = [self._trace(spec.input_ids, lens_trace, spec)]
-        tracers += [self._trace(c.input_ids, continuation_trace, spec, i) for i, c in enumerate(spec.continuations)]
+        tracers = [self._trace(_prompt(spec.input_ids, spec.edits), lens_trace, spec)]
+        tracers += [self._trace(_prompt(c.input_ids, spec.edits), continuation_trace, spec, i)
+                    for i, c in enumerate(spec.continuations)]
         saved = await asyncio.gather(*(self._saved(t) for t in tracers))
         return LensOutput(readouts=saved[0]["readouts"], model_next_id=saved[0]["model_next_id"],
                           continuations=[s["logprobs"] for s in saved[1:]], kept=saved[0].get("kept"),
@@ -134,7 +140,7 @@ class VLLMBackend:
 
         spec.check(self.info.n_layers, self.info.d_model)
         model, site = self.model, self.site
-        with model.trace(list(spec.input_ids), edits=[], **_sampling(sampling)) as tracer:
+        with model.trace(_prompt(spec.input_ids, spec.edits), edits=[], **_sampling(sampling)) as tracer:
             saved = nnsight.save({"steps": []})          # noqa: F841 - read back by `_saved`
             pool = worker_pool(model._module)
             for step in tracer.iter[:sampling.max_tokens]:
@@ -216,11 +222,20 @@ class VLLMBackend:
         import nnsight
 
         model, site = self.model, self.site
-        with model.trace(list(input_ids), temperature=0.0, max_tokens=1, edits=[]) as tracer:
+        with model.trace(input_ids, temperature=0.0, max_tokens=1, edits=[]) as tracer:
             out = body(model, site, *args)
             if is_last_stage():            # an earlier pipeline stage reads no readout: it saves nothing
                 saved = nnsight.save(out)      # noqa: F841 - read back by `_saved`
         return tracer
+
+
+def _prompt(input_ids, edits) -> list[int] | dict:
+    """The prompt as vLLM takes it: its ids; with edits while prefix caching is on, salted (see PREFIX_CACHING)."""
+    if PREFIX_CACHING and edits:
+        import uuid
+
+        return {"prompt_token_ids": list(input_ids), "cache_salt": uuid.uuid4().hex}
+    return list(input_ids)
 
 
 def engine_cpu_seconds() -> float:

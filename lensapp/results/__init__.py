@@ -7,17 +7,22 @@
                    was done (InterventionDone: SteerDone, AblateDone, PatchDone)
     components.py  ComponentsResult: who wrote one logit (embedding, attention layers and heads, MLPs)
     export.py      JSON and CSV text
+    decided.py     where each token was decided: the layer from which a lens reads it to the last
+    branching.py   a generation branched at a forced token, and where two generations part
+    description.py a cell described in words (Patchscopes)
 
 `from_*` classmethods are the only code that touches the engine's tensors.
 """
 
 from .compare import Comparison
 from .components import ComponentsResult
+from .description import Description, Descriptions
 from .export import dumps
 from .generation import ChatReply, GenerationResult, GenerationStep
 from .intervention import AblateDone, FitReport, InterventionDone, InterventionResult, PatchDone, SteerDone
 from .lens import LensReadout, LensResult, Target, TargetScore
 
-__all__ = ["AblateDone", "ChatReply", "Comparison", "ComponentsResult", "FitReport", "GenerationResult",
+__all__ = ["AblateDone", "ChatReply", "Comparison", "ComponentsResult", "Description", "Descriptions", "FitReport",
+           "GenerationResult",
            "GenerationStep", "InterventionDone", "InterventionResult", "LensReadout", "LensResult", "PatchDone",
            "SteerDone", "Target", "TargetScore", "dumps"]

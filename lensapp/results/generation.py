@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from . import decided as decisions
 from .export import dumps
-from .lens import Decode, LensReadout, LensResult
+from .lens import Decode, LensReadout, LensResult, in_context
 
 if TYPE_CHECKING:
     from ..engine.protocol import ChatOutput, GenerationOutput
@@ -28,6 +29,10 @@ class GenerationStep:
 
 @dataclass
 class GenerationResult:
+    """A generation and its readout at every step. forced [(step, token id)]: the tokens put in place of what
+    the model said at those steps, earliest first (a branch, `branching.py`); the text after each one is
+    what the model went on to say from it."""
+
     prompt: str
     text: str
     token_ids: list[int]
@@ -36,22 +41,52 @@ class GenerationResult:
     model: str = ""
     seed: int | None = None
     temperature: float = 0.0
+    forced: list[tuple[int, int]] = field(default_factory=list)
 
     @classmethod
     def from_output(cls, output: GenerationOutput, *, prompt: str, ids: list[int], layers: list[int],
                     decode: Decode, text: str, model: str = "", seed: int | None = None,
-                    temperature: float = 0.0) -> GenerationResult:
-        """Step s reads the prompt's positions (s = 0) or the token generated at step s - 1."""
-        gen = output.token_ids
+                    temperature: float = 0.0, k: int | None = None, read_from: int = 0) -> GenerationResult:
+        """Step s reads the prompt's positions (s = 0: from `read_from` on, as the spec asked) or the token
+        generated at step s - 1; each step's strip (`decided.py`) is about the token generated at it. k: the
+        top-k kept (the worker may read more)."""
+        gen = [int(t) for t in output.token_ids]
+        shown = in_context(decode, list(ids) + gen)          # characters split over tokens, joined in context
         steps = []
         for s, (raw, tok) in enumerate(zip(output.steps, gen)):
-            pos_ids = list(ids) if s == 0 else [gen[s - 1]]
-            readout = LensResult(prompt=prompt, input_ids=pos_ids, input_tokens=decode(pos_ids), layers=list(layers),
-                                 lenses={n: LensReadout.from_readout(r, decode) for n, r in raw.items()},
-                                 model_next_id=int(tok), model_next_token=decode([tok])[0], model=model)
-            steps.append(GenerationStep(token_id=int(tok), token=decode([tok])[0], readout=readout))
-        return cls(prompt=prompt, text=text, token_ids=[int(t) for t in gen], tokens=decode(gen), steps=steps,
+            if s == 0:
+                pos_ids, pos_tokens = list(ids)[read_from:], shown[read_from:len(ids)]
+            else:
+                pos_ids, pos_tokens = [gen[s - 1]], [shown[len(ids) + s - 1]]
+            nexts = {len(pos_ids) - 1: tok}
+            readout = LensResult(prompt=prompt, input_ids=pos_ids, input_tokens=pos_tokens, layers=list(layers),
+                                 lenses={n: LensReadout.from_readout(r, decode, k=k, next_ids=nexts)
+                                         for n, r in raw.items()},
+                                 model_next_id=tok, model_next_token=decode([tok])[0], model=model)
+            steps.append(GenerationStep(token_id=tok, token=shown[len(ids) + s], readout=readout))
+        return cls(prompt=prompt, text=text, token_ids=gen, tokens=shown[len(ids):], steps=steps,
                    model=model, seed=seed, temperature=temperature)
+
+    @property
+    def lens_names(self) -> list[str]:
+        return list(self.steps[0].readout.lenses) if self.steps else []
+
+    def decided_at(self, lens: str = "logit", rule: str = "top1") -> list[int | None]:
+        """Per generated token, the layer from which the lens read it (under `rule`) at the position that produced
+        it, at every later layer; None where it never settles (a sampled token that was not the top-1)."""
+        out = []
+        for step in self.steps:
+            r = step.readout
+            out.append(r.decided_at(lens, rule)[-1])
+        return out
+
+    def decided_json(self) -> dict:
+        """{decided_at: {lens: [layer or None per generated token]}, decided_at_top5: ..., decided_at_p50: ...}."""
+        out = {"decided_at": {name: self.decided_at(name) for name in self.lens_names}}
+        for rule in decisions.RULES[1:]:
+            if all(rule in s.readout.lenses[n].decisions() for s in self.steps for n in self.lens_names):
+                out[f"decided_at_{rule}"] = {name: self.decided_at(name, rule) for name in self.lens_names}
+        return out
 
     def step_grid(self, lens: str = "logit") -> pd.DataFrame:
         """Top-1 per layer (rows) x step (columns, the newest position of each step)."""
@@ -67,6 +102,10 @@ class GenerationResult:
                "tokens": self.tokens, "steps": [s.to_json() for s in self.steps]}
         if self.temperature > 0:
             out.update(temperature=self.temperature, seed=self.seed)
+        out.update(self.decided_json())
+        if self.forced:
+            out["forced"] = [{"step": step, "token_id": token, "token": self.tokens[step]}
+                             for step, token in self.forced]
         return out
 
     def to_csv(self) -> str:
@@ -87,6 +126,7 @@ class ChatReply:
     """One assistant turn and what one lens read at one layer while it was written.
 
     readout[i]: the lens's top-k (token, probability) at the position that produced tokens[i].
+    top_ids[i]: the same top-k's token ids (what a branch forces: `branching.py`).
     dropped_turns: oldest messages left out so the conversation fits max_prompt_tokens.
     """
 
@@ -97,16 +137,25 @@ class ChatReply:
     layer: int
     readout: list[list[tuple[str, float]]]
     dropped_turns: int = 0
+    forced: list[tuple[int, int]] = field(default_factory=list)     # as GenerationResult's: a branch
+    top_ids: list[list[int]] = field(default_factory=list)
 
     @classmethod
     def from_output(cls, output: ChatOutput, *, decode: Decode, text: str, lens: str, layer: int,
                     dropped_turns: int = 0) -> ChatReply:
+        n = len(output.token_ids)
         readout = [list(zip(decode(ids), [float(p) for p in probs])) for ids, probs in
                    zip(output.top_ids, output.top_probs)]
-        return cls(text=text, token_ids=[int(t) for t in output.token_ids], tokens=decode(output.token_ids), lens=lens,
-                   layer=layer, readout=readout[:len(output.token_ids)], dropped_turns=dropped_turns)
+        return cls(text=text, token_ids=[int(t) for t in output.token_ids],
+                   tokens=in_context(decode, output.token_ids), lens=lens, layer=layer,
+                   readout=readout[:n], dropped_turns=dropped_turns,
+                   top_ids=[[int(i) for i in ids] for ids in output.top_ids][:n])
 
     def to_json(self) -> dict:
+        ids = self.top_ids or [[None] * len(step) for step in self.readout]
         return {"text": self.text, "token_ids": self.token_ids, "tokens": self.tokens, "lens": self.lens,
                 "layer": self.layer, "dropped_turns": self.dropped_turns,
-                "readout": [[{"token": t, "prob": round(p, 5)} for t, p in step] for step in self.readout]}
+                "readout": [[{"token": t, "prob": round(p, 5), "token_id": i} for (t, p), i in zip(step, step_ids)]
+                            for step, step_ids in zip(self.readout, ids)],
+                **({"forced": [{"step": step, "token_id": token, "token": self.tokens[step]}
+                               for step, token in self.forced]} if self.forced else {})}

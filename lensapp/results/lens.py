@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import pandas as pd
 
+from . import decided as decisions
 from .export import dumps, round_floats
 from .punctuation import pick_display
 
@@ -22,6 +23,12 @@ if TYPE_CHECKING:
     from ..engine.protocol import LensOutput, Readout
 
 Decode = Callable[[list[int]], list[str]]
+
+
+def in_context(decode: Decode, ids: list[int]) -> list[str]:
+    """One sequence's tokens as display text: with `decode`'s `sequence` where it has one (characters split over
+    tokens joined: service/tokens.py), else token by token."""
+    return getattr(decode, "sequence", decode)(list(ids))
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,10 @@ class LensReadout:
     display_tokens [L][P], display_ranks [L, P], display_probs [L, P]: with skip_punctuation, the
         token each cell shows (the best of the `searched` tokens that is not punctuation), its rank
         (1 = top; 0: none found, the cell shows its top-1) and probability; None otherwise.
+    decided_ids [P], decided_tokens [P]: the token whose decision each position's strip shows (the model's
+        final top-1 there, or the token a generation produced); decided {rule: rows [P]}: the first row from
+        which it holds to the last (`decided.py`; NEVER: it does not). Read from the worker's top-k before
+        it is cut to k; None: made from this readout's own top-k when asked (`decisions`).
     """
 
     top_ids: np.ndarray
@@ -89,6 +100,9 @@ class LensReadout:
     display_ranks: np.ndarray | None = None
     display_probs: np.ndarray | None = None
     searched: int = 0
+    decided_ids: np.ndarray | None = None
+    decided_tokens: list[str] | None = None
+    decided: dict[str, np.ndarray] | None = None
 
     def __post_init__(self):
         L, P, k = self.top_ids.shape
@@ -100,25 +114,30 @@ class LensReadout:
 
     @classmethod
     def from_readout(cls, raw: Readout, decode: Decode, targets: list[Target] = (),
-                     continuations: list = (), k: int | None = None, skip_punctuation: bool = False) -> LensReadout:
+                     continuations: list = (), k: int | None = None, skip_punctuation: bool = False,
+                     next_ids: dict[int, int] | None = None) -> LensReadout:
         """raw: `lenses.layer_readouts` tensors ([L, P, ...]); continuations[j]: target j's whole-word
         log-probability per layer [L], or None where it is scored by its first token. k: the top-k kept
-        (the worker may have read more, to find words for skip_punctuation: they pick the display only)."""
+        (the worker may have read more, to find words for skip_punctuation and the top-5 decision: they
+        pick the display and the decisions only). next_ids {position: token id}: positions whose decision
+        is about that token (what a generation produced there) rather than the final top-1."""
         ids = raw["top_ids"].cpu().numpy().astype(np.int64)
         probs = raw["top_probs"].float().cpu().numpy()
+        decided = _decisions(raw, ids, probs, next_ids or {})
         scores = []
         for j, target in enumerate(targets):
             cont = continuations[j] if j < len(continuations) else None
             scores.append(TargetScore(
-                text=target.text, token_ids=list(target.token_ids), tokens=decode(list(target.token_ids)),
+                text=target.text, token_ids=list(target.token_ids), tokens=in_context(decode, target.token_ids),
                 probs=raw["target_probs"][..., j].float().cpu().numpy(),
                 ranks=raw["target_ranks"][..., j].cpu().numpy().astype(np.int64),
                 continuation_logprob=None if cont is None else cont.float().cpu().numpy(),
             ))
         vocab_cache: dict[int, str] = {}
         flat = [int(i) for i in ids.reshape(-1)]
-        for i in set(flat):
+        for i in set(flat) | set(decided["decided_ids"].tolist()):
             vocab_cache[i] = decode([i])[0]
+        decided["decided_tokens"] = [vocab_cache[int(i)] for i in decided["decided_ids"]]
         tokens = [[[vocab_cache[int(i)] for i in pos] for pos in layer] for layer in ids]
         display = {}
         if skip_punctuation:
@@ -130,8 +149,17 @@ class LensReadout:
         return cls(
             top_ids=ids[..., :k], top_probs=probs[..., :k], top_tokens=[[pos[:k] for pos in layer] for layer in tokens],
             entropy=raw["entropy"].float().cpu().numpy(), kl_to_final=raw["kl_to_final"].float().cpu().numpy(),
-            targets=scores, **display,
+            targets=scores, **display, **decided,
         )
+
+    def decisions(self) -> dict[str, np.ndarray]:
+        """{rule: rows [P]} (`decided.py`): as read from the worker's top-k, or from this readout's own (the
+        top-5 rule only where it holds five); about `decided_ids`, or the last row's top-1."""
+        if self.decided is not None:
+            return self.decided
+        tokens = self.decided_ids if self.decided_ids is not None else self.top_ids[-1, :, 0]
+        return {rule: decisions.decided_rows(self.top_ids, self.top_probs, tokens, rule) for rule in decisions.RULES
+                if rule != "top5" or self.top_ids.shape[-1] >= decisions.WIDTH}
 
     def to_json(self) -> dict:
         return {
@@ -190,7 +218,8 @@ class LensResult:
         if output.after_attention is not None:          # no continuations there: targets by their first token
             between = {name: LensReadout.from_readout(raw, decode, targets, [], k, skip_punctuation)
                        for name, raw in output.after_attention.items()}
-        return cls(prompt=prompt, input_ids=list(ids), input_tokens=decode(ids), layers=list(layers), lenses=lenses,
+        return cls(prompt=prompt, input_ids=list(ids), input_tokens=in_context(decode, ids), layers=list(layers),
+                   lenses=lenses,
                    model_next_id=output.model_next_id, model_next_token=decode([output.model_next_id])[0],
                    model=model, jlens=jlens if "jacobian" in lenses else None, after_attention=between)
 
@@ -235,11 +264,69 @@ class LensResult:
                         rows.append((name, layer, pos, self.input_tokens[pos], j + 1, int(r.top_ids[i, pos, j]),
                                      r.top_tokens[i][pos][j], float(r.top_probs[i, pos, j]),
                                      float(r.entropy[i, pos]), float(r.kl_to_final[i, pos])))
-        return pd.DataFrame(rows, columns=["lens", "layer", "position", "input_token", "rank", "token_id", "token",
-                                           "prob", "entropy", "kl_to_final"])
+        frame = pd.DataFrame(rows, columns=["lens", "layer", "position", "input_token", "rank", "token_id", "token",
+                                            "prob", "entropy", "kl_to_final"])
+        # the strip's columns last, one value per lens and position (`decided_frame`)
+        strip = self.decided_frame()
+        if frame.empty or strip.empty:
+            return frame
+        return frame.merge(strip.drop(columns="decided_token"), on=["lens", "position"], how="left", sort=False)
 
     def to_csv(self) -> str:
         return self.long_frame().to_csv(index=False)
+
+    def top1_tokens(self, lens: str = "logit", position: int = -1, cap: int = 6) -> list[int]:
+        """The tokens that are the lens's top-1 at some layer at `position`, most probable first (their probability
+        at the deepest layer read, 0 where they left its top-k; then the highest they reached), at most `cap`:
+        what the line charts follow when no target is given."""
+        r = self.lenses[lens]
+        pos = position % len(self.input_ids)
+        ids, probs = r.top_ids[:, pos], r.top_probs[:, pos]                  # [L, k]
+
+        def prob(i: int, token: int) -> float:
+            hit = np.flatnonzero(ids[i] == token)
+            return float(probs[i, hit[0]]) if hit.size else 0.0
+
+        tops = list(dict.fromkeys(int(t) for t in ids[:, 0]))
+        tops.sort(key=lambda t: (-prob(len(ids) - 1, t), -max(prob(i, t) for i in range(len(ids)))))
+        return tops[:cap]
+
+    # -- where each token was decided (decided.py) ----------------------------------------------------
+    def decided_at(self, lens: str = "logit", rule: str = "top1") -> list[int | None]:
+        """Per position, the layer from which the lens reads the position's final top-1 (under `rule`) at every
+        later layer it read; None where it never settles (or the rule needs more of the top-k than was read)."""
+        rows = self.lenses[lens].decisions().get(rule)
+        if rows is None:
+            return [None] * len(self.input_ids)
+        return decisions.as_layers(rows, self.layers)
+
+    def decided_json(self, lens: str) -> dict:
+        """The strip in the JSON: decided_at (top-1), its variants, and a summary (mean layer, latest)."""
+        r = self.lenses[lens]
+        top1 = self.decided_at(lens)
+        if r.decided_tokens is not None:
+            tokens = list(r.decided_tokens)
+        else:
+            tokens = [r.top_tokens[-1][p][0] if self.layers else "" for p in range(len(self.input_ids))]
+        out = {"decided_at": top1, "decided_tokens": tokens}
+        out.update({f"decided_at_{rule}": self.decided_at(lens, rule) for rule in decisions.RULES[1:]
+                    if rule in r.decisions()})
+        out["decided_summary"] = decisions.summary(top1, tokens)
+        return out
+
+    def decided_frame(self) -> pd.DataFrame:
+        """One row per lens x position: the token decided and the layer of each rule (empty: never)."""
+        rows = []
+        for name in self.lenses:
+            j = self.decided_json(name)
+            for pos in range(len(self.input_ids)):
+                rows.append({"lens": name, "position": pos, "decided_token": j["decided_tokens"][pos],
+                             **{key: j[key][pos] for key in j if key.startswith("decided_at")}})
+        frame = pd.DataFrame(rows)
+        for col in frame.columns:
+            if col.startswith("decided_at"):
+                frame[col] = frame[col].astype("Int64")         # a layer, or empty where never
+        return frame
 
     def dumps(self) -> str:
         return dumps(self)
@@ -248,7 +335,7 @@ class LensResult:
         out = {
             "model": self.model, "prompt": self.prompt, "input_ids": self.input_ids,
             "input_tokens": self.input_tokens, "layers": self.layers,
-            "lenses": {name: r.to_json() for name, r in self.lenses.items()},
+            "lenses": {name: r.to_json() | self.decided_json(name) for name, r in self.lenses.items()},
             "model_next_token": self.model_next_token, "model_next_id": self.model_next_id,
         }
         if self.jlens:
@@ -256,3 +343,14 @@ class LensResult:
         if self.after_attention is not None:
             out["after_attention"] = {name: r.to_json() for name, r in self.after_attention.items()}
         return out
+
+
+def _decisions(raw: Readout, ids: np.ndarray, probs: np.ndarray, next_ids: dict[int, int]) -> dict:
+    """The decided_* fields of a readout: the token each position is about (the engine's final top-1, or the
+    last row's top-1 where the readout has none, then `next_ids`), and each rule's rows."""
+    final = raw.get("final_top_id")
+    tokens = final[0].cpu().numpy().astype(np.int64) if final is not None else ids[-1, :, 0].copy()
+    for pos, token in next_ids.items():
+        tokens[pos] = token
+    rules = [r for r in decisions.RULES if r != "top5" or ids.shape[-1] >= decisions.WIDTH]
+    return {"decided_ids": tokens, "decided": {r: decisions.decided_rows(ids, probs, tokens, r) for r in rules}}

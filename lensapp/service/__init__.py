@@ -13,8 +13,9 @@ import importlib
 
 _WHERE = {"ChatRequest": "requests", "GenerateRequest": "requests", "InterveneRequest": "requests",
           "LensRequest": "requests", "RequestError": "field", "LensService": "service",
-          "ComponentsRequest": "requests"}
-__all__ = ["ChatRequest", "ComponentsRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "LensService",
+          "ComponentsRequest": "requests", "DescribeRequest": "requests"}
+__all__ = ["ChatRequest", "ComponentsRequest", "DescribeRequest", "GenerateRequest", "InterveneRequest", "LensRequest",
+           "LensService",
            "RequestError"]
 
 

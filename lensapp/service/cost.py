@@ -114,3 +114,18 @@ def deadline(cost: Cost, weight: int, max_work: int, request_timeout: float) -> 
     (the watchdog restarts a stuck engine), and a crowded CPU stretches every legal request alike."""
     share = min(1.0, cost.units(weight) / max(1, max_work))
     return request_timeout * (1.0 + DEADLINE_SPREAD * share)
+
+
+def branch(n_prefix: int, n_new: int, n_layers: int, n_lenses: int) -> Cost:
+    """A branch's continuation (service/branching.py): one forward over its prefix (the prompt, the tokens kept
+    and the forced one) and `n_new` new tokens, reading only the forced token's position and each new one: the
+    prefix's other positions were read by the generation it branches from."""
+    if n_new <= 0:
+        return NOTHING
+    return Cost(1, n_prefix + n_new, n_new * n_layers * n_lenses)
+
+
+def description(n_prompt: int, n_inspect: int, n_described: int, n_tokens: int) -> Cost:
+    """Patchscopes (service/describing.py): the prompt's forward keeping its states (one layer read at its
+    positions), then one greedy generation of the inspection prompt per described layer (one cell a step)."""
+    return Cost(1, n_prompt, n_prompt) + Cost(1, n_inspect + n_tokens, n_tokens) * n_described

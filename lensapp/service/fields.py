@@ -15,6 +15,8 @@ from ..config import (
     LENS_CHOICES,
     LENSES,
     MAX_ALPHA,
+    MAX_DESCRIBE_TOKENS,
+    MAX_FORCES,
     MAX_GENERATE_TOKENS,
     MAX_K,
     MAX_PROMPT_CHARS,
@@ -28,6 +30,7 @@ from .field import REQUIRED, Field, RequestError, fields_of, show
 from .parsers import (
     choice,
     flag,
+    forces,
     indices,
     layers,
     messages,
@@ -161,3 +164,25 @@ PATTERNS = Field("patterns", "also this layer's attention weights from the posit
 
 
 __all__ = ["Field", "RequestError", "fields_of", "show"]
+
+
+# -- the road not taken: forcing a token, describing a cell (issue 28) ------------------------------------
+
+FORCE = Field("force", "put a token in place of the one generated at STEP (counted from 0) and generate on from it, "
+              "with the same settings and seed: STEP=WORD (the exact text of one token, spaces included) or "
+              "STEP=#ID; several, earliest first, branch a branch", (),
+              forces(MAX_FORCES, MAX_GENERATE_TOKENS - 1), flag="--force", api=(list[str], []))
+DESCRIBE_LAYER = Field("layer", "the block whose output is described: L (negative counts from the end), a list, a "
+                       "range or all (one description per layer, run together)", "", indices("layer"), flag="--layer",
+                       required=True, api=(str, REQUIRED))
+DESCRIBE_POSITION = Field("position", "the prompt position whose state is described (negative counts from the end)",
+                          -1, whole("position", -(1 << 20), 1 << 20), flag="--position")
+DESCRIBE_TOKENS = Field("max_tokens", f"tokens of the description, greedy (1..{MAX_DESCRIBE_TOKENS})", 8,
+                        whole("max_tokens", 1, MAX_DESCRIBE_TOKENS), flag="--max-tokens")
+INSPECT = Field("inspect", "the inspection prompt, whose last token is the placeholder the state replaces (empty: "
+                "the identity prompt 'cat -> cat; 1135 -> 1135; hello -> hello; ?')", "",
+                text("the inspection prompt", MAX_PROMPT_CHARS, empty_ok=True), flag="--inspect")
+INSPECT_LAYER = Field("inspect_layer", "the block of the inspection prompt whose output takes the state (negative "
+                      "counts from the end; none: the described layer itself)", None,
+                      optional_whole("inspect_layer", -(1 << 20), 1 << 20), flag="--inspect-layer",
+                      api=(int | None, None))

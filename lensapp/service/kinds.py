@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from . import fields
 from .field import Field, fields_of
-from .requests import ChatRequest, ComponentsRequest, GenerateRequest, InterveneRequest, LensRequest
+from .requests import ChatRequest, ComponentsRequest, DescribeRequest, GenerateRequest, InterveneRequest, LensRequest
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,14 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "gap, top_attended {positions, weights [layer][head][k]}, and with a patterns layer, patterns "
          "{\"LAYER\": [head][key position 0..position]}.",
          command="who wrote a logit: attention, heads and MLP contributions by layer, and attention patterns"),
+    Kind("describe", DescribeRequest, lambda service, req: service.describe(req),
+         "Describe a cell in words (Patchscopes): block `layer`'s output at `position` replaces block "
+         "`inspect_layer`'s output at the inspection prompt's last token in its first forward, and the model goes "
+         "on greedily. A layer selection of more than one layer is a sweep, run together.",
+         "The CLI's `describe --json`: {layer, position, inspection_prompt, inspect_layer, inspect_position, tokens, "
+         "text, token_ids, source_token, prompt, model}; a list of those, one per layer, for a sweep.",
+         command="describe a cell in words: its hidden state patched into an inspection prompt (Patchscopes)",
+         answer=dict | list[dict]),
 )}
 
 

@@ -203,3 +203,69 @@ def messages(raw) -> tuple[dict, ...]:
 
 
 _message_text = text("a message", MAX_PROMPT_CHARS, empty_ok=True)
+
+
+# -- forcing tokens (a branch: service/branching.py) -------------------------------------------------------
+
+Force = tuple[int, "int | str"]          # (generated step, token id or the exact text of one token)
+
+
+def force(raw, max_step: int) -> Force:
+    """One forced token: 'STEP=WORD' (WORD: the exact text of one token, spaces included: '3= Paris') or
+    'STEP=#ID' (a token id), STEP counted from 0 over the generated tokens; or such a pair as read already."""
+    if isinstance(raw, (tuple, list)) and len(raw) == 2 and isinstance(raw[1], str):
+        return force(f"{whole('a forced step', 0, max_step)(raw[0])}={raw[1]}", max_step)
+    if isinstance(raw, (tuple, list)) and len(raw) == 2 and type(raw[1]) is int and raw[1] >= 0:
+        return force(f"{whole('a forced step', 0, max_step)(raw[0])}=#{raw[1]}", max_step)
+    if not isinstance(raw, str) or "=" not in raw:
+        raise RequestError(f"a forced token is STEP=WORD or STEP=#ID (like 2=Paris or 2=#7042); got {show(raw)}")
+    step_text, word = raw.split("=", 1)
+    step = whole("a forced step", 0, max_step)(step_text.strip())
+    if word.startswith("#") and word[1:].isascii() and word[1:].isdigit():
+        return step, whole("a forced token id", 0, (1 << 31) - 1)(word[1:])
+    if not word:
+        raise RequestError(f"force {step}= names no token")
+    return step, _force_word(word)
+
+
+_force_word = text("a forced word", MAX_TARGET_CHARS)
+
+
+def forces(max_count: int, max_step: int) -> Callable[[Any], tuple[Force, ...]]:
+    """Tokens forced at generated steps, earliest first: one 'STEP=WORD' / 'STEP=#ID' text, or a list of them."""
+    def parse(raw) -> tuple[Force, ...]:
+        items = [raw] if isinstance(raw, str) else raw
+        if not isinstance(items, (list, tuple)):
+            raise RequestError(f"force takes STEP=WORD texts (like 2=Paris); got {show(raw)}")
+        chain = tuple(force(item, max_step) for item in items if not (isinstance(item, str) and not item.strip()))
+        if len(chain) > max_count:
+            raise RequestError(f"at most {max_count} forced tokens; got {len(chain)}")
+        steps = [step for step, _ in chain]
+        if steps != sorted(set(steps)):
+            raise RequestError(f"forced steps must increase, one token each; got steps {steps}")
+        return chain
+    return parse
+
+
+def branches(max_count: int, max_forces: int, max_step: int) -> Callable[[Any], tuple[tuple[Force, ...], ...]]:
+    """A page's branches, as a link carries them: chains of forced token ids separated by ';', each chain's
+    forces by ',' ('3=#7042;3=#7042,9=#13'). Each force is read by `force`, and must name a token id."""
+    chain = forces(max_forces, max_step)
+
+    def parse(raw) -> tuple[tuple[Force, ...], ...]:
+        if not isinstance(raw, str):
+            raise RequestError(f"branches must be text like 3=#7042;5=#13; got {type(raw).__name__}")
+        out = tuple(chain([f for f in part.split(",") if f.strip()]) for part in raw.split(";") if part.strip())
+        if len(out) > max_count:
+            raise RequestError(f"at most {max_count} branches; got {len(out)}")
+        if any(not isinstance(token, int) for forced in out for _, token in forced):
+            raise RequestError("a link's branches name token ids (3=#7042), not words")
+        if any(not forced for forced in out):
+            raise RequestError("a branch forces no token")
+        return out
+    return parse
+
+
+def branches_text(chains) -> str:
+    """Branches as a link writes them (the inverse of `branches`): '3=#7042;3=#7042,9=#13'."""
+    return ";".join(",".join(f"{step}=#{token}" for step, token in chain) for chain in chains)

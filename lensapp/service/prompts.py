@@ -12,7 +12,7 @@ from ..config import MAX_PROMPT_CHARS
 from ..jlens import with_bos
 from ..results import Target
 from .field import RequestError
-from .tokens import TokenDecoder
+from .tokens import TokenDecoder, show_bytes
 
 
 def load_tokenizer(path: str):
@@ -60,6 +60,27 @@ class Prompts:
             raise RequestError(f"target {word!r} has no tokens")
         return Target(text=word, token_ids=ids)
 
+    def token_of(self, word: str | int, vocab_size: int) -> int:
+        """A forced token (service/branching.py): an id as given (within the vocabulary), or the one token whose
+        text is exactly `word` (spaces included); RequestError naming its pieces when it is not one token."""
+        if isinstance(word, int):
+            if not 0 <= word < vocab_size:
+                raise RequestError(f"token id {word} is outside this model's vocabulary (0..{vocab_size - 1})")
+            return word
+        ids = list(self.tokenizer(word, add_special_tokens=False)["input_ids"])
+        if len(ids) != 1:
+            spaced = list(self.tokenizer(" " + word, add_special_tokens=False)["input_ids"])
+            hint = f"; ' {word}' (with a space) is one: #{spaced[0]}" if len(spaced) == 1 and ids != spaced else ""
+            raise RequestError(f"{word!r} is {len(ids)} tokens ({', '.join(map(repr, self.decode(ids)))}), not one; "
+                               f"force one of them, or a token id as #ID{hint}")
+        return ids[0]
+
+    @property
+    def stop_ids(self) -> set[int]:
+        """The tokens a generation ends at (nothing follows a forced one)."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return set() if eos is None else {int(eos)}
+
     def conversation(self, messages: list[dict]) -> Conversation:
         """A conversation's token ids in the chat template, and how many of the oldest messages were
         dropped so it fits: by characters first (cheap), then by the templated prompt's tokens."""
@@ -77,7 +98,24 @@ class Prompts:
             dropped += n
 
     def text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """The tokens as text; where they end (or break) inside a character, its bytes as <0xNN>, never U+FFFD."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if "\ufffd" not in text:
+            return text
+        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        pieces, run = [], []
+        for i in (int(i) for i in ids if int(i) not in special):
+            raw = self.decode.token_bytes(i)
+            if raw is None:
+                run.append(i)
+                continue
+            if run:
+                pieces.append(self.tokenizer.decode(run).encode("utf-8"))
+                run = []
+            pieces.append(raw)
+        if run:
+            pieces.append(self.tokenizer.decode(run).encode("utf-8"))
+        return show_bytes(b"".join(pieces))
 
     def _template(self, messages: list[dict]) -> list[int]:
         if not self.has_chat_template:

@@ -24,9 +24,15 @@ from .fields import (
     CHAT_LAYER,
     CHAT_LENS,
     CHAT_MAX_TOKENS,
+    DESCRIBE_LAYER,
+    DESCRIBE_POSITION,
+    DESCRIBE_TOKENS,
     DIRECTION,
     FOIL,
+    FORCE,
     FROM_WORD,
+    INSPECT,
+    INSPECT_LAYER,
     INTERVENE_SEED,
     KIND,
     LAYERS,
@@ -98,6 +104,7 @@ class GenerateRequest(Request):
     seed: int | None = SEED.declared()
     chat: bool = CHAT.declared()
     raw: bool = RAW.declared()
+    force: tuple = FORCE.declared()
 
     @property
     def sampled(self) -> bool:
@@ -116,6 +123,7 @@ class ChatRequest(Request):
     temperature: float = TEMPERATURE.declared()
     k: int = CHAT_K.declared()
     seed: int | None = SEED.declared()
+    force: tuple = FORCE.declared()
 
 
 @dataclass(frozen=True)
@@ -162,5 +170,21 @@ class ComponentsRequest(Request):
     chat: bool = CHAT.declared()
 
 
-__all__ = ["ChatRequest", "ComponentsRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "Request",
+@dataclass(frozen=True)
+class DescribeRequest(Request):
+    """Describe block `layer`'s output at `position` in words (Patchscopes): the state replaces block
+    `inspect_layer`'s output at the inspection prompt's last token, in its first forward only, and the model
+    goes on greedily (service/describing.py)."""
+
+    prompt: str = PROMPT.declared()
+    layer: Selection = DESCRIBE_LAYER.declared()
+    position: int = DESCRIBE_POSITION.declared()
+    max_tokens: int = DESCRIBE_TOKENS.declared()
+    inspect: str = INSPECT.declared()
+    inspect_layer: int | None = INSPECT_LAYER.declared()
+    chat: bool = CHAT.declared()
+
+
+__all__ = ["ChatRequest", "ComponentsRequest", "DescribeRequest", "GenerateRequest", "InterveneRequest",
+           "LensRequest", "Request",
            "RequestError"]

@@ -28,13 +28,17 @@ from ..engine.memory import Budget, fitting_on
 from ..engine.preflight import preflight
 from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
 from ..results import ChatReply, Comparison, ComponentsResult, GenerationResult, InterventionResult, LensResult, Target
+from ..results.decided import WIDTH as DECIDED_WIDTH
+from ..results.description import Descriptions
 from . import components, cost, planning
+from .branching import Brancher
 from .cache import ResultCache
+from .describing import Describer
 from .field import RequestError, show
 from .fits import FitDesk
 from .intervening import Inputs, Intervener, Jacobians, Limits
 from .prompts import Prompts, load_tokenizer
-from .requests import ChatRequest, ComponentsRequest, GenerateRequest, InterveneRequest, LensRequest
+from .requests import ChatRequest, ComponentsRequest, DescribeRequest, GenerateRequest, InterveneRequest, LensRequest
 from .selection import span
 
 log = logging.getLogger(__name__)
@@ -52,6 +56,8 @@ class LensService:
         self.token_weight = cost.token_weight(model.info.n_layers, model.info.d_model, model.info.vocab_size)
         self.fits = FitDesk(cfg)                 # fitted steering vectors: one at a time, in their own process
         self.intervener = Intervener(engine, model.path, model.family)
+        self.brancher = Brancher(self)           # forced tokens: a generation's branches
+        self.describer = Describer(self)         # Patchscopes: a cell described in words
         # Told of each request asked for: observer(kind, request), kind one of lens, compare, generate, chat,
         # intervene, components (a workshop's counts: usage.py). Never told twice of one request; its errors are logged.
         self.observer: Callable[[str, object], None] | None = None
@@ -130,8 +136,12 @@ class LensService:
         return Comparison(self._lens(req, MAX_COMPARE_PROMPTS))
 
     def generate(self, req: GenerateRequest) -> GenerationResult:
-        """Generate and read the newest position at every step (step 0: all prompt positions)."""
+        """Generate and read the newest position at every step (step 0: all prompt positions); with `force`, the
+        branch those tokens make (service/branching.py)."""
         self._observe("generate", req)
+        return self.brancher.generate(req) if req.force else self._generate(req)
+
+    def _generate(self, req: GenerateRequest) -> GenerationResult:
         plan = self._plan_generate(req)
         sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
 
@@ -139,7 +149,8 @@ class LensService:
             out = self.engine.generate(plan.specs[0], sampling, self.deadline(plan.cost))
             return GenerationResult.from_output(out, prompt=req.prompt, ids=plan.ids[0], layers=plan.layers,
                                                 decode=self.prompts.decode, text=self.prompts.text(out.token_ids),
-                                                model=self.info.name, seed=req.seed, temperature=req.temperature)
+                                                model=self.info.name, seed=req.seed, temperature=req.temperature,
+                                                k=req.k)
 
         if not _reproducible(req.temperature, req.seed):
             return compute()
@@ -147,7 +158,7 @@ class LensService:
                         float(req.temperature), req.seed, req.raw)
         return self.cache.get_or_compute(key, compute)
 
-    def check(self, req: LensRequest | GenerateRequest | InterveneRequest | ComponentsRequest,
+    def check(self, req: LensRequest | GenerateRequest | InterveneRequest | ComponentsRequest | DescribeRequest,
               max_prompts: int = MAX_COMPARE_PROMPTS) -> cost.Cost:
         """Every check a request gets, without running it (the CLI asks before an engine starts): its planned
         cost, or RequestError."""
@@ -157,7 +168,16 @@ class LensService:
             return components.plan(self, req).cost
         if isinstance(req, LensRequest):
             return self._plan_lens(req, max_prompts).cost
+        if isinstance(req, DescribeRequest):
+            return self.describer.plan(req).cost
+        if req.force:
+            return self.brancher.plan(req).cost
         return self._plan_generate(req).cost
+
+    def describe(self, req: DescribeRequest) -> Descriptions:
+        """A cell (or a column of cells: one per layer) described in words by the model itself (Patchscopes)."""
+        self._observe("describe", req)
+        return self.describer.run(req)
 
     def _bos(self, lenses: tuple[str, ...]) -> bool:
         """Prepend BOS to a prompt read through the Jacobian lens, when the lens was fitted so (jlens.py)."""
@@ -195,19 +215,29 @@ class LensService:
         ids = self.prompts.ids(req.prompt, req.chat, self._bos(names))
         work = cost.generation(len(ids), req.max_tokens, len(layers), len(names), self.cfg.part_cells)
         self.check_cost(work, "this generation")
-        spec = planning.lens_spec(ids, layers, req.k, names, self.info.n_layers, self.jlens_layers, raw=req.raw)
+        # The top-5 decision strip (results/decided.py) needs five of each cell's top tokens, whatever k shows.
+        k = max(req.k, DECIDED_WIDTH)
+        spec = planning.lens_spec(ids, layers, k, names, self.info.n_layers, self.jlens_layers, raw=req.raw)
         return _Plan(names, layers, [ids], [spec], work)
 
     def chat(self, req: ChatRequest) -> ChatReply:
-        """Answer a conversation with a per-token readout of one lens at one layer (negative counts from the end)."""
+        """Answer a conversation with a per-token readout of one lens at one layer (negative counts from the end);
+        with `force`, the branch those tokens make of the reply (service/branching.py)."""
         self._observe("chat", req)
+        return self.brancher.chat(req) if req.force else self._chat(req)
+
+    def chat_plan(self, req: ChatRequest) -> tuple[int, list[int], int]:
+        """(the readout's layer, the conversation's ids, the oldest turns dropped to fit), or RequestError."""
         pool = self.chat_layers(req.lens)
         n = self.info.n_layers
         layer = planning.default_chat_layer(pool, n) if req.layer is None else req.layer + (n if req.layer < 0 else 0)
         if layer not in pool:
             raise RequestError(f"the chat readout cannot read layer {show(layer)}; choose one of {span(pool)}")
         conversation = self.prompts.conversation(list(req.messages))
-        ids, dropped = conversation.ids, conversation.dropped_turns
+        return layer, conversation.ids, conversation.dropped_turns
+
+    def _chat(self, req: ChatRequest) -> ChatReply:
+        layer, ids, dropped = self.chat_plan(req)
         spec = planning.lens_spec(ids, [layer], req.k, LENS_CHOICES[req.lens], self.info.n_layers, self.jlens_layers)
         sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
         work = cost.Cost(1, len(ids) + req.max_tokens, req.max_tokens)       # one cell per step: the newest token

@@ -49,7 +49,7 @@ def tab_of(kind: str, req) -> str:
     """The tab a request of this kind is made from (the API makes the same requests)."""
     if kind == "lens":
         return "logit" if req.lens == "logit" else "jacobian"
-    return {"chat": "generate"}.get(kind, kind)
+    return {"chat": "generate", "describe": "logit"}.get(kind, kind)       # a cell is described from a lens
 
 
 class Usage:

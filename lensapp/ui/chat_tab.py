@@ -1,7 +1,8 @@
 """The chat: a conversation through the chat template, each reply with a per-token lens readout.
 
-Its settings are the `chat` request's fields but the conversation (the chat's own) and the top-k (the
-readout's three); it has no link."""
+Its settings are the `chat` request's fields but the conversation (the chat's own), the top-k (the
+readout's three) and the forced tokens (the last reply's branch box sets them: ui/branching.py); it has no
+link."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import gradio as gr
 from .. import charts
 from ..service.kinds import KINDS
 from ..service.planning import default_chat_layer
+from . import branching
 from .examples import CHAT_EXAMPLES
 from .form import Form, asked
 from .tabs import how_to, on, warn
 from .views import TabView
 
-CHAT = TabView("chat", "chat", omits=("messages", "k"))
+CHAT = TabView("chat", "chat", omits=("messages", "k", "force"))
 
 HOW_TO = """
 Chat with the model through its chat template. Under every reply, each token it wrote stands over
@@ -53,11 +55,24 @@ def build_chat(service, guard, view: TabView = CHAT) -> dict:
         clear = gr.Button("Clear", scale=1)
     gr.Examples([[m] for m in CHAT_EXAMPLES], inputs=[parts["message"]], label="Try", api_visibility="private")
     parts["history"] = gr.State([])     # the real conversation; the Chatbot shows an escaped copy plus readouts
+    parts.update(branching.build_chat_branch())
     on(parts["message"].submit, partial(send, view, service, guard), parts,
-       [*form.inputs, "message", "history", "chatbot"], ["message", "history", "chatbot"])
+       [*form.inputs, "message", "history", "chatbot"], ["message", "history", "chatbot", *branching.CHAT_UPDATED])
     on(parts["lens"].input, partial(layers_for, service), parts, ["lens"], ["layer"])
-    on(clear.click, forget, parts, [], ["history", "chatbot"])
+    on(clear.click, forget, parts, [], ["history", "chatbot", *branching.CHAT_UPDATED])
+    _wire_branch(service, guard, parts)
     return parts
+
+
+def _wire_branch(service, guard, parts: dict) -> None:
+    """The last reply's branch box: a token clicked shows its alternatives; one picked (or typed) branches it."""
+    on(parts["chat_branch_step"].input, branching.chat_alternatives, parts, ["chat_last", "chat_branch_step"],
+       ["chat_branch_alternatives"])
+    grown = ["chat_last", "chat_branch_step", "chatbot"]
+    for trigger, token_from in ((parts["chat_branch_alternatives"].input, "chat_branch_alternatives"),
+                                (parts["chat_branch_word"].submit, "chat_branch_word")):
+        on(trigger, partial(branching.grow_chat, service, guard, readout_html, token_from), parts,
+           [*grown, token_from], ["chatbot", "chat_branch_step", "chat_branch_alternatives"])
 
 
 def send(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
@@ -83,7 +98,8 @@ def reply_to(view: TabView, service, values: dict) -> dict:
          "metadata": {"title": f"{lens_name} at layer {reply.layer}: its top-1 under each token "
                                "(hover or tap a token for the top-3)"}},
     ]
-    return {"message": "", "history": messages + [{"role": "assistant", "content": reply.text}], "chatbot": shown}
+    return {"message": "", "history": messages + [{"role": "assistant", "content": reply.text}], "chatbot": shown,
+            **branching.chat_steps((req, reply))}
 
 
 def layers_for(service, values: dict, request: gr.Request = None) -> dict:
@@ -93,7 +109,7 @@ def layers_for(service, values: dict, request: gr.Request = None) -> dict:
 
 
 def forget(values: dict, request: gr.Request = None) -> dict:
-    return {"history": [], "chatbot": []}
+    return {"history": [], "chatbot": [], **branching.chat_steps(None)}
 
 
 def readout_html(reply) -> str:

@@ -1,7 +1,8 @@
 """The generation tab: a readout of the newest token at every step, and the chat (chat_tab.py).
 
-Its inputs are the `generate` request's fields (`views.TAB_VIEWS`); the handlers below are what its
-events call."""
+Its inputs are the `generate` request's fields but `force` (`views.TAB_VIEWS`: the tab's own generation is
+unforced; its branches, ui/branching.py, force tokens, and its link carries them as `branches`); the handlers
+below are what its events call."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pandas as pd
 
 from .. import charts
 from ..service.kinds import KINDS
+from . import branching
 from .chat_tab import build_chat
+from .decisions import build_strip, redraw_strip, strip_of
 from .downloads import Downloads
 from .examples import generate_examples
 from .form import Form, asked, single_lenses
@@ -46,16 +49,38 @@ def build_generate_tab(service, guard, downloads: Downloads, view: TabView = TAB
                                        elem_classes=["run"])
                 examples = generate_examples(form.inputs["prompt"])
                 outputs = _outputs(view, service, downloads, form.inputs["seed"])
+                # a run writes the branches it drew (a tab without them: to nowhere)
+                outputs["branches"] = form.inputs.get("branches") or gr.State("")
             with gr.Tab("Chat", id=f"{view.name}-chat"):
                 build_chat(service, guard)
     parts = {**form.inputs, **outputs}
     run_fn = partial(run, view, service, guard)
+    written = [name for name in outputs if name != "rule"]
     reseed.click(new_seed, None, form.inputs["seed"], queue=False, **PRIVATE)
     for trigger in ([run_button.click, form.inputs["prompt"].submit], examples.load_input_event.then):
-        on(trigger, run_fn, parts, form.inputs, outputs)
+        on(trigger, partial(run_fresh, view, service, guard), parts, [*form.inputs, "rule"], written)
     on([parts["step"].input, parts["table_lens"].input], partial(pick_step, guard), parts,
        ["state", "step", "table_lens"], ["table"])
-    return TabParts(view, form.inputs, outputs, run_fn, run_button=run_button)
+    on(parts["rule"].input, partial(redraw_strip, guard), parts, ["state", "rule"], ["strip", "decided"])
+    _wire_branches(service, guard, parts)
+    return TabParts(view, form.inputs, outputs, run_fn, {"rule": parts["rule"]}, run_button)
+
+
+def _wire_branches(service, guard, parts: Components) -> None:
+    """The branch panel's events (ui/branching.py): a token clicked shows its alternatives; one picked (or typed)
+    grows a branch; another branch chosen is shown beside the generation."""
+    panel = ["state", "branch_results", "branch_source"]
+    on(parts["branch_source"].input, partial(branching.pick_source, guard), parts, panel,
+       ["branch_step", "branch_alternatives"])
+    on([parts["branch_step"].input, parts["branch_layer"].input], partial(branching.pick_step, guard), parts,
+       [*panel, "branch_step", "branch_layer"], ["branch_alternatives"])
+    grown = [*panel, "req", "branch_step", "rule"]
+    on(parts["branch_alternatives"].input, partial(branching.grow, service, guard, "branch_alternatives"), parts,
+       [*grown, "branch_alternatives"], branching.UPDATED)
+    on([parts["branch_force"].click, parts["branch_word"].submit],
+       partial(branching.grow, service, guard, "branch_word"), parts, [*grown, "branch_word"], branching.UPDATED)
+    on(parts["branch_shown"].input, partial(branching.show, guard), parts,
+       ["state", "branch_results", "branch_shown", "rule"], branching.SHOWN)
 
 
 def _inputs(form: Form, service) -> gr.Button:
@@ -73,6 +98,8 @@ def _inputs(form: Form, service) -> gr.Button:
     with gr.Row():
         form.add("chat")
         form.add("raw")
+    if "branches" in form.fields:
+        form.add("branches", visible=False)      # the link's branches: the panel below writes them
     form.rest()
     return reseed
 
@@ -81,6 +108,7 @@ def _outputs(view: TabView, service, downloads: Downloads, seed: gr.Number) -> C
     """What a generation writes, by name (the seed a sample used among them)."""
     out = {"seed": seed, "text": gr.Textbox(label="Generated text", interactive=False, elem_id=f"{view.name}-text"),
            "heatmap": gr.Plot(elem_id=f"{view.name}-heatmap", elem_classes=["lens-plot"], show_label=False)}
+    out.update(build_strip(view.name))
     lenses = single_lenses(service)
     with gr.Row():
         out["step"] = gr.Dropdown(label="Token table: step", choices=[], interactive=True, elem_id=f"{view.name}-step")
@@ -89,12 +117,18 @@ def _outputs(view: TabView, service, downloads: Downloads, seed: gr.Number) -> C
                                 wrap=True, elem_id=f"{view.name}-table")
     out["state"] = gr.State()
     out.update(downloads.buttons("generation", out["state"]))
+    out.update(branching.build_branch_panel(service.info.n_layers))
     return out
 
 
 def run(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
-    """The generation the inputs' `values` (by name) ask, through the guard."""
+    """The generation the inputs' `values` (by name) ask, with the branches a link names, through the guard."""
     return guard.ui(request, readout, view, service, values)
+
+
+def run_fresh(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
+    """The page's own Generate: a new generation starts with no branches."""
+    return run(view, service, guard, {**values, "branches": ""}, request=request)
 
 
 def readout(view: TabView, service, values: dict) -> dict:
@@ -102,8 +136,10 @@ def readout(view: TabView, service, values: dict) -> dict:
     if req.seed is None and req.sampled:                          # a sample that can be had again
         req = replace(req, seed=new_seed())
     gen = KINDS[view.kind].run(service, req)
+    results = branching.compute_branches(service, req, values.get("branches"))
     shown = shown_lenses(req.lens)[0]
     last = len(gen.steps) - 1
+    rule = values.get("rule") or "top1"
     return {
         "state": gen, "seed": req.seed, "text": gen.text,
         "heatmap": build_chart(charts.generation_heatmap, gen, req.lens),
@@ -111,6 +147,7 @@ def readout(view: TabView, service, values: dict) -> dict:
         "table_lens": gr.Radio(value=shown),
         "table": step_table(gen, last, shown),
         **Downloads.shown(),
+        "req": req, **strip_of(gen, rule), **branching.panel_updates(gen, results, rule=rule),
     }
 
 

@@ -19,6 +19,8 @@ from ..service.planning import jlens_subset
 from ..service.selection import span
 from ..snippets import lens_snippet, model_reference
 from .components_tab import cell_link
+from .decisions import build_strip, redraw_strip, strip_of
+from .describing import build_describe_panel, describe
 from .downloads import Downloads
 from .examples import lens_examples
 from .form import Form, asked
@@ -140,9 +142,14 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     run_fn = partial(run, tab, service, guard)
     for trigger in ([run_button.click, form.inputs["prompt"].submit], examples.load_input_event.then):
         on(trigger, run_fn, parts, [*form.inputs, *reads], outputs)
-    on(parts["position"].input, partial(pick_position, tab, guard), parts, ["state", "position"], ["table"])
+    on(parts["position"].input, partial(pick_position, tab, guard), parts, ["state", "position"], ["table", "curves"])
     on(parts["window"].release, partial(move_window, tab, guard), parts, ["state", "metric", "window", "chat", *reads],
        ["heatmap", "diff", "start", "grid_table"])
+    on([parts["rule"].input, parts["window"].release], partial(redraw_strip, guard), parts, ["state", "rule", "window"],
+       ["strip", "decided"])
+    asked_cell = ["state", "position", "chat", *(name for name in more if name.startswith("describe_"))]
+    for button, every_layer in (("describe_one", False), ("describe_column", True)):
+        on(parts[button].click, partial(describe, service, guard, every_layer), parts, asked_cell, ["describe_table"])
     on([parts["state"].change, parts["code_form"].change], partial(show_code, tab, service), parts,
        ["state", "code_form", "chat"], ["code"])
     return TabParts(tab.view, form.inputs, outputs, run_fn, reads, run_button)
@@ -181,6 +188,7 @@ def _outputs(tab: LensTab, downloads: Downloads) -> Components:
            "window": gr.Slider(0, 1, value=0, step=1, visible=False, label="Positions shown: the first of the window",
                                elem_id=f"{tab.name}-window"),
            "heatmap": gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot"], show_label=False)}
+    out.update(build_strip(tab.name))
     with gr.Accordion("Heatmap as a table", open=False, elem_id=f"{tab.name}-grid-box"):
         out["grid_table"] = gr.HTML(elem_id=f"{tab.name}-grid-table", elem_classes=["grid-table"])
     out["diff"] = gr.Plot(elem_id=f"{tab.name}-diff", elem_classes=["lens-plot"], show_label=False,
@@ -189,14 +197,15 @@ def _outputs(tab: LensTab, downloads: Downloads) -> Components:
                                   elem_id=f"{tab.name}-position")
     out["table"] = gr.Dataframe(label="Top-k at this position, every layer (p = probability)", interactive=False,
                                 wrap=True, elem_id=f"{tab.name}-table")
-    out["curves"] = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False)
+    out["curves"] = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False, elem_id=f"{tab.name}-curves")
     out["state"] = gr.State()
     out.update(downloads.buttons(f"{tab.name}-lens", out["state"]))
     return out
 
 
 def _more(tab: LensTab, service) -> Components:
-    """The code and the lens's provenance under the readout."""
+    """A cell described in words, the code and the lens's provenance under the readout."""
+    described = build_describe_panel(tab.name, service.info.n_layers)
     with gr.Accordion("Show the code", open=False, elem_id=f"{tab.name}-code-box"):
         gr.Markdown("This view as a short nnsight script: paste it into a notebook (the copy button is at "
                     "the top right) to get the same numbers.")
@@ -206,7 +215,7 @@ def _more(tab: LensTab, service) -> Components:
     if tab.lens != "logit":
         with gr.Accordion("Lens provenance", open=False):
             gr.JSON(value=service.jlens.describe(), label="The lens file", elem_id="jlens-provenance")
-    return {"code_form": code_form, "code": code}
+    return {**described, "code_form": code_form, "code": code}
 
 
 # -- what its events call -------------------------------------------------------------------------------
@@ -234,10 +243,10 @@ def readout(tab: LensTab, service, values: dict) -> dict:
         "summary": lens_summary(result, tab.shown),
         "position": gr.Dropdown(choices=position_choices(result.input_tokens), value=last),
         "table": top_k_tables(result, tab.shown, last),
-        "curves": gr.Plot(value=build_chart(charts.target_curves, result, tab.shown) if req.targets else None,
-                          visible=bool(req.targets)),
+        "curves": gr.Plot(value=line_charts(result, tab.shown, last), visible=True),
         **Downloads.shown(),
         "grid_table": grid_tables(result, tab.shown, cols.start),
+        "rule": gr.Radio(value="top1"), **strip_of(result, "top1", cols.start),
     }
 
 
@@ -261,8 +270,15 @@ def pick_position(tab: LensTab, guard, values: dict, request: gr.Request = None)
         result, pos = values["state"], int_or(values["position"], -1)
         if result is None or not 0 <= pos < len(result.input_ids):
             return {}
-        return {"table": top_k_tables(result, tab.shown, pos)}
+        return {"table": top_k_tables(result, tab.shown, pos), "curves": line_charts(result, tab.shown, pos)}
     return guard.ui(request, table)
+
+
+def line_charts(result, lenses: tuple[str, ...], position: int):
+    """The targets' curves; with no target, the tokens that were top-1 at some layer at `position`."""
+    if result.lenses[lenses[0]].targets:
+        return build_chart(charts.target_curves, result, lenses)
+    return build_chart(charts.top1_curves, result, lenses, position)
 
 
 def move_window(tab: LensTab, guard, values: dict, request: gr.Request = None) -> dict:

@@ -25,11 +25,13 @@ from ..service import fields as f
 from ..service.field import RequestError, clip
 from ..service.selection import Selection
 from .views import (
+    BRANCHES,
     DEFAULT_COMPARE,
     DEFAULT_PROMPT,
     METRIC,
     NOTE,
     NOTE_FIELDS,
+    QUIET_WHEN_EMPTY,
     SHORT_NAMES,
     SPREAD,
     START,
@@ -54,7 +56,7 @@ def encode(view: View) -> dict[str, str]:
         value = getattr(view, name)
         if name in SPREAD:
             out.update(zip(spread_keys(name), value))
-        elif value is not None:
+        elif value is not None and not (name in QUIET_WHEN_EMPTY and not value):
             out[name] = as_text(value)
     out.update({name: getattr(view, name) for name in NOTE_FIELDS if getattr(view, name)})
     return out
@@ -176,5 +178,6 @@ def _show(value) -> str:
     return str(value)
 
 
-__all__ = ["DEFAULT_PROMPT", "METRIC", "METRICS", "NOTE", "SHORT_NAMES", "START", "TAB", "TABS", "TAB_VIEWS", "TITLE",
-           "Decoded", "View", "as_text", "decode", "encode", "query_string", "tab_fields", "view_fields"]
+__all__ = ["BRANCHES", "DEFAULT_PROMPT", "METRIC", "METRICS", "NOTE", "SHORT_NAMES", "START", "TAB", "TABS",
+           "TAB_VIEWS", "TITLE", "Decoded", "View", "as_text", "decode", "encode", "query_string", "tab_fields",
+           "view_fields"]

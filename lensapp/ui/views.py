@@ -33,6 +33,12 @@ TITLE = Field("title", f"the link's title, shown above its view (one line, up to
 NOTE = Field("note", f"a note shown above the view (up to {config.MAX_NOTE_CHARS} characters; 'layer 22' or a token "
              "in backticks outlines its cells)", "", parsers.text("the note", config.MAX_NOTE_CHARS, empty_ok=True))
 NOTE_FIELDS = ("title", "note")        # any tab's link may carry them (only when they are not empty)
+# A generation's branches (ui/branching.py): chains of forced token ids, as their text ('3=#7042;3=#7042,9=#13'),
+# read by the force field's own parser (service/parsers.py). The tab's own request is unforced (it omits force).
+_BRANCHES = parsers.branches(config.MAX_BRANCHES, config.MAX_FORCES, config.MAX_GENERATE_TOKENS - 1)
+BRANCHES = Field("branches", "the generation's branches: for each, the steps forced and the token ids put there", "",
+                 lambda raw: parsers.branches_text(_BRANCHES(raw)))
+QUIET_WHEN_EMPTY = ("branches",)       # a link names them only when there are some
 
 # The page's examples: what a tab shows before anyone types (a required field has no default of its own).
 DEFAULT_PROMPT = "The capital of France is"
@@ -125,7 +131,7 @@ TAB_VIEWS: dict[str, TabView] = {v.name: v for v in (
     TabView("logit", "lens", omits=("lens",), extras=((METRIC, "targets"), (START, "raw"))),
     # The rows inside each layer (sublayers) are the logit lens's alone.
     TabView("jacobian", "lens", omits=("lens", "sublayers"), extras=((METRIC, "targets"), (START, "raw"))),
-    TabView("generate", "generate"),
+    TabView("generate", "generate", omits=("force",), extras=((BRANCHES, ""),)),
     TabView("compare", "compare", omits=("sublayers",), extras=((METRIC, "targets"),)),
     TabView("intervene", "intervene", extras=((METRIC, "targets"),)),
     TabView("components", "components"),

@@ -1,0 +1,138 @@
+"""Forced tokens: a generation (or a chat reply) branched at a step, and a branch branched again.
+
+`force` [(step, token)] on a generate or chat request names the tokens put in place of what the model said,
+earliest first. The generation without them (the trunk) is computed as ever (and cached when it is
+reproducible); then, for each force in turn, the branch so far keeps its tokens before the step and their
+readouts, takes the forced token, and the model goes on from prompt + kept tokens + forced token as a new
+request with the same settings and seed, which reads only the forced token's position and its own new
+tokens (`LensSpec.read_from`): the prefix's other readouts are the parent's, never recomputed. So a branch's
+continuation is exactly the generation of (prefix + forced token) with the same seed, and costs what that
+generation's new tokens cost, not its prefix's readout (`cost.branch`; measured in bench/branch_speed.py).
+
+Each branch so far is cached under its forces, so a page that branches a branch computes only the new part.
+A sampled generation (temperature > 0) needs a seed: without one the tokens before the forced step would be
+a new sample each time, and no branch would continue what the page shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+from ..config import GREEDY_BELOW, LENS_CHOICES
+from ..engine.protocol import Sampling
+from ..results import ChatReply, GenerationResult
+from ..results.branching import graft, graft_chat
+from . import cost, planning
+from .field import RequestError
+from .requests import ChatRequest, GenerateRequest
+
+
+class BranchPlan(NamedTuple):
+    forces: tuple[tuple[int, int], ...]       # (step, token id), earliest first
+    cost: cost.Cost                           # the trunk's and every continuation's, at most
+
+
+class Brancher:
+    def __init__(self, service):
+        self.service = service
+
+    # -- generate ------------------------------------------------------------------------------------------
+    def plan(self, req: GenerateRequest) -> BranchPlan:
+        """The forces as token ids and what the whole costs (the trunk as if it were not cached), or RequestError."""
+        s = self.service
+        self._check_seeded(req.sampled, req.seed)
+        base = s._plan_generate(req)
+        forces = self._token_ids(req.force, req.max_tokens)
+        work = base.cost
+        for step, _ in forces:
+            work = work + cost.branch(len(base.ids[0]) + step + 1, req.max_tokens - step - 1, len(base.layers),
+                                      len(base.lenses))
+        s.check_cost(work, "this generation and its branches")
+        return BranchPlan(forces, work)
+
+    def generate(self, req: GenerateRequest) -> GenerationResult:
+        plan = self.plan(req)
+        return self._branch(dataclasses.replace(req, force=()), plan.forces)
+
+    def _branch(self, trunk: GenerateRequest, forces: tuple) -> GenerationResult:
+        """The generation `trunk` asks for with `forces` made, each branch on the way cached."""
+        s = self.service
+        if not forces:
+            return s._generate(trunk)
+        key = s._key("branch", trunk.prompt, trunk.chat, trunk.lens, str(trunk.layers), trunk.k, trunk.max_tokens,
+                     float(trunk.temperature), trunk.seed, trunk.raw, forces)
+        return s.cache.get_or_compute(key, lambda: self._grow(trunk, forces))
+
+    def _grow(self, trunk: GenerateRequest, forces: tuple) -> GenerationResult:
+        s = self.service
+        parent = self._branch(trunk, forces[:-1])
+        step, token = forces[-1]
+        _check_step(step, len(parent.token_ids), "generation")
+        plan = s._plan_generate(trunk)
+        prefix = plan.ids[0] + parent.token_ids[:step] + [token]
+        n_new = 0 if token in s.prompts.stop_ids else trunk.max_tokens - step - 1
+        continuation = None
+        if n_new > 0:
+            # Prefix caching is off in this app (engine/vllm_backend.py): the prefix's forward is recomputed, not its
+            # readouts. Were it on, this request could reuse the parent's KV cache for the prefix, as it should.
+            spec = dataclasses.replace(plan.specs[0], input_ids=tuple(prefix), read_from=len(prefix) - 1)
+            work = cost.branch(len(prefix), n_new, len(plan.layers), len(plan.lenses))
+            out = s.engine.generate(spec, Sampling(n_new, float(trunk.temperature), trunk.seed), s.deadline(work))
+            continuation = GenerationResult.from_output(
+                out, prompt=trunk.prompt, ids=prefix, layers=plan.layers, decode=s.prompts.decode, text="",
+                model=s.info.name, seed=trunk.seed, temperature=trunk.temperature, k=trunk.k, read_from=len(prefix) - 1)
+        ids = parent.token_ids[:step] + [token] + (continuation.token_ids if continuation else [])
+        return graft(parent, step, token, continuation, prompt_ids=plan.ids[0], decode=s.prompts.decode,
+                     text=s.prompts.text(ids))
+
+    # -- chat ----------------------------------------------------------------------------------------------
+    def chat(self, req: ChatRequest) -> ChatReply:
+        s = self.service
+        self._check_seeded(float(req.temperature) >= GREEDY_BELOW, req.seed)
+        forces = self._token_ids(req.force, req.max_tokens)
+        layer, ids, _ = s.chat_plan(req)
+        work = cost.Cost(1, len(ids) + req.max_tokens, req.max_tokens)
+        for step, _ in forces:
+            work = work + cost.branch(len(ids) + step + 1, req.max_tokens - step - 1, 1, 1)
+        s.check_cost(work, "this reply and its branches")
+        reply = s._chat(dataclasses.replace(req, force=()))
+        for step, token in forces:
+            reply = self._grow_chat(req, reply, ids, layer, step, token)
+        return reply
+
+    def _grow_chat(self, req: ChatRequest, parent: ChatReply, ids: list[int], layer: int, step: int,
+                   token: int) -> ChatReply:
+        s = self.service
+        _check_step(step, len(parent.token_ids), "reply")
+        prefix = ids + parent.token_ids[:step] + [token]
+        n_new = 0 if token in s.prompts.stop_ids else req.max_tokens - step - 1
+        continuation = None
+        if n_new > 0:
+            spec = planning.lens_spec(prefix, [layer], req.k, LENS_CHOICES[req.lens], s.info.n_layers,
+                                      s.jlens_layers)
+            out = s.engine.chat(spec, Sampling(n_new, float(req.temperature), req.seed),
+                                s.deadline(cost.branch(len(prefix), n_new, 1, 1)))
+            continuation = ChatReply.from_output(out, decode=s.prompts.decode, text="", lens=req.lens, layer=layer)
+        path = parent.token_ids[:step] + [token] + (continuation.token_ids if continuation else [])
+        return graft_chat(parent, step, token, continuation, decode=s.prompts.decode, text=s.prompts.text(path))
+
+    # -- shared --------------------------------------------------------------------------------------------
+    def _token_ids(self, force: tuple, max_tokens: int) -> tuple[tuple[int, int], ...]:
+        s = self.service
+        for step, _ in force:
+            if step >= max_tokens:
+                raise RequestError(f"force step {step} is past the {max_tokens} tokens generated "
+                                   f"(steps 0..{max_tokens - 1})")
+        return tuple((step, s.prompts.token_of(word, s.info.vocab_size)) for step, word in force)
+
+    @staticmethod
+    def _check_seeded(sampled: bool, seed: int | None) -> None:
+        if sampled and seed is None:
+            raise RequestError("forcing a token of a sampled generation needs a seed: without one, the tokens before "
+                               "it would be a new sample each time")
+
+
+def _check_step(step: int, n: int, what: str) -> None:
+    if step >= n:
+        raise RequestError(f"force step {step} is past the end of the {what}, which stopped after {n} tokens")
