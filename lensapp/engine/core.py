@@ -17,6 +17,8 @@ warm-up run. Calls in flight get `EngineRestarted` ("please run again"); calls t
 run on the new backend. Restarts back off; after `max_restarts` within `restart_window` seconds
 the engine is `down` and says why. A start that fails for a reason that would repeat (`StartFailed`
 with `permanent`, or a wrong layout or value) is not retried: the engine is down at once, with it.
+A backend `served` from elsewhere (an engine service) is neither: while its service is away its start raises
+`Unreachable`, and the engine waits (state `restarting`, the reason saying so) as long as it takes.
 
 Every admitted call ends in exactly one outcome, counted for /health: `served`, `failed` (its own
 error: bad input the planner missed, an error inside the trace), `restarted` (the backend died or
@@ -47,6 +49,7 @@ from .protocol import (
     ModelInfo,
     Sampling,
     StartFailed,
+    Unreachable,
 )
 
 log = logging.getLogger(__name__)
@@ -316,6 +319,9 @@ class Engine:
         old, self._backend = self._backend, None
         if old is not None:
             await asyncio.get_running_loop().run_in_executor(None, _close_quietly, old)
+        if getattr(old, "served", False):            # its service went away: reconnect, however often it does
+            await self._start_with_retries("restarting")
+            return
         now = time.time()
         recent = [t for t in self.restart_times if now - t < self.restart_window]
         if len(recent) >= self.max_restarts:
@@ -330,7 +336,7 @@ class Engine:
         self.state = state
         for attempt in range(self.max_restarts):
             try:
-                await self._start_once()
+                await self._start_when_reachable()
                 return
             except Exception as e:  # noqa: BLE001 - a failure to start is retried (when it can pass), then reported
                 permanent = isinstance(e, PERMANENT) or getattr(e, "permanent", False)
@@ -344,6 +350,15 @@ class Engine:
                 await asyncio.sleep(RESTART_DELAYS[min(attempt + 1, len(RESTART_DELAYS) - 1)])
         self._go_down(self.reason)
 
+    async def _start_when_reachable(self) -> None:
+        """Start, waiting out a served backend's absence (`Unreachable`) however long it lasts."""
+        while True:
+            try:
+                return await self._start_once()
+            except Unreachable as e:
+                self.reason = str(e)
+                await asyncio.sleep(e.retry_after)
+
     async def _start_once(self) -> None:
         t = time.perf_counter()
         self._starting = self._builder.submit(self._start_backend)
@@ -355,7 +370,8 @@ class Engine:
             if self._warm_up is not None:
                 await self._warm_up(backend)
         except Exception as e:
-            reason = _dead(e, backend)              # before closing: a closed backend says only that
+            # before closing (a closed backend says only that); a served one's service gone again: wait for it
+            reason = None if isinstance(e, Unreachable) else _dead(e, backend)
             _close_quietly(backend)
             if reason is not None:                       # it died on its first requests: so it would again
                 raise StartFailed(f"it died on its first request: {reason}") from e
