@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import signal
 import sys
 import time
 
@@ -123,7 +124,13 @@ async def serve(backend, warm, cfg: config.Config, sock) -> int:
     http = uvicorn.Server(uvicorn.Config(server.app, log_level="warning", timeout_graceful_shutdown=5))
     died: list[str] = []
     watch = asyncio.get_running_loop().create_task(_watch(http, backend, cfg, died))
-    await http.serve(sockets=[sock])
+    # uvicorn re-raises the SIGTERM it caught once it has stopped: to this handler, not the default one,
+    # which would end the process before `main` closes vLLM (whose processes would outlive it).
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(http, "should_exit", True))
+    try:
+        await http.serve(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     watch.cancel()
     if died:
         print(f"error: the engine died ({died[0]}); exiting for its supervisor to start it again", file=sys.stderr)

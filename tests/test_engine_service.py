@@ -145,7 +145,27 @@ def engine(tmp_path_factory, lens_file, embedded_dir):
     proc = start_engine(port, lens_file, log)           # loading while the in-process reference starts
     service = SimpleNamespace(port=port, url=f"http://127.0.0.1:{port}", proc=proc, log=log, lens_file=lens_file)
     yield service
-    stop(service.proc)
+    gone_with(service.proc)
+
+
+def gone_with(proc: subprocess.Popen) -> None:
+    """SIGTERM to the service alone: it exits, and vLLM's processes (its group) with it."""
+    import psutil
+
+    group = [p for p in psutil.process_iter() if _group(p) == proc.pid and p.pid != proc.pid]
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    _, left = psutil.wait_procs(group, timeout=30)
+    for p in left:
+        p.kill()
+    assert not left, f"processes outlived lensapp engine: {[p.pid for p in left]}"
+
+
+def _group(p) -> int | None:
+    try:
+        return None if p.status() == "zombie" else os.getpgid(p.pid)
+    except (OSError, Exception):  # noqa: BLE001 - gone while listed
+        return None
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ more statement, which saves `tracer.result` (that output) under `RESULT`.
 
 The wire (`Wire`) is nnsight's: its headers (the key as `ndif-api-key`), timeouts and error reading
 (`nnsight.modeling.vllm.serve.http`). A service that does not answer is `Unreachable`; a trace's own
-error comes back with its own type, as nnsight re-raises it.
+error comes back as nnsight re-raises it (a RuntimeError naming the worker's error type).
 
 This module knows nothing of lenses: it moves traces.
 """
@@ -40,6 +40,7 @@ RESULT = "__lensapp_result__"      # the name the sent block saves `tracer.resul
 _TRACER = "__lensapp_tracer__"     # the sent block's names for its tracer and for nnsight
 _NNSIGHT = "__lensapp_nnsight__"
 HEALTH_TIMEOUT_S = 5.0
+ENGINE_DEAD = ("EngineDeadError",)   # vLLM's error for a request on an engine whose core has died
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,11 @@ def serialize(tracer) -> bytes:
 
 def finished(saves: dict, error) -> object:
     """The finished RequestOutput the block saved, carrying the trace's other saves on `.saves` (as nnsight's
-    async engine gives them); a trace's own error is raised here with its own type."""
+    async engine gives them). A trace's own error is raised here as nnsight raises it (a RuntimeError naming
+    its type); the service's vLLM engine dead under it is `Unreachable` (the service then exits, and is
+    waited for)."""
+    if error and error.get("type_name") in ENGINE_DEAD:
+        raise Unreachable(f"the engine service's vLLM engine died ({error.get('type_name')})")
     raise_deferred(error)
     saves = dict(saves)
     output = saves.pop(RESULT, None)
