@@ -43,12 +43,14 @@ INTERVENE = InterveneRequest.parse(prompt="The capital of France is", interventi
 
 # -- the engine service, a relay to it, and pages on it ---------------------------------------------------
 
-def start_engine(port: int, lens_file, log_path) -> subprocess.Popen:
-    """`lensapp engine` in its own process group (so the extended test can kill all of it), starting."""
-    log = open(log_path, "a")
+def start_engine(port: int, lens_file, log_path, *more: str) -> subprocess.Popen:
+    """`lensapp engine` in its own process group (so the extended test can kill all of it), starting. Without
+    the core binding this process's own engine chose (engine/cpu_env.py): the service chooses its own."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
     return subprocess.Popen([sys.executable, "-m", "lensapp", "engine", "--port", str(port), "--key", KEY,
-                             "--jlens", str(lens_file), "--max-batch", "8", "--cache-dir", str(CACHE)],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                             "--jlens", str(lens_file), "--max-batch", "8", "--cache-dir", str(CACHE), *more],
+                            cwd=REPO, env=env, stdout=open(log_path, "a"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def until_ready(proc: subprocess.Popen, log_path, starts: int = 1) -> None:

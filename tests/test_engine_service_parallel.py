@@ -7,13 +7,10 @@ One engine at a time (two cores): the in-process reference first, then each spli
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-from conftest import CACHE, REPO, _free_port, random_jacobians
-from test_engine_service import KEY, gone_with, until_ready
+from conftest import CACHE, _free_port, random_jacobians
+from test_engine_service import KEY, gone_with, start_engine, until_ready
 from test_parallel import SPLITS, TOL, assert_same_readout, assert_same_results
 
 from lensapp import config, jlens
@@ -62,10 +59,8 @@ def one_worker(llama, lens_file) -> dict:
 def test_a_split_engine_service_reads_as_one_worker_in_process(one_worker, llama, lens_file, split, tmp_path):
     tp, pp = SPLITS[split]
     port, log = _free_port(), tmp_path / "engine.log"
-    proc = subprocess.Popen([sys.executable, "-m", "lensapp", "engine", "--model", str(llama), "--port", str(port),
-                             "--key", KEY, "--jlens", str(lens_file), "--tensor-parallel-size", str(tp),
-                             "--pipeline-parallel-size", str(pp), "--cache-dir", str(CACHE)],
-                            cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_engine(port, lens_file, log, "--model", str(llama), "--tensor-parallel-size", str(tp),
+                        "--pipeline-parallel-size", str(pp))
     try:
         until_ready(proc, log)
         page = LensService.start(settings(llama, lens_file, engine_url=f"http://127.0.0.1:{port}", engine_key=KEY))
