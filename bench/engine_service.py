@@ -55,6 +55,28 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=120)
 
 
+def page_memory(cache: str, url: str) -> dict:
+    """Resident memory of a `lensapp serve --engine-url` page (its process and any children) once ready, and
+    the memory plan it logged (/health)."""
+    import psutil
+    from startup import _health
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "lensapp", "serve", "--port", str(port), "--cache-dir", cache,
+                             "--engine-url", url, "--engine-key", KEY], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+    page = f"http://127.0.0.1:{port}/"
+    try:
+        while (h := _health(page)).get("state") != "ready":
+            time.sleep(0.5)
+        me = psutil.Process(proc.pid)
+        rss = me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
+        return {"page_rss_mb": rss >> 20, "plan_total_mb": h["memory"]["plan"]["total_mb"]}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+
+
 def timed_requests(services: dict, repeats: int) -> dict:
     """{name: {short_ms, long_ms, eight_short_at_once_ms}} for each service, their requests interleaved
     (remote, in-process, remote, ...) so that a load that comes and goes weighs on both alike."""
@@ -82,8 +104,13 @@ def timed_requests(services: dict, repeats: int) -> dict:
             for key, prompt in prompts.items():
                 times[name][key].append(one(service, prompt))
             times[name]["eight"].append(eight(service))
-    return {name: {f"{'eight_short_at_once' if key == 'eight' else key}_ms": round(1000 * statistics.median(v), 1)
-                   for key, v in t.items()} for name, t in times.items()}
+    out = {}
+    for name, t in times.items():
+        for key, v in t.items():
+            label = "eight_short_at_once" if key == "eight" else key
+            out.setdefault(name, {})[f"{label}_ms"] = round(1000 * statistics.median(v), 1)
+            out[name][f"{label}_min_ms"] = round(1000 * min(v), 1)       # the least disturbed by other load
+    return out
 
 
 def measure_serialization() -> dict:
@@ -128,6 +155,7 @@ def main(argv=None) -> int:
         try:
             results["start_remote"] = [one_start(cache, ["--engine-url", url, "--engine-key", KEY])
                                        for _ in range(args.starts)]
+            results.update(page_memory(cache, url))
             sizes = measure_serialization()
             remote = service(engine_url=url, engine_key=KEY)
             local = service()                  # idle while the other one answers
@@ -151,9 +179,11 @@ def report(r: dict) -> None:
         for s in r[kind]:
             print(f"{kind:>16}: page {s['page_s']:5.1f} s, app {s['app_s']:5.1f} s, ready {s['ready_s']:5.1f} s, "
                   f"first readout {s['readout_s']:5.1f} s")
-    print(f"engine service ready in {r['engine_ready_s']} s")
+    print(f"engine service ready in {r['engine_ready_s']} s; a page on it holds {r['page_rss_mb']} MB "
+          f"(its plan: {r['plan_total_mb']} MB)")
     print(f"{'':>24}{'in-process':>12}{'remote':>12}{'wire':>10}")
-    for key in ("short_ms", "long_ms", "eight_short_at_once_ms"):
+    for key in ("short_ms", "short_min_ms", "long_ms", "long_min_ms", "eight_short_at_once_ms",
+                "eight_short_at_once_min_ms"):
         a, b = r["in_process"][key], r["remote"][key]
         print(f"{key:>24}{a:>12.1f}{b:>12.1f}{b - a:>+10.1f}")
     print(f"tokens {r['tokens']}; a trace serializes in {r['serialize_ms_median']} ms to "

@@ -298,6 +298,20 @@ def test_two_web_processes_read_the_same_at_once(page, second_page, reference):
     assert health(second_page.url)["backend"] == "vllm-serve"
 
 
+def test_the_command_line_on_the_engine_service_prints_the_in_process_json(relay, reference, lens_file, capsys):
+    from lensapp import cli
+
+    remote = ["--engine-url", relay.url, "--engine-key", KEY, "--jlens", str(lens_file), "--cache-dir", str(CACHE),
+              "--json"]
+    assert cli.main(["lens", *LENS.prompts, "--lens", "both", "--k", "5", "--target", "Paris", *remote]) == 0
+    want = reference.lens(LensRequest(prompts=LENS.prompts, lens="both", k=5, targets=("Paris",)))
+    assert_same_json(json.loads(capsys.readouterr().out), [r.to_json() for r in want])
+    assert cli.main(["generate", GENERATE.prompt, "--max-tokens", "8", "--temperature", "0.8", "--seed", "7",
+                     *remote]) == 0
+    want = reference.generate(GenerateRequest(prompt=GENERATE.prompt, max_tokens=8, temperature=0.8, seed=7))
+    assert_same_json(json.loads(capsys.readouterr().out), want.to_json())
+
+
 # -- the door -------------------------------------------------------------------------------------------------
 
 def test_the_engine_refuses_a_trace_without_its_key(engine, relay):
