@@ -63,8 +63,11 @@ async def which(backend):
 
 def test_a_service_away_at_start_is_waited_for_and_said(served):
     engine, service = served
+    from lensapp.ui.status import status_line
+
     until(lambda: "does not answer" in engine.health()["reason"])
     assert engine.health()["state"] == "starting"
+    assert "does not answer" in status_line(engine.health())          # the page's banner says why it waits
     time.sleep(0.5)
     assert engine.health()["state"] == "starting" and service.tries >= 5     # tried every retry_after, not down
     service.up = True

@@ -12,8 +12,9 @@ def status_line(health: dict) -> str:
     """One line of Markdown for the page's status banner ('' when all is well)."""
     state = health.get("state")
     if state == "starting":
+        waiting = f" Meanwhile: {md_text(health['reason'])}." if health.get("reason") else ""   # e.g. its service
         return ("⏳ **The model is loading** (vLLM starts and warms up; about a minute on a small CPU). "
-                "The buttons wake up when it is ready; a readout asked for now runs then.")
+                f"The buttons wake up when it is ready; a readout asked for now runs then.{waiting}")
     if state == "restarting":
         return ("⚠️ **The model is restarting** after a failure "
                 f"({md_text(health.get('reason') or 'unknown')}). Requests in progress were stopped: run them again "
