@@ -279,6 +279,28 @@ def test_every_readout_on_the_engine_service_is_the_in_process_one(engine, refer
     assert_same_json(page.intervene(INTERVENE).to_json(), reference.intervene(INTERVENE).to_json())
 
 
+def test_one_engine_holds_one_jacobian_lens_and_refuses_another(page, reference):
+    import torch
+
+    from lensapp.engine.protocol import JStack, StartFailed
+
+    d, last = page.info.d_model, page.info.n_layers - 1
+    other = JStack(layers=(4, last), J=torch.stack([2 * torch.eye(d), torch.eye(d)]).to(torch.bfloat16))
+    with pytest.raises(StartFailed, match="holds another Jacobian lens"):
+        page.engine.call("install", lambda backend: backend.install_jlens(other))
+    assert_same_lens(page.lens(LENS)[0], reference.lens(LENS)[0])     # the engine's own lens still serves
+
+
+@pytest.mark.extended
+def test_a_vector_fitted_on_the_page_steers_the_engine_as_in_process(page, reference):
+    """Fitting needs gradients: it runs on the page (transformers, the weights loaded there), then steers."""
+    fitted = InterveneRequest.parse(prompt="The capital of France is", intervention="steer", word="Rome", layer="22",
+                                    direction="fitted", objective="lens")
+    a, b = page.intervene(fitted).to_json(), reference.intervene(fitted).to_json()
+    assert a["intervention"]["fit"]["stopped"] == b["intervention"]["fit"]["stopped"] != "time"
+    assert_same_json(a, b)
+
+
 def test_two_web_processes_read_the_same_at_once(page, second_page, reference):
     from gradio_client import Client
 
@@ -296,6 +318,10 @@ def test_two_web_processes_read_the_same_at_once(page, second_page, reference):
     for got in answers:
         assert_same_json(got, want)
     assert health(second_page.url)["backend"] == "vllm-serve"
+    deadline = time.time() + 180                 # the other page's front page: every tab's example, computed there
+    while health(second_page.url).get("front_page") != "ready":
+        assert time.time() < deadline, health(second_page.url)
+        time.sleep(1)
 
 
 def test_the_command_line_on_the_engine_service_prints_the_in_process_json(relay, reference, lens_file, capsys):

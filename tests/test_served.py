@@ -11,8 +11,9 @@ import pytest
 import torch
 from conftest import _free_port
 
-from lensapp.engine.protocol import StartFailed, Unreachable
+from lensapp.engine.protocol import ModelInfo, StartFailed, Unreachable
 from lensapp.engine.served import RESULT, Wire, finished
+from lensapp.engine.service_checks import mismatch, stack_fingerprint
 
 
 class Completion:
@@ -98,3 +99,22 @@ def test_a_trace_error_is_raised_and_a_dead_engine_is_waited_for():
         finished({}, {"type_name": "EngineDeadError", "message": "EngineCore died", "traceback": ""})
     with pytest.raises(RuntimeError, match="without the request's output"):
         finished({"saved": 1}, None)
+
+
+def test_a_page_of_another_model_is_refused_naming_both():
+    info = ModelInfo(name="m", n_layers=30, d_model=576, vocab_size=49152, backend="vllm-serve", device="remote",
+                     dtype="float32")
+    same = {"n_layers": 30, "d_model": 576, "vocab_size": 49152, "dtype": "float32", "jlens": ""}
+    assert mismatch(same, info) is None
+    assert mismatch(same | {"n_layers": 36, "d_model": 4096}, info) == \
+        "the engine service serves another model: n_layers 36 (the page: 30), d_model 4096 (the page: 576)"
+    assert "start the page with --dtype bfloat16" in mismatch(same | {"dtype": "bfloat16"}, info)
+
+
+def test_a_stack_fingerprint_sees_its_layers_and_values():
+    J = torch.eye(4, dtype=torch.bfloat16).expand(2, 4, 4).clone()
+    base = stack_fingerprint((1, 3), J)
+    assert base == stack_fingerprint([1, 3], J.float())           # the values as the engine holds them (bf16)
+    moved = J.clone()
+    moved[0, 0, 1] = 0.5
+    assert len({base, stack_fingerprint((1, 2), J), stack_fingerprint((1, 3), moved)}) == 3
