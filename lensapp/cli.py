@@ -1,4 +1,5 @@
-"""Command line: `lensapp lens | generate | intervene | fit | serve | engine`, on the same service as the app.
+"""Command line: `lensapp lens | generate | intervene | fit | serve | engine | space`, on the service and results
+the app uses.
 
 Examples:
     lensapp lens "The capital of France is" --lens both --layers 20-29 --k 5 --target Paris
@@ -16,6 +17,7 @@ Examples:
     lensapp engine --port 6677 --key "$KEY"        # the model as its own service (engine_service.py) ...
     lensapp serve --engine-url http://127.0.0.1:6677 --engine-key "$KEY"     # ... and a page on it
     lensapp lens "The capital of France is" --engine-url http://127.0.0.1:6677 --engine-key "$KEY"
+    lensapp space push user/name --dry-run         # what a Hugging Face Space would get (lensapp/space.py)
 
 (`python -m lensapp ...` is the same command.) Bad input (unknown layers, k outside 1..100, an
 empty or too long prompt, a lens file or model that does not fit) prints one line to stderr and
@@ -27,10 +29,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
+from dataclasses import fields as dataclass_fields
 
-from . import config
-from .service import fields
+from . import config, space
+from .fitting.settings import FitConfig
+from .service.field import fields_of
+from .service.kinds import KINDS
 
 EXIT_USAGE = 2
 MAX_CLI_PROMPTS = 64
@@ -40,14 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lensapp", description="Read what a language model predicts at every "
                                      "layer (logit lens, Jacobian lens), from the command line or in the browser.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help, request_fields) in REQUEST_COMMANDS.items():
-        command = sub.add_parser(name, help=help)
-        if name == "intervene":
-            kind = command.add_mutually_exclusive_group(required=True)
-            for what, (flag, field) in INTERVENTION_FLAGS.items():
-                kind.add_argument(flag, dest=what, metavar="SOURCE" if what == "patch" else "WORD",
-                                  help=f"{what}: {field.help}")
-        add_request_arguments(command, request_fields)
+    for kind in commands().values():
+        add_request_arguments(sub.add_parser(kind.name, help=kind.command), kind.request)
     add_fit_arguments(sub.add_parser("fit", help="fit a Jacobian lens (TransformersModel, backward passes)"))
     serve = sub.add_parser("serve", help="the web app (Gradio) on http://HOST:PORT")
     config.add_arguments(serve)
@@ -55,35 +53,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_engine_arguments(sub.add_parser("engine", help="the model as its own service (nnsight-serve) for pages and "
                                                        "commands given --engine-url"))
+    space.add_arguments(sub.add_parser("space", help="deploy to a Hugging Face Space (docs/hosting.md)"))
     return parser
 
 
-# The request commands and their fields (service/fields.py), in the order `--help` lists them.
-REQUEST_COMMANDS = {
-    "lens": ("every layer's readout for one or more prompts, run together",
-             (fields.PROMPTS, fields.LENS, fields.TARGETS, fields.LAYERS, fields.K, fields.CHAT, fields.RAW,
-              fields.SKIP_PUNCTUATION)),
-    "generate": ("generate, with a readout of the newest position at every step",
-                 (fields.PROMPT, fields.MAX_TOKENS, fields.TEMPERATURE, fields.SEED, fields.LENS, fields.LAYERS,
-                  fields.K, fields.CHAT, fields.RAW)),
-    # --steer WORD, --ablate WORD and --patch-from SOURCE (one of them) say the intervention; see below.
-    "intervene": ("steer, ablate or patch a layer's output, and read every lens before and after",
-                  (fields.PROMPT, fields.SPAN, fields.ALPHAS, fields.DIRECTION, fields.FROM_WORD, fields.OBJECTIVE,
-                   fields.POSITIONS, fields.PROMPT_ONLY, fields.ABLATION, fields.REFERENCE, fields.SOURCE_POSITIONS,
-                   fields.LENS, fields.LAYERS, fields.K, fields.TARGETS, fields.NEW_TOKENS, fields.TEMPERATURE,
-                   fields.SEED, fields.CHAT, fields.RAW)),
-}
-# The intervention's kind, as the flag that carries its word or source prompt.
-INTERVENTION_FLAGS = {"steer": ("--steer", fields.WORD), "ablate": ("--ablate", fields.WORD),
-                      "patch": ("--patch-from", fields.SOURCE)}
+def commands() -> dict:
+    """The request kinds with a command (service/kinds.py): each command's arguments are its request's fields."""
+    return {name: kind for name, kind in KINDS.items() if kind.command}
 
 
-def add_request_arguments(parser: argparse.ArgumentParser, request_fields) -> None:
-    """An argument per request field, as text: the field's own parser reads it (as it reads a link or the
-    API), so a bad value gets the same one line everywhere. A field without a flag is positional."""
-    for field in request_fields:
+def add_request_arguments(parser: argparse.ArgumentParser, request: type) -> None:
+    """An argument per field of `request`, in its declared order, as text: the field's own parser reads it (as it
+    reads a link or the API), so a bad value gets the same one line everywhere. A field without a flag is
+    positional; one that `selects` another's value is a required choice of flags (--steer WORD, ...)."""
+    for field in fields_of(request).values():
         help = field.help.replace("%", "%%")
-        if not field.flag:
+        if field.selects:
+            group = parser.add_mutually_exclusive_group(required=True)
+            for value, (flag, target) in field.selects.items():
+                group.add_argument(flag, dest=f"select_{value}", metavar=target.upper(),
+                                   help=f"{value}: {fields_of(request)[target].help}")
+        elif not field.cli:
+            continue
+        elif not field.flag:
             parser.add_argument(field.name, nargs="+" if isinstance(field.default, tuple) else None, help=help)
         elif isinstance(field.default, bool):
             parser.add_argument(field.flag, dest=field.name, action="store_true", default=None, help=help)
@@ -112,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "fit":
             return run_fit(args)
+        if args.command == "space":
+            return space.run(args)
         return _run(args, config.from_args(args))
     except ValueError as e:     # ConfigError, RequestError, LensFileError, ModelError, FitError, CorpusError
         print(f"error: {e}", file=sys.stderr)
@@ -119,15 +113,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def request_of(args):
-    """The request a `lens`, `generate` or `intervene` command line asks for, read by the fields' parsers."""
-    from .service import GenerateRequest, InterveneRequest, LensRequest
-
-    cls = {"lens": LensRequest, "generate": GenerateRequest, "intervene": InterveneRequest}[args.command]
-    values = {field.name: getattr(args, field.name) for field in REQUEST_COMMANDS[args.command][1]}
-    if args.command == "intervene":
-        kind = next(what for what in INTERVENTION_FLAGS if getattr(args, what) is not None)
-        values.update(intervention=kind, **{INTERVENTION_FLAGS[kind][1].name: getattr(args, kind)})
-    return cls.parse(**values)
+    """The request a request command line asks for, read by its fields' parsers (and its `selects` flags)."""
+    request = commands()[args.command].request
+    values = {}
+    for field in fields_of(request).values():
+        if field.selects:
+            value = next(v for v in field.selects if getattr(args, f"select_{v}") is not None)
+            values.update({field.name: value, field.selects[value][1]: getattr(args, f"select_{value}")})
+        elif field.cli:
+            values[field.name] = getattr(args, field.name)
+    return request.parse(**values)
 
 
 def _run(args, cfg: config.Config) -> int:
@@ -135,9 +130,8 @@ def _run(args, cfg: config.Config) -> int:
     from .service import LensService
 
     request = request_of(args)
-    if request.lens != "logit" and cfg.resolved_jlens is None:
-        raise ValueError("no Jacobian lens is configured for this model: pass --jlens PATH or HUB_REPO:FILE")
-    # The model's config, tokenizer and lens load in seconds: check everything before vLLM's minute of start.
+    # The model's config, tokenizer and lens load in seconds: check everything (a Jacobian lens asked for where
+    # none is loaded, too: planning.NO_JLENS) before vLLM's minute of start.
     service = LensService.start(cfg, start_engine=False)
     try:
         service.check(request, MAX_CLI_PROMPTS)
@@ -188,19 +182,22 @@ def _display_grid(r, name: str) -> list[str]:
 
 def format_intervention(r) -> str:
     """What was done, the word's final probability before and after each change, and what was generated."""
-    what = ", ".join(f"{k}={v}" for k, v in r.intervention.items() if v not in (None, "", []))
+    what = ", ".join(f"{k}={v}" for k, v in r.intervention.to_json().items() if v not in (None, "", []))
     out = [f"{r.before.model}: {r.before.prompt!r}", f"intervention: {what}",
            f"model's next token before: {r.before.model_next_token!r}; after: "
            + ", ".join(f"{label} {a.model_next_token!r}" for label, a in zip(r.labels, r.after))]
     if r.word is not None:
         out += [f"\nP({r.word!r}) at the last position, the model's output:", r.dose_response().to_string(index=False)]
     if r.generated_after:
-        out += [f"\ngenerated before: {r.generated_before!r}"]
+        out += [f"\ngenerated before (seed {r.seed}): {r.generated_before!r}"]
         out += [f"generated with {label}: {text!r}" for label, text in zip(r.labels, r.generated_after)]
     return "\n".join(out)
 
 
 def _fit_progress(step: int, p: float, norm: float) -> None:
+    if step < 0:
+        print(f"waiting for the fitter: {-step} fits ahead", file=sys.stderr)
+        return
     print(f"fitting the steering vector: step {step}, p(target) {p:.3f}, |v| {norm:.3g}", file=sys.stderr)
 
 
@@ -216,9 +213,8 @@ def format_generation(g) -> str:
 # -- fit -------------------------------------------------------------------------------------------
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from .fitting import SAVE_DTYPES, FitConfig
-
-    d = FitConfig()
+    """`lensapp fit`'s flags: what to fit and where it goes, then one flag per FitConfig field (its help and
+    default from its declaration: fitting/settings.py), then what only the command line does."""
     parser.add_argument("--model", default=None,
                         help="'embedded' (SmolLM2-135M-Instruct, the default), a hub id or a local folder")
     parser.add_argument("--corpus", default=None,
@@ -226,23 +222,14 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                              "'general' (the default: English the embedded model wrote itself, shipped), "
                              "'pydoc' (Python's own docs)")
     parser.add_argument("--out", required=True, help="lens file to write (.pt); also names the checkpoint")
-    parser.add_argument("--tokens", type=int, default=d.tokens, help="T: tokens per prompt")
-    parser.add_argument("--skip", type=int, default=d.skip, help="leading positions left out (attention sinks)")
-    parser.add_argument("--dim-batch", type=int, default=d.dim_batch, help="output dims per backward pass")
-    parser.add_argument("--min-prompts", type=int, default=d.min_prompts, help="never stop before this many")
-    parser.add_argument("--max-prompts", type=int, default=d.max_prompts, help="always stop at this many")
-    parser.add_argument("--threshold", type=float, default=d.threshold,
-                        help="stop when the mean relative change over --window prompts is below this")
-    parser.add_argument("--window", type=int, default=d.window, help="prompts averaged for the stop test")
+    for f in dataclass_fields(FitConfig):
+        flag, help = f.metadata["flag"] or f"--{f.name.replace('_', '-')}", f.metadata["help"].replace("%", "%%")
+        if isinstance(f.default, bool):                # a flag that turns the setting off (--no-bos)
+            parser.add_argument(flag, dest=f.name, action="store_false", help=help)
+        else:
+            parser.add_argument(flag, dest=f.name, type=type(f.default), default=f.default,
+                                choices=f.metadata["choices"] or None, help=help)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--device", default=d.device, help="torch device to fit on (cpu, cuda, ...)")
-    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="prompts between checkpoints")
-    parser.add_argument("--checkpoint-dir", type=Path, default=d.checkpoint_dir, help="where checkpoints go")
-    parser.add_argument("--save-dtype", default=d.save_dtype, choices=sorted(SAVE_DTYPES),
-                        help="dtype of the lens file")
-    parser.add_argument("--no-bos", action="store_true",
-                        help="fit prompts as tokenized, without the tokenizer's BOS token first (the default "
-                             "prepends it, as Anthropic's reference jlens does; recorded as provenance 'bos')")
     parser.add_argument("--shard", default=None, metavar="I/N", help="fit only every N-th fit chunk, from the I-th")
     parser.add_argument("--merge", nargs="+", metavar="LENS", default=None,
                         help="merge these lens files (weighted by n_prompts) into --out instead of fitting")
@@ -259,7 +246,7 @@ def run_fit(args: argparse.Namespace) -> int:
     from . import corpus as corpora
     from .engine.embedded import FORMAT_VERSION
     from .engine.loading import load_hf_model
-    from .fitting import SAVE_DTYPES, FitConfig, fit, merge, snapshot
+    from .fitting import SAVE_DTYPES, fit, merge, snapshot
 
     dtype = SAVE_DTYPES[args.save_dtype]
     if args.merge:
@@ -268,10 +255,7 @@ def run_fit(args: argparse.Namespace) -> int:
     if args.snapshot:
         print(snapshot(args.out, args.checkpoint_dir, dtype=dtype))
         return 0
-    cfg = FitConfig(tokens=args.tokens, skip=args.skip, dim_batch=args.dim_batch, min_prompts=args.min_prompts,
-                    max_prompts=args.max_prompts, threshold=args.threshold, window=args.window,
-                    checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-                    save_dtype=args.save_dtype, device=args.device, bos=not args.no_bos)
+    cfg = FitConfig(**{f.name: getattr(args, f.name) for f in dataclass_fields(FitConfig)})
     if args.threads:
         torch.set_num_threads(args.threads)
     chunks, _ = corpora.split_holdout(corpora.load_corpus(args.corpus))

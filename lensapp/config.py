@@ -18,13 +18,16 @@ Fixed limits that protect the machine (a public Space, a workshop of thirty peop
   MAX_COMPARE_PROMPTS     = 4      prompts side by side
   MAX_CHAT_MESSAGES       = 64     messages in one conversation
   MAX_ALPHA               = 20.0   a steering vector's length, in units of the layer's typical residual norm
-  MAX_SWEEP               = 12     alphas in one steering request (or layers in one patch sweep)
+  MAX_SWEEP               = 12     alphas in one steering request, or layers in one patch sweep
   PUNCTUATION_WIDTH       = 40     top-k the worker reads when a view skips punctuation (what it searches)
   MAX_TITLE_CHARS         = 120    a link's title
   MAX_NOTE_CHARS          = 1000   a link's note
+  MAX_EXPORT_ROWS         = 200000 rows of a download (lens x layer x position x top-k entries; the JSON holds
+                                   the same): ~3 s and ~18 MB of CSV to build on a small CPU
 and the configurable ones, with their defaults for a public CPU Space: `max_prompt_tokens`,
-`max_work` (cells a request may read), `max_batch`, `queue_size`, `request_timeout`, `rate_limit`,
-`max_fit_steps` and `max_fit_seconds` (a fitted steering vector's bounds).
+`max_work` (what one request may cost: service/cost.py), `max_batch`, `queue_size`, `client_requests`,
+`client_parts` (one visitor's share), `request_timeout`, `stall_timeout`, `rate_limit`, `max_fit_steps`
+and `max_fit_seconds` (a fitted steering vector's bounds).
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ MAX_SWEEP = 12
 PUNCTUATION_WIDTH = 40
 MAX_TITLE_CHARS = 120
 MAX_NOTE_CHARS = 1000
+MAX_EXPORT_ROWS = 200_000
 DEFAULT_MAX_MODEL_LEN = 2048       # when the model allows more (vLLM's KV cache is sized for it)
+# A temperature below vLLM's own threshold decodes greedily on every backend (logits divided by 1e-73 overflow).
+GREEDY_BELOW = 1e-5
 
 # The app's tabs, by the name a link (`tab=`) and a workshop file (`tabs:`) give them.
 TABS = ("logit", "jacobian", "generate", "compare", "intervene")
@@ -100,15 +106,36 @@ class Config:
                                      "or `HUB_REPO:FILE`")
     jlens_layers: str = _setting("all", "which lens layers to preload: `all` or `L,L,...`")
     max_prompt_tokens: int = _setting(512, "longest prompt accepted, in tokens")
-    max_work: int = _setting(16_384, "cells one request may read: tokens x layers x lenses (a generation: prompt "
-                                     "and generated tokens x layers x lenses)")
-    max_batch: int = _setting(16, "requests the engine runs at once (vLLM batches them step by step)")
+    max_work: int = _setting(24_000, "work one request may ask for, in units: cells read (tokens x layers x lenses, "
+                                     "over every forward it makes) plus tokens through the model x the model's "
+                                     "token weight (docs/hosting.md#limits)")
+    max_batch: int = _setting(16, "engine requests run at once (vLLM batches them step by step)")
     queue_size: int = _setting(48, "requests that may wait beyond those; more are told the app is busy")
-    request_timeout: float = _setting(120.0, "seconds one request may take before it is cancelled")
+    client_requests: int = _setting(4, "requests one visitor (address) may have running or waiting; one more is "
+                                       "told the app is busy (the host and loopback: unbounded)")
+    client_parts: int = _setting(2, "engine requests one visitor's work holds at once (a sweep's readouts take "
+                                    "turns with everyone else's)")
+    part_cells: int = _setting(4096, "cells one engine request reads at most: a larger readout is cut by layers into "
+                                     "parts (each re-runs the prompt's forward), so no one waits long behind it")
+    request_timeout: float = _setting(120.0, "seconds a light request may take before it is cancelled; a heavier one "
+                                             "gets up to five times this, in proportion to its cost")
+    stall_timeout: float = _setting(120.0, "seconds the engine may go without finishing a step while work waits, "
+                                           "before it is taken for stuck and restarted")
     rate_limit: int = _setting(60, "requests per minute per client address (0 = off; loopback is never limited)")
+    trusted_proxies: str = _setting("auto", "proxies in front of the app whose X-Forwarded-For entry names the "
+                                            "client (counted from the right); `auto` = 1 on a Hugging Face Space "
+                                            "(SPACE_ID set), 0 elsewhere")
     max_fit_steps: int = _setting(200, "optimiser steps a fitted steering vector may take (0 = no fitting)")
     max_fit_seconds: float = _setting(60.0, "seconds a fitted steering vector may take")
+    fitting: str = _setting("anyone", "who may fit a steering vector: `anyone`, the `host` (a logged-in visitor, "
+                                      "or the machine's own users when there is no login), or `off`",
+                            choices=("anyone", "host", "off"))
+    fit_queue: int = _setting(2, "fits that may wait while one runs (fits run one at a time); more are told to "
+                                 "come back")
+    fit_threads: int = _setting(1, "torch threads of the fitter's process (a fit never takes more cores)")
     auth: str = _setting("", "`user:password[,user:password...]` asks for a login (Gradio's own); empty = open")
+    health_token: str = _setting("", "a secret that shows the host all of /health (`Authorization: Bearer TOKEN`; "
+                                     "the login and this machine see it too); empty = no token")
     cache_entries: int = _setting(256, "results kept for identical requests (0 = no cache)")
     cache_mb: int = _setting(256, "memory the result cache may hold, in MB")
     cache_dir: str = _setting("", "converted models and lens downloads; empty = the user cache dir "
@@ -132,8 +159,9 @@ class Config:
                              ("tensor_parallel_size", 1, 1024), ("pipeline_parallel_size", 1, 1024),
                              ("max_prompt_tokens", 1, 1 << 20),
                              ("max_work", 1, 1 << 40), ("max_batch", 1, 1024), ("queue_size", 0, 1 << 16),
+                             ("client_requests", 1, 1 << 16), ("client_parts", 1, 1024), ("part_cells", 1, 1 << 40),
                              ("rate_limit", 0, 1 << 20), ("cache_entries", 0, 1 << 20), ("cache_mb", 0, 1 << 20),
-                             ("max_fit_steps", 0, 100_000),
+                             ("max_fit_steps", 0, 100_000), ("fit_queue", 0, 1024), ("fit_threads", 1, 1024),
                              ("port", 1, 65535)):
             if not lo <= getattr(self, name) <= hi:
                 raise ConfigError(f"{name} must be in {lo}..{hi}, got {getattr(self, name)}")
@@ -141,8 +169,12 @@ class Config:
             raise ConfigError(f"gpu_memory_utilization must be in 0..1, got {self.gpu_memory_utilization}")
         if not 1.0 <= self.max_fit_seconds <= 86_400:
             raise ConfigError(f"max_fit_seconds must be in 1..86400 seconds, got {self.max_fit_seconds}")
-        if not 1.0 <= self.request_timeout <= 86_400:
-            raise ConfigError(f"request_timeout must be in 1..86400 seconds, got {self.request_timeout}")
+        for name in ("request_timeout", "stall_timeout"):
+            if not 1.0 <= getattr(self, name) <= 86_400:
+                raise ConfigError(f"{name} must be in 1..86400 seconds, got {getattr(self, name)}")
+        if self.trusted_proxies not in ("auto", *map(str, range(9))):
+            raise ConfigError(f"trusted_proxies must be 'auto' or a number of proxies 0..8, "
+                              f"got {self.trusted_proxies!r}")
         if self.max_model_len and self.max_prompt_tokens + MAX_GENERATE_TOKENS > self.max_model_len:
             raise ConfigError(f"max_prompt_tokens ({self.max_prompt_tokens}) + {MAX_GENERATE_TOKENS} generated "
                               f"must fit max_model_len ({self.max_model_len})")
@@ -181,6 +213,13 @@ class Config:
         import platformdirs
 
         return Path(platformdirs.user_cache_dir("lensapp"))
+
+    @property
+    def resolved_trusted_proxies(self) -> int:
+        """How many proxies' X-Forwarded-For entries to count back from the right (`service/identity.py`)."""
+        if self.trusted_proxies != "auto":
+            return int(self.trusted_proxies)
+        return 1 if os.environ.get("SPACE_ID") else 0      # a Space's own front end appends one entry
 
     @property
     def resolved_jlens(self) -> str | None:
@@ -234,7 +273,7 @@ def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None
 ENGINE_SETTINGS = ("model", "backend", "device", "dtype", "max_model_len", "gpu_memory_utilization", "kv_cache_mb",
                    "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend", "jlens",
                    "jlens_layers", "max_prompt_tokens", "max_work", "cache_dir", "max_fit_steps", "max_fit_seconds",
-                   "engine_url", "engine_key")
+                   "fitting", "fit_threads", "engine_url", "engine_key")
 
 
 def from_args(args: argparse.Namespace | None = None, environ: dict | None = None) -> Config:

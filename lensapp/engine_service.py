@@ -121,6 +121,7 @@ async def serve(backend, warm, cfg: config.Config, sock) -> int:
     await warm()
     server.set_model(backend.model)
     cli._add_api_key_middleware(server.app, cfg.engine_key)    # nnsight-serve's own check (`--api-key`)
+    add_progress_route(server.app)
     http = uvicorn.Server(uvicorn.Config(server.app, log_level="warning", timeout_graceful_shutdown=5))
     died: list[str] = []
     watch = asyncio.get_running_loop().create_task(_watch(http, backend, cfg, died))
@@ -136,6 +137,20 @@ async def serve(backend, warm, cfg: config.Config, sock) -> int:
         print(f"error: the engine died ({died[0]}); exiting for its supervisor to start it again", file=sys.stderr)
         return 1
     return 0
+
+
+def add_progress_route(app) -> None:
+    """GET PROGRESS_PATH (behind the key): the CPU time this service's vLLM processes have spent, which a
+    page's supervisor reads as the engine working (`RemoteBackend.progress`) while it waits for answers."""
+    from .engine.served import PROGRESS_PATH
+    from .engine.vllm_backend import engine_cpu_seconds
+
+    if any(getattr(route, "path", None) == PROGRESS_PATH for route in app.routes):
+        return
+
+    @app.get(PROGRESS_PATH)
+    async def progress() -> dict:
+        return {"cpu_seconds": engine_cpu_seconds()}
 
 
 async def _watch(http, backend, cfg: config.Config, died: list[str]) -> None:

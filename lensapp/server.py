@@ -6,7 +6,11 @@ the real page replaces it on the same socket as soon as the model's config, toke
 vLLM starts in the background (a minute on a small CPU) while the page says so, and the engine restarts
 it if it dies. The engine (and vLLM's EngineCore and worker
 processes) is started inside `serve()`, never at import: vLLM's spawned processes re-import the
-main module. It is closed on exit, on SIGTERM and on Ctrl-C, so no engine process outlives the app.
+main module. It is closed on exit, on SIGTERM and on Ctrl-C, so no engine process outlives the app; the
+handler is installed before anything starts a process, so this holds during start-up too (`Stopping`).
+
+`/health` is private by default: everyone sees the state and readiness, the host (the app's login,
+`health_token`, or a loopback client) sees everything else (`is_host`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ log = logging.getLogger(__name__)
 
 
 def serve(args) -> int:
+    with Stopping() as stopping:          # before anything starts a process: a SIGTERM from here on is heard
+        return _serve(args, stopping)
+
+
+def _serve(args, stopping: Stopping) -> int:
     try:
         cfg, plan = settings(args)
         sock = shell.listen(cfg.host, cfg.port)
@@ -39,6 +48,9 @@ def serve(args) -> int:
     from . import ui
     from .service import LensService
 
+    if stopping.requested.is_set():
+        starting.handover().close()
+        return 0
     try:
         if plan is not None:
             ui.check_links(plan)
@@ -54,18 +66,51 @@ def serve(args) -> int:
             service.close()
 
     atexit.register(shutdown)
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: _stop(server))
-    server = None
+    listening = sock
     try:
-        server = make_server(service, cfg, plan)
-        tune_garbage_collector()
-        server.run(sockets=[starting.handover()])
+        if not stopping.requested.is_set():
+            stopping.server = make_server(service, cfg, plan)
+            tune_garbage_collector()
+        if not stopping.requested.is_set():       # checked after `server` is set: a later SIGTERM stops it
+            listening = None
+            stopping.server.run(sockets=[starting.handover()])
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if listening is not None:                 # stopped while starting: the page never took the socket
+            starting.handover().close()
         shutdown()
     return 0
+
+
+class Stopping:
+    """SIGTERM and Ctrl-C while the app starts and serves. Installed first thing: a signal that arrives while
+    the engine starts is kept and acted on between start-up steps, after which the engine closes whatever it
+    started (vLLM's processes included: `Engine.close` waits for a start in progress, then closes it). Once
+    the server runs, the signal asks it to finish its requests and return. A second Ctrl-C while stopping
+    interrupts at once."""
+
+    def __init__(self):
+        self.requested = threading.Event()
+        self.server = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> Stopping:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._heard)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _heard(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.requested.is_set():
+            raise KeyboardInterrupt
+        self.requested.set()
+        log.info("%s: stopping", signal.Signals(signum).name)
+        if self.server is not None:
+            self.server.should_exit = True
 
 
 def settings(args) -> tuple[config.Config, workshops.Workshop | None]:
@@ -131,13 +176,17 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     app.add_middleware(PrefetchLinks,
                        prefetch=ui.LinkPrefetch(service, enabled=not cfg.auth_pairs and cfg.cache_entries > 0))
 
-    @app.get("/health")
-    def health():
+    def health(request):            # a plain Starlette route, as `what_was_run` below
         h = service.health()
+        h["ready"] = h["state"] == "ready"
         h["front_page"] = "ready" if built.front.warmed.is_set() else "computing"   # every tab's example
         if usage is not None:
             h["workshop"] = usage.summary()
+        if not is_host(request, cfg):
+            h = {key: h[key] for key in PUBLIC_HEALTH if key in h}
         return JSONResponse(h, status_code=200 if h["state"] in ("ready", "starting") else 503)
+
+    app.add_route("/health", health, methods=["GET"])
 
     def what_was_run(request):      # a plain Starlette route: FastAPI cannot read this module's lazy annotations
         if cfg.auth_pairs and not _logged_in(request, cfg.auth_pairs):
@@ -169,6 +218,29 @@ class PrefetchLinks:
         await self.app(scope, receive, send)
 
 
+# What /health shows everyone: whether the app serves. The rest (the failure's reason, memory, the model,
+# the cache, the counts) is the host's.
+PUBLIC_HEALTH = ("state", "ready", "front_page", "queue_depth")
+
+
+def is_host(request, cfg) -> bool:
+    """The host: the app's login (HTTP basic: `curl -u user:password`), `Authorization: Bearer
+    <health_token>`, or a client on this machine (a loopback address, as `service/identity.py` derives it)."""
+    import hmac
+
+    from .service import identity
+
+    if cfg.auth_pairs and _logged_in(request, cfg.auth_pairs):
+        return True
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if cfg.health_token and scheme.lower() == "bearer" and hmac.compare_digest(token.encode(),
+                                                                                cfg.health_token.encode()):
+        return True
+    peer = request.client.host if request.client is not None else None
+    address = identity.client_address(peer, request.headers.getlist("x-forwarded-for"), cfg.resolved_trusted_proxies)
+    return identity.is_loopback(address)
+
+
 def _logged_in(request, pairs: list[tuple[str, str]]) -> bool:
     """HTTP basic credentials that are one of the app's logins (`curl -u user:password .../workshop`)."""
     import base64
@@ -191,9 +263,3 @@ def make_server(service, cfg, plan: workshops.Workshop | None = None):
     app = make_app(service, cfg, plan, warm=True)
     return uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                                          timeout_graceful_shutdown=5))
-
-
-def _stop(server) -> None:
-    """SIGTERM: let uvicorn finish its requests and return from run(); `serve` then closes the engine."""
-    if server is not None:
-        server.should_exit = True

@@ -84,8 +84,8 @@ class Shell:
 
 
 def _handler(page: bytes) -> type[BaseHTTPRequestHandler]:
-    health = json.dumps({"state": "starting", "reason": "the app is loading (the web app, then the model)",
-                         "page": "starting"}).encode()
+    health = json.dumps({"state": "starting", "ready": False, "front_page": "computing",
+                         "reason": "the app is loading (the web app, then the model)", "page": "starting"}).encode()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):

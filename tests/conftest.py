@@ -30,6 +30,7 @@ WORKSHOP = REPO / "tests" / "data" / "workshop.yaml"     # the running app's wor
 START_TIMEOUT = 360                           # s for `python app.py` to serve its page
 APP_LOG: list[Path] = []                      # the running app's log, quoted when a wait fails
 APP_PID: list[int] = []                       # the running app's process (other children of pytest may be zombies)
+APP_JLENS: list[Path] = []                    # the running app's lens file (a service here can read the same)
 
 # Hypothesis's own deadline only reports a slow example after it returns (and torch.compile's first calls
 # on a new shape are slow by nature): the hostile tests bound every call with their own watchdog instead.
@@ -192,6 +193,7 @@ def app_url(tmp_path_factory, model_dims):
                            {layer: torch.eye(d) + 0.05 * torch.randn(d, d, generator=g) for layer in J_LAYERS},
                            n_prompts=0,
                            provenance={"model": "a random test model", "corpus": "none: a random test lens"})
+    APP_JLENS[:] = [lens_path]
     port = _free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
            "GRADIO_ANALYTICS_ENABLED": "False"}
@@ -224,7 +226,9 @@ def app_url(tmp_path_factory, model_dims):
 
 # -- the browser (Debian's Chromium, driven by Playwright) ----------------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"
+# Debian's package installs /usr/bin/chromium, Fedora's /usr/bin/chromium-browser.
+CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.path.exists(p)),
+                "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

@@ -164,7 +164,7 @@ def targets_text() -> st.SearchStrategy[str]:
 
 def queries() -> st.SearchStrategy:
     """A link's query: random text, or parameters (known and unknown names, hostile values) url-encoded."""
-    names = st.sampled_from(sorted(pl.VIEW_FIELDS) + ["v", "__theme", "x" * 300, ""])
+    names = st.sampled_from(sorted(pl.view_fields()) + ["v", "__theme", "x" * 300, ""])
     pairs = st.lists(st.tuples(names, st.one_of(texts(big=False), st.sampled_from(["1" * 5000, "%FF%FE", "0-999"]))),
                      max_size=12)
     encoded = pairs.map(lambda ps: "&".join(f"{quote(k, errors='surrogatepass')}={quote(v, errors='surrogatepass')}"
@@ -227,7 +227,7 @@ def assert_within_limits(view: pl.View) -> None:
 def noticed_fields(notices: list[str]) -> list[str]:
     for n in notices:
         assert isinstance(n, str) and len(n.splitlines()) == 1 and len(n) <= MAX_MESSAGE, repr(n)
-    return [m[1] for n in notices if (m := re.match(r"The link's (\w+) ", n)) and m[1] in pl.VIEW_FIELDS]
+    return [m[1] for n in notices if (m := re.match(r"The link's (\w+) ", n)) and m[1] in pl.view_fields()]
 
 
 class EngineStarted(Exception):

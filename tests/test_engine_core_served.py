@@ -7,7 +7,7 @@ import time
 import pytest
 
 from lensapp.engine.core import Engine
-from lensapp.engine.protocol import ModelInfo, Unreachable
+from lensapp.engine.protocol import ModelInfo, Progress, Unreachable
 
 INFO = ModelInfo(name="stand-in", n_layers=2, d_model=4, vocab_size=8, backend="vllm-serve", device="remote",
                  dtype="float32")
@@ -18,6 +18,7 @@ class Service:
 
     def __init__(self, up: bool):
         self.up, self.connects, self.tries = up, 0, 0
+        self.answers, self.cpu_seconds = 0, 0.0      # what RemoteBackend.progress reports: answers, its CPU time
 
 
 class ServedStandIn:
@@ -33,6 +34,9 @@ class ServedStandIn:
 
     def failure(self):
         return None if self.service.up else "the engine service at stand-in does not answer"
+
+    def progress(self):
+        return Progress(self.service.answers, self.service.cpu_seconds)
 
     def is_dead(self, error):
         return str(error) if isinstance(error, Unreachable) else None
@@ -109,3 +113,35 @@ def test_a_call_cut_off_by_the_service_going_away_is_told_to_run_again(served):
     service.up = True
     engine.wait_ready(10)
     assert engine.call("lens", which) == 2
+
+
+def test_a_long_answer_from_a_working_service_is_awaited_and_a_silent_idle_one_reconnected():
+    """The stall watch on a served backend (RemoteBackend.progress: answers received, the service's CPU time):
+    a trace that takes longer than stall_timeout on a service whose vLLM keeps working is no stall; one on a
+    service that neither answers nor works is, and the engine reconnects (not a restart it counts)."""
+    service = Service(up=True)
+    engine = Engine(lambda: ServedStandIn(service), INFO, request_timeout=30, stall_timeout=0.4,
+                    watchdog_seconds=0.05)
+    engine.start()
+    try:
+        engine.wait_ready(10)
+
+        async def working(backend):
+            for _ in range(12):                      # 1.2 s, three stall_timeouts, no answer until the end
+                await asyncio.sleep(0.1)
+                backend.service.cpu_seconds += 1.0
+            backend.service.answers += 1
+            return backend.n
+
+        assert engine.call("lens", working) == 1
+
+        async def silent(backend):
+            await asyncio.sleep(5)
+            return backend.n
+
+        with pytest.raises(Exception, match="please run again"):
+            engine.call("lens", silent)
+        engine.wait_ready(10)
+        assert engine.call("lens", which) == 2 and engine.health()["restarts"] == 0
+    finally:
+        engine.close()

@@ -143,12 +143,11 @@ def test_a_generation_that_stops_at_eos_has_a_readout_for_every_token(vllm_servi
 
 
 def test_bad_input_is_refused_and_the_engine_keeps_serving(vllm_service):
-    for req, msg in [(LensRequest(prompts=("x",), layers="30"), "outside"), (LensRequest(prompts=("",)), "empty"),
-                     (LensRequest(prompts=("x",), k=101), "k must"),
-                     (LensRequest(prompts=("hello " * 600,)), "limit"),
-                     (LensRequest(prompts=("x",), lens="jacobian"), "no Jacobian lens")]:
-        with pytest.raises(RequestError, match=msg):
-            vllm_service.lens(req)
+    for ask, msg in [({"prompts": ("x",), "layers": "30"}, "outside"), ({"prompts": ("",)}, "empty"),
+                     ({"prompts": ("x",), "k": 101}, "k must"), ({"prompts": ("hello " * 600,)}, "limit"),
+                     ({"prompts": ("x",), "lens": "jacobian"}, "no Jacobian lens")]:
+        with pytest.raises(RequestError, match=msg):            # when the request is made, or when it is planned
+            vllm_service.lens(LensRequest(**ask))
     assert vllm_service.lens(LensRequest(prompts=("ok",), layers="-1"))[0].layers == [29]
 
 
@@ -221,3 +220,31 @@ def test_the_workers_readouts_land_on_huge_pages(vllm_service):
     vllm_service.lens(LensRequest(prompts=(" ".join(PROMPTS) * 3,), k=1))
     rollup = Path(f"/proc/{worker.pid}/smaps_rollup").read_text()
     assert int(re.search(r"AnonHugePages:\s+(\d+) kB", rollup).group(1)) > 0
+
+
+def test_twelve_concurrent_chats_with_different_readouts_each_read_their_own(vllm_service):
+    """Every chat's readout runs in its own request's trace: twelve chats at once, with different lenses,
+    layers and k, each equal their solo run (a readout installed once for all, as before, could be swapped
+    by another chat mid-generation)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lensapp.service import ChatRequest
+
+    d, n = vllm_service.info.d_model, vllm_service.info.n_layers
+    vllm_service.install_jlens(jlens.JacobianLens(J=random_jacobians(d, [4, 12, 20]), n_prompts=0, d_model=d))
+    asks = [ChatRequest(messages=({"role": "user", "content": f"Name a colour, please ({i})."},),
+                        lens=("logit", "jacobian")[i % 2], layer=(4, 12, 20, -1)[i % 4], k=1 + i % 5,
+                        max_tokens=5) for i in range(12)]
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            together = list(pool.map(vllm_service.chat, asks))
+        alone = [vllm_service.chat(ask) for ask in asks]
+    finally:
+        vllm_service.install_jlens(None)
+    assert len({(r.lens, r.layer, len(r.readout[0])) for r in alone}) >= 8      # the asks really differ
+    for ask, t, a in zip(asks, together, alone):
+        assert (t.lens, t.layer) == (a.lens, a.layer) == (ask.lens, ask.layer % n)
+        assert t.token_ids == a.token_ids
+        for x, y in zip(t.readout, a.readout):
+            assert len(x) == len(y) == ask.k
+            np.testing.assert_allclose([p for _, p in x], [p for _, p in y], atol=1e-4)

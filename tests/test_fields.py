@@ -12,16 +12,21 @@ from dataclasses import fields as dataclass_fields
 
 import gradio as gr
 import pytest
+from field_cases import CASES as FIELD_CASES
 from hostile import assert_one_line, run_cli
 
 from lensapp import config
 from lensapp.service import fields as f
-from lensapp.service.fields import Field, RequestError, fields_of
+from lensapp.service.field import Field, RequestError, fields_of
 from lensapp.service.requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
 from lensapp.ui import api, permalinks
 from lensapp.ui.permalinks import View, as_text
 
 SCHEMA = {name: value for name, value in vars(f).items() if isinstance(value, Field)}
+EXAMPLES = {name: FIELD_CASES.get(name, ((), ())) for name in SCHEMA}
+for _alias, _base in (("CHAT_MAX_TOKENS", "MAX_TOKENS"), ("CHAT_K", "K"),      # a field made from another
+                      ("INTERVENE_SEED", "SEED")):
+    EXAMPLES[_alias] = (tuple(x for x in FIELD_CASES[_base][0] if x[1] != SCHEMA[_base].default), FIELD_CASES[_base][1])
 REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest)
 # The API's published parameter order: a parameter is only ever added at the end (old clients keep working).
 PUBLISHED = {
@@ -51,11 +56,12 @@ def schema_field(field: Field) -> Field:
 @pytest.mark.parametrize("name", sorted(SCHEMA))
 def test_every_field_reads_its_examples_and_refuses_its_hostile_values(name):
     field = SCHEMA[name]
-    assert field.help and (field.examples or field.default is None)
-    for raw, value in field.examples:
+    examples, hostile = EXAMPLES[name]
+    assert field.help and (examples or field.default is None)
+    for raw, value in examples:
         assert field(raw) == value, (raw, value)
-    assert field.hostile, f"{name} declares no hostile values"
-    for raw in field.hostile:
+    assert hostile, f"{name} has no hostile values in tests/field_cases.py"
+    for raw in hostile:
         with pytest.raises(RequestError) as e:
             field(raw)
         assert_one_line(str(e.value))
@@ -72,7 +78,7 @@ def test_every_request_field_is_declared_in_the_schema(cls):
 
 
 def test_a_link_reads_each_request_field_with_its_parser():
-    for name, field in permalinks.VIEW_FIELDS.items():
+    for name, field in permalinks.view_fields().items():
         if name in ("tab", "metric", "start", "title", "note"):  # what only a view has
             assert field is getattr(permalinks, name.upper())
             continue
@@ -82,14 +88,14 @@ def test_a_link_reads_each_request_field_with_its_parser():
 
 
 def test_the_api_is_made_from_the_schema():
-    assert [e.name for e in api.ENDPOINTS] == list(PUBLISHED)
-    for endpoint in api.ENDPOINTS:
-        names = [field.name for field in endpoint.params]
+    assert [e.name for e in api.endpoints()] == list(PUBLISHED)
+    for endpoint in api.endpoints():
+        names = [field.name for field in endpoint.fields()]
         assert names[:len(PUBLISHED[endpoint.name])] == PUBLISHED[endpoint.name], endpoint.name
         fn = api.endpoint_function(endpoint, service=None, guard=None)
         params = list(inspect.signature(fn).parameters.values())
         assert [p.name for p in params] == names + ["request"]
-        for p, field in zip(params, endpoint.params):
+        for p, field in zip(params, endpoint.fields()):
             assert schema_field(field) is field
             assert (p.annotation, p.default) == api.api_form(field)
             assert field.help in fn.__doc__
@@ -102,10 +108,17 @@ def test_the_cli_is_made_from_the_schema():
 
     parser = cli.build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices
-    for command, (_, request_fields) in cli.REQUEST_COMMANDS.items():
+    for command, kind in cli.commands().items():
         actions = {a.dest: a for a in commands[command]._actions}
-        for field in request_fields:
+        for field in fields_of(kind.request).values():
             assert schema_field(field) is field
+            if field.selects:
+                for value, (flag, _) in field.selects.items():
+                    assert actions[f"select_{value}"].option_strings == [flag]
+                continue
+            if not field.cli:
+                assert field.name not in actions
+                continue
             action = actions[field.name]
             assert action.option_strings == ([field.flag] if field.flag else []), field.name
             assert action.default is None                          # unset: the field's own default applies
@@ -120,12 +133,12 @@ def tiny_app(tiny_service):
 
 def test_the_tabs_open_on_the_schemas_defaults(tiny_app):
     _, built = tiny_app
-    assert set(built.tabs) == set(permalinks.TABS)
+    assert list(built.tabs) == list(permalinks.TABS) == list(permalinks.TAB_VIEWS)
     for name, parts in built.tabs.items():
-        assert set(parts.fields) <= set(permalinks.VIEW_FIELDS) | {f"prompt{i}" for i in range(1, 5)}, name
+        assert set(parts.inputs) == set(parts.view.input_names()), name      # every field the link carries
         view = View(tab=name)
-        for (field, component), value in zip(parts.fields.items(), parts.values(view)):
-            assert component.value == (value if not isinstance(value, tuple) else as_text(value)), (name, field)
+        for component, value in parts.values(view).items():
+            assert component.value == (value if not isinstance(value, tuple) else as_text(value)), (name, component)
 
 
 # -- one hostile value, three doors -----------------------------------------------------------------------
@@ -139,8 +152,8 @@ DOORS = [(f.K, "--k", "lens"), (f.LAYERS, "--layers", "lens"), (f.LENS, "--lens"
          (f.ALPHAS, "--alpha", "intervene"), (f.POSITIONS, "--position", "intervene"),
          (f.DIRECTION, "--direction", "intervene"), (f.ABLATION, "--ablation", "intervene"),
          (f.NEW_TOKENS, "--max-tokens", "intervene"), (f.FROM_WORD, "--from", "intervene")]
-CASES = [(field, flag, endpoint, raw) for field, flag, endpoint in DOORS for raw in field.hostile
-         if isinstance(raw, str)]
+CASES = [(field, flag, endpoint, raw) for field, flag, endpoint in DOORS
+         for raw in EXAMPLES[next(n for n, x in SCHEMA.items() if x is field)][1] if isinstance(raw, str)]
 
 
 @pytest.mark.parametrize("field, flag, endpoint, raw", CASES,
@@ -158,7 +171,7 @@ def test_a_hostile_value_gets_the_same_answer_at_every_door(tiny_app, field, fla
     assert len(notices) == 1 and message in notices[0], notices
 
     service, _ = tiny_app
-    call = api.endpoint_function(next(x for x in api.ENDPOINTS if x.name == endpoint), service,
+    call = api.endpoint_function(next(x for x in api.endpoints() if x.name == endpoint), service,
                                  Guard(RateLimiter(0)))
     args = {"prompt": "Hi", **({"word": "Rome", "layer": "3"} if endpoint == "intervene" else {}), field.name: raw}
     with pytest.raises(gr.Error) as e:

@@ -103,10 +103,20 @@ def test_saved_file_round_trips_with_provenance_and_csv(model, prompts, tmp_path
     assert (p["T"], p["skip"], p["dim_batch"], p["dtype"], p["n_prompts"]) == (T, SKIP, 5, "float64", 4)
     assert p["converged"] is False and isinstance(p["final_delta"], float) and "hardware" in p and "date" in p
     assert p["unembedding"] == jlens.unembedding_fingerprint(model._module.get_output_embeddings().weight)
+    assert p["versions"] == jlens.library_versions() and {"torch", "transformers", "nnsight"} <= set(p["versions"])
+    assert "revision" not in p                    # a model built here has no hub revision
     rows = list(csv.DictReader(open(tmp_path / "lens_convergence.csv")))
     assert [r["prompt"] for r in rows] == ["1", "2", "3", "4"]
     assert float(rows[0]["delta"]) == pytest.approx(1.0) and float(rows[-1]["identity_distance"]) > 0
     assert not list(tmp_path.glob("lens*.ckpt*")), "checkpoints belong in checkpoint_dir"
+
+
+def test_a_hub_model_s_revision_is_recorded(model, prompts, tmp_path, monkeypatch):
+    """transformers sets `_commit_hash` on a config read from the hub: the fit records it as `revision`."""
+    monkeypatch.setattr(model._module.config, "_commit_hash", "c" * 40, raising=False)
+    out = fitting.fit(model, LLAMA_HF, prompts[:2], cfg(tmp_path, max_prompts=1), tmp_path / "lens.pt",
+                      progress=False)
+    assert jlens.read(out).provenance["revision"] == "c" * 40
 
 
 def test_merge_of_halves_equals_whole(model, prompts, tmp_path):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import re
 from types import SimpleNamespace
 
 import gradio as gr
 import pytest
 
-from lensapp.engine import EngineBusy, EngineRestarted
+from lensapp.engine import EngineBusy, EngineDown, EngineRestarted
 from lensapp.service.limits import RateLimited, RateLimiter
 from lensapp.service.requests import RequestError
 from lensapp.ui.guard import Guard, client_address
@@ -46,8 +47,31 @@ def test_an_engine_fault_logs_its_traceback_and_says_one_line(caplog):
 
     with caplog.at_level(logging.INFO, logger="lensapp.ui.guard"), pytest.raises(gr.Error) as e:
         Guard(RateLimiter(0)).api(None, fault)
-    assert e.value.message == "the engine failed (ZeroDivisionError: division by zero)"
-    assert any(r.exc_info for r in caplog.records)
+    reference = re.fullmatch(r"something failed on the server \(reference ([0-9a-f]{8}): the host's log has the "
+                             r"details\)", e.value.message)[1]                  # not the exception's text
+    logged = [r for r in caplog.records if r.exc_info]
+    assert len(logged) == 1 and reference in logged[0].getMessage() and logged[0].exc_info[0] is ZeroDivisionError
+
+
+def test_an_unexpected_error_shows_a_reference_not_its_text(caplog):
+    """An exception's text may name the server's files: the visitor gets a reference, the log the rest."""
+    def fault():
+        raise OSError(2, "No such file or directory", "/root/.cache/lensapp/models/secret-folder/config.json")
+
+    with caplog.at_level(logging.INFO, logger="lensapp.ui.guard"), pytest.raises(gr.Error) as e:
+        Guard(RateLimiter(0)).ui(None, fault)
+    assert "reference" in e.value.message and "/root" not in e.value.message and "secret" not in e.value.message
+    assert "secret-folder" in "".join(logging.Formatter().formatException(r.exc_info) for r in caplog.records
+                                      if r.exc_info)
+
+
+def test_an_expected_error_names_files_by_their_name_only():
+    def fail():
+        raise EngineDown("the model is down: the model could not start: no config in /root/.cache/lensapp/x/y")
+
+    with pytest.raises(gr.Error) as e:
+        Guard(RateLimiter(0)).api(None, fail)
+    assert e.value.message == "the model is down: the model could not start: no config in y"
 
 
 def test_rate_limit_per_address_with_bursts_and_loopback_free():
@@ -65,7 +89,20 @@ def test_rate_limit_per_address_with_bursts_and_loopback_free():
     assert limiter.refused == 1
 
 
-def test_client_address_trusts_forwarding_only_from_a_private_proxy():
-    assert client_address(request("10.0.0.5", "203.0.113.9, 10.0.0.1")) == "203.0.113.9"
-    assert client_address(request("8.8.8.8", "1.2.3.4")) == "8.8.8.8"               # a forged header
-    assert client_address(None) is None
+def test_client_address_trusts_only_the_hops_the_host_names():
+    assert client_address(request("10.0.0.5", "203.0.113.9, 10.0.0.1")) == "10.0.0.5"       # no proxy trusted
+    assert client_address(request("10.0.0.5", "203.0.113.9, 10.0.0.1"), 1) == "10.0.0.1"
+    assert client_address(request("10.0.0.5", "localhost"), 1) == "10.0.0.5"                 # a name: the peer
+    assert client_address(request("8.8.8.8", "1.2.3.4")) == "8.8.8.8"
+    assert client_address(request("testclient")) == "unidentified"                         # limited, not exempt
+    assert client_address(None) is None                                                     # a call inside the app
+
+
+def test_the_guard_limits_by_the_derived_address():
+    guard = Guard(RateLimiter(per_minute=60, burst=2, clock=lambda: 0.0), trusted_proxies=1)
+    for forged in ("localhost", "127.0.0.1", "203.0.113.1", "203.0.113.2"):      # the client's own first hops
+        try:
+            guard.api(request("10.0.0.5", f"{forged}, 198.51.100.4"), lambda: None)
+        except gr.Error as e:
+            assert "too many requests" in e.message
+    assert guard.limiter.refused == 2

@@ -15,7 +15,6 @@ import json
 import math
 import re
 
-import gradio as gr
 import pytest
 from hostile import (
     DEFAULT_VIEW,
@@ -50,6 +49,8 @@ from lensapp import config
 from lensapp.config import MAX_K, MAX_SEED, MAX_TEMPERATURE
 from lensapp.service import ChatRequest, GenerateRequest, LensRequest, RequestError
 from lensapp.service import fields as f
+from lensapp.service.field import Field
+from lensapp.ui import chat_tab, generate_tab, lens_tab
 from lensapp.ui import permalinks as pl
 
 # gr.Warning outside a request (the handlers called directly) is a UserWarning; here it is expected
@@ -81,11 +82,13 @@ GENERATE_FIELDS = (
 @example(kw={"prompts": ("Hi",), "lens": 10**5000})          # found: str() of the int raised
 @example(kw={"prompts": ("Hi",), "lens": [], "raw": []})      # found: unhashable
 def test_service_lens(tiny, kw):
-    req = LensRequest(**kw)
+    req = expect(watch(LensRequest, **kw), LensRequest)                # a request is read when it is made
+    if isinstance(req, RequestError):
+        return
     checked = watch(tiny.check, req)
     out = expect(watch(tiny.lens, req), list)
     if isinstance(out, RequestError) or isinstance(checked, RequestError):   # check() refuses what lens() refuses
-        assert str(expect(checked, type(None))) == str(out)
+        assert str(expect(checked, object)) == str(out)
     else:
         assert len(out) == len(req.prompts)
 
@@ -95,11 +98,13 @@ def test_service_lens(tiny, kw):
 @example(kw={"prompt": "0", "max_tokens": 4, "temperature": 3.6e-73})   # found: logits / 3.6e-73 -> inf
 @example(kw={"prompt": "0", "max_tokens": 1, "temperature": 10**200})   # found (dev): math.isfinite overflowed
 def test_service_generate(tiny, kw):
-    req = GenerateRequest(**kw)
+    req = expect(watch(GenerateRequest, **kw), GenerateRequest)
+    if isinstance(req, RequestError):
+        return
     checked = watch(tiny.check, req)
     out = expect(watch(tiny.generate, req), object)
     if isinstance(out, RequestError) or isinstance(checked, RequestError):
-        assert str(expect(checked, type(None))) == str(out)
+        assert str(expect(checked, object)) == str(out)
     else:
         assert 1 <= len(out.steps) <= req.max_tokens
 
@@ -117,10 +122,12 @@ CHAT_FIELDS = (
 @scaled(50)
 @given(kw=fields(*CHAT_FIELDS))
 def test_service_chat(tiny, kw):
-    expect(watch(tiny.chat, ChatRequest(**kw)), object)
+    req = expect(watch(ChatRequest, **kw), ChatRequest)
+    if not isinstance(req, RequestError):
+        expect(watch(tiny.chat, req), object)
 
 
-SCHEMA = [value for value in vars(f).values() if isinstance(value, f.Field)]
+SCHEMA = [value for value in vars(f).values() if isinstance(value, Field)]
 
 
 @scaled(200)
@@ -164,11 +171,12 @@ LENS_TAB_FIELDS = (
 @example(kw={"prompt": "Hi", "layers": 3, "k": 5, "targets": 7, "metric": [], "chat": False, "raw": False,
             "start": None})   # found
 def test_lens_tab(app, tab, kw):
-    out = page_outcome(app.tabs[tab].run, *kw.values())
-    if isinstance(out, tuple):
-        show_position = app.tabs[tab].handlers["show_position"]
+    out = page_outcome(app.tabs[tab].run, kw)
+    if isinstance(out, dict):
+        show_position = functools.partial(lens_tab.pick_position, lens_tab.JACOBIAN_TAB if tab == "jacobian"
+                                          else lens_tab.LOGIT_TAB, app.guard)
         for pos in (0, -1, 10**6, "x", None, math.nan):      # a stale or forged position selection
-            expect(watch(show_position, out[0], pos), object)
+            expect(watch(show_position, {"state": out["state"], "position": pos}), object)
 
 
 GENERATE_TAB_FIELDS = (
@@ -182,28 +190,28 @@ GENERATE_TAB_FIELDS = (
 @scaled(30)
 @given(kw=fields(*GENERATE_TAB_FIELDS))
 def test_generate_tab(app, kw):
-    out = page_outcome(app.tabs["generate"].run, *kw.values())
-    if isinstance(out, tuple):
-        show_step = app.tabs["generate"].handlers["show_step"]
+    out = page_outcome(app.tabs["generate"].run, kw)
+    if isinstance(out, dict):
+        show_step = functools.partial(generate_tab.pick_step, app.guard)
         for step, lens in ((0, "logit"), (-1, "jacobian"), (10**6, "logit"), ("x", None), (None, 3)):
-            expect(watch(show_step, out[0], step, lens), object)
+            expect(watch(show_step, {"state": out["state"], "step": step, "table_lens": lens}), object)
 
 
 CHAT_TAB_FIELDS = (
-    {"text": words(), "history": st.just([]) | conversations().map(lambda c: list(c) + [
-        {"role": "assistant", "content": "Hi."}]), "shown": st.just([]), "layer": st.none() | st.integers(0, 3),
+    {"message": words(), "history": st.just([]) | conversations().map(lambda c: list(c) + [
+        {"role": "assistant", "content": "Hi."}]), "chatbot": st.just([]), "layer": st.none() | st.integers(0, 3),
      "lens": st.sampled_from(["logit", "jacobian"]), "max_tokens": st.integers(1, 4),
      "temperature": st.floats(0, MAX_TEMPERATURE), "seed": st.none() | st.integers(0, MAX_SEED)},
-    {"text": st.one_of(texts(), anything()), "layer": numbers(), "lens": anything(), "max_tokens": numbers(),
+    {"message": st.one_of(texts(), anything()), "layer": numbers(), "lens": anything(), "max_tokens": numbers(),
      "temperature": numbers(), "seed": numbers()})
 
 
 @scaled(30)
 @given(kw=fields(*CHAT_TAB_FIELDS))
-def test_chat_tab(app, kw):
-    out = page_outcome(app.tabs["generate"].handlers["chat_send"], *kw.values())
-    if isinstance(out, tuple) and out[0] != gr.skip():          # a blank message is skipped
-        assert out[0] == "" and out[1][-1]["role"] == "assistant"
+def test_chat_tab(app, tiny, kw):
+    out = page_outcome(functools.partial(chat_tab.send, chat_tab.CHAT, tiny, app.guard), kw)
+    if isinstance(out, dict) and out:                            # a blank message is skipped
+        assert out["message"] == "" and out["history"][-1]["role"] == "assistant"
 
 
 COMPARE_TAB_FIELDS = (
@@ -219,7 +227,7 @@ COMPARE_TAB_FIELDS = (
 @scaled(24)
 @given(kw=fields(*COMPARE_TAB_FIELDS))
 def test_compare_tab(app, kw):
-    page_outcome(app.tabs["compare"].run, *kw.values())
+    page_outcome(app.tabs["compare"].run, kw)
 
 
 @scaled(150)
@@ -237,15 +245,15 @@ def test_restore_from_any_link(app, query):
 @given(values=st.lists(anything(), min_size=9, max_size=9))
 @example(values=["Hi", 10**5000, "x", "logit", "all", 5, False, None, False])   # found: str() of the int raised
 def test_the_link_box_follows_any_input(app, tab, values):
-    n = 8 if tab == "logit" else 9
-    query = expect(watch(lambda *v: pl.query_string(app.tabs[tab].to_view(*v)), *values[:n]), str, errors=())
+    named = dict(zip(app.tabs[tab].view.input_names(), values))
+    query = expect(watch(lambda v: pl.query_string(app.tabs[tab].view.view_of(v)), named), str, errors=())
     view, _ = pl.decode(query)
     assert view.tab == tab
 
 
 # -- links: decode never raises, keeps every field within limits, one notice per bad field ----------------
 
-LINK_NAMES = st.sampled_from(sorted(pl.VIEW_FIELDS) + ["v", "__theme", ""])
+LINK_NAMES = st.sampled_from(sorted(pl.view_fields()) + ["v", "__theme", ""])
 
 
 @scaled(300)
@@ -262,7 +270,7 @@ def test_decode_any_mapping(params, checked):
     if any("could not be read" in n for n in notices):                     # str() of a 5000-digit int fails
         assert view == DEFAULT_VIEW
         return
-    for name, field in pl.VIEW_FIELDS.items():
+    for name, field in pl.view_fields().items():
         default = "all" if name == "layers" and checked else getattr(DEFAULT_VIEW, name)
         if name in named:
             assert getattr(view, name) == default
@@ -282,7 +290,7 @@ def test_decode_any_query_and_reencode_it(query):
     assert len(named) == len(set(named)), notices
     again, notices = pl.decode(pl.query_string(view))                      # the link box's link opens cleanly
     assert notices == []
-    for name in pl.TAB_FIELDS[view.tab] + ("tab",):
+    for name in pl.tab_fields(view.tab) + ("tab",):
         if name == "temperature":                                          # the link writes 6 digits
             assert again.temperature == pytest.approx(view.temperature, rel=1e-5)
         else:

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -207,17 +208,26 @@ def test_readme_is_a_docker_space():
 
 def test_dockerfile_variants_install_with_the_makefile():
     global_args, stages = dockerfile()
-    assert global_args == {"VARIANT": "cpu"}
+    # The CPU base is a build argument (a Debian made by debootstrap where no registry answers); so is torch's
+    # index, by default the Makefile's.
+    assert global_args == {"VARIANT": "cpu", "BASE": "python:3.11-slim", "TORCH_INDEX": TORCH_INDEX}
+    # A venv that does not exist yet: on a machine that has installed, `make -n install` has nothing left to run.
+    fresh = make_commands("install", VENV=str(Path(tempfile.gettempdir()) / "lensapp-no-venv"))
+    assert any(c[-3:-1] == ["--extra-index-url", TORCH_INDEX] for c in fresh)
     assert docker_variants() == {"cpu": "requirements.txt", "gpu": "requirements-gpu.txt"}
     bases = {s["name"]: s["base"] for s in stages}
-    assert bases["base-cpu"].startswith("python:3.11") and bases["base-gpu"].startswith("nvidia/cuda:")
+    assert bases["base-cpu"] == "${BASE}" and bases["base-gpu"].startswith("nvidia/cuda:")
+    # The optional folder for pip (wheels, a proxy's CA) is an empty stage unless the build names a context.
+    assert bases["pip-local"] == "scratch" and not stages[0]["lines"]
     final = stages[-1]
     assert final["base"] == "base-${VARIANT}"
     lines = final["lines"]
     runs = [rest for w, rest in lines if w == "RUN"]
     assert any(re.search(r"useradd .*-u 1000 user", r) for r in runs)
     user_at = lines.index(("USER", "user"))
-    install_at = lines.index(("RUN", "PIP_NO_CACHE_DIR=1 make install REQS=$REQS"))
+    (install_at,) = [i for i, (w, rest) in enumerate(lines) if w == "RUN" and "make install" in rest]
+    assert lines[install_at][1].startswith("--mount=type=bind,from=pip-local,target=/tmp/pip-local ")
+    assert lines[install_at][1].endswith("PIP_NO_CACHE_DIR=1 make install REQS=$REQS TORCH_INDEX=$TORCH_INDEX")
     assert user_at < install_at                               # installed and converted as the user who runs it
     assert ("EXPOSE", str(space_front_matter()["app_port"])) in lines
     env = " ".join(rest for w, rest in lines if w == "ENV")
@@ -226,7 +236,7 @@ def test_dockerfile_variants_install_with_the_makefile():
     assert convert_at > install_at
     assert lines[-1] == ("CMD", '[".venv/bin/python", "app.py"]')
     # Every install goes through the Makefile: no pip command of the Dockerfile's own to drift from it.
-    assert not [r for s in stages for w, r in s["lines"] if w == "RUN" and re.search(r"\bpip\b", r)]
+    assert not [r for s in stages for w, r in s["lines"] if w == "RUN" and re.search(r"\bpip3? +install\b", r)]
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored                                 # a host venv would make `make install` a no-op
 
@@ -260,11 +270,12 @@ def test_wheel_installs_a_working_lensapp(tmp_path):
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     # This venv's packages stand in for the dependencies (already tested to resolve), all but vLLM:
-    # `pip install .` without an extra has none, and `--backend transformers` must not need it.
+    # `pip install .` without an extra has none, and `--backend transformers` must not need it. The wheel is
+    # installed even where those packages hold an editable lensapp (a developer's `pip install -e .`).
     (Path(site) / "_lensapp_test_deps.pth").write_text(
         f"{sysconfig.get_paths()['purelib']}\nimport sys; sys.modules['vllm'] = None\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
-                    "--quiet", str(wheel)], check=True, timeout=300)
+                    "--ignore-installed", "--quiet", str(wheel)], check=True, timeout=300)
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
@@ -281,3 +292,51 @@ def test_wheel_installs_a_working_lensapp(tmp_path):
     assert result["layers"] == [28, 29]
     top = result["lenses"]["logit"]["top_tokens"]
     assert len(top) == 2 and len(top[-1][-1]) == 2 and top[-1][-1][0] == " Paris"
+
+
+# -- what make checks and passes on -----------------------------------------------------------------------
+
+def test_make_run_passes_host_port_model_and_workshop_and_ignores_them_from_the_environment():
+    """`make run HOST=... PORT=... MODEL=... WORKSHOP=...` reaches `lensapp serve`; without them it serves on
+    lensapp's defaults (127.0.0.1:7860), even when the shell happens to export a HOST (zsh's hostname)."""
+    stamp = ".venv/.installed-requirements.txt"        # taken as done: `make -n` then prints only the serve line
+    (serve,) = [c for c in make_commands("run", HOST="0.0.0.0", PORT="8080", MODEL="Qwen/Qwen3-8B",
+                                         WORKSHOP="workshops/w.yaml") if "app.py" in c]
+    assert serve[1:] == ["app.py", "--host", "0.0.0.0", "--port", "8080", "--model", "Qwen/Qwen3-8B",
+                         "--workshop", "workshops/w.yaml"]
+    out = subprocess.run(["make", "-n", "run", "-o", stamp], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "HOST": "example.org", "PORT": "1", "MODEL": "x"}).stdout
+    (serve,) = [shlex.split(line) for line in out.splitlines() if "app.py" in line]
+    assert serve == [".venv/bin/python", "app.py"]
+
+
+def fake_python(tmp_path: Path, version: str) -> Path:
+    """A python3 that says it is `version` (major.minor) and is otherwise this one."""
+    major, minor = version.split(".")
+    script = tmp_path / "python-fake"
+    script.write_text(f"#!/bin/sh\n[ \"$1\" = -c ] || exit 2\nexec {sys.executable} -c 'import sys; "
+                      f"sys.version_info = ({major}, {minor}, 0, \"final\", 0); code = sys.argv[1]; "
+                      "sys.argv = [\"-c\"]; exec(compile(code, \"<string>\", \"exec\"))' \"$2\"\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_the_prerequisite_check_names_the_packages_for_debian_and_fedora(tmp_path):
+    """A Python outside 3.11-3.14 and no libnuma: exit 1 before anything is built, one line saying what is missing
+    and one line of packages for each family of systems. This machine's own Python passes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ldconfig").write_text("#!/bin/sh\necho '1 libs found in cache'\n")   # no libnuma in it
+    (bin_dir / "ldconfig").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    check = [str(ROOT / "scripts" / "check-prereqs.sh")]
+    out = subprocess.run(["bash", *check, str(fake_python(tmp_path, "3.10")), "--numa"], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 1
+    missing, debian, fedora = out.stderr.strip().splitlines()
+    assert missing.startswith("missing: Python 3.11 to 3.14") and "is 3.10" in missing and "libnuma" in missing
+    assert debian.split(":", 1)[1].split() == ["sudo", "apt-get", "install", "python3.11", "python3.11-venv",
+                                             "libnuma1"]
+    assert fedora.split(":", 1)[1].split() == ["sudo", "dnf", "install", "python3.11", "numactl-libs"]
+    assert subprocess.run(["bash", *check, str(fake_python(tmp_path, "3.15"))], capture_output=True).returncode == 1
+    assert subprocess.run(["bash", *check, sys.executable], capture_output=True).returncode == 0

@@ -44,8 +44,8 @@ def test_steering_raises_the_word_over_a_sweep_and_alpha_0_reads_as_the_plain_le
         a, b = r.after[0].lenses[name], plain.lenses[name]
         assert (a.top_ids == b.top_ids).all() and (a.top_probs == b.top_probs).all()
         assert (a.targets[0].probs == b.targets[0].probs).all()
-    norm = r.intervention["typical_norm"][22]
-    assert norm > 0 and r.intervention["alphas"] == [0.0, 0.1, 0.2, 0.4, 0.8]
+    norm = r.intervention.typical_norm[22]
+    assert norm > 0 and r.intervention.alphas == (0.0, 0.1, 0.2, 0.4, 0.8)
     assert r.labels == ["alpha 0", "alpha 0.1", "alpha 0.2", "alpha 0.4", "alpha 0.8"]
     upper = r.after[-1].lenses["logit"].targets[0].probs[r.before.layers.index(22):, -1]
     assert (upper > r.before.lenses["logit"].targets[0].probs[r.before.layers.index(22):, -1]).all()
@@ -58,7 +58,9 @@ def test_ablating_the_jacobian_direction_where_the_lens_reads_it_lowers_the_answ
     assert before > 0.3 and after < before / 10, (before, after)
     mean = service.intervene(InterveneRequest.parse(prompt=EIFFEL, intervention="ablate", word="Paris",
                                                     direction="jacobian", layer="20-28", ablation="mean"))
-    assert mean.dose_response()["prob"].iloc[1] < before and set(mean.intervention["means"]) == set(range(20, 29))
+    assert mean.dose_response()["prob"].iloc[1] < before
+    assert set(mean.intervention.means) == set(range(20, 29))
+    assert set(mean.to_json()["intervention"]["means"]) == {str(layer) for layer in range(20, 29)}
 
 
 def test_patching_the_subject_moves_the_answer_toward_the_source(service):
@@ -71,7 +73,7 @@ def test_patching_the_subject_moves_the_answer_toward_the_source(service):
     assert paris_after > 0.5 > 10 * paris_before, table
     rome = [r.final_probability(x, target=1)[0] for x in [r.before, *r.after]]
     assert max(rome[1:]) < rome[0]                                # and away from the target's own answer
-    assert r.intervention["source_positions"] == [1, 2, 3] and r.intervention["target_positions"] == [1, 2, 3]
+    assert r.intervention.source_positions == (1, 2, 3) and r.intervention.target_positions == (1, 2, 3)
 
 
 def test_a_fitted_vector_reaches_its_objective_and_moves_vllm_the_same_way(service):
@@ -79,11 +81,11 @@ def test_a_fitted_vector_reaches_its_objective_and_moves_vllm_the_same_way(servi
     r = service.intervene(InterveneRequest.parse(prompt=FRANCE, intervention="steer", word="Rome", layer="20",
                                                  direction="fitted", objective="output"),
                           progress=lambda step, p, norm: heard.append(p))
-    fit = r.intervention["fit"]
-    assert fit["reached"] and fit["p"] >= 0.5 and heard
-    at_fit = r.labels.index(f"alpha {r.intervention['alphas'][2]:g}")        # the default sweep: 0, 1/2, 1, 2 x
+    fit = r.intervention.fit
+    assert fit.reached and fit.p >= 0.5 and heard
+    at_fit = r.labels.index(f"alpha {r.intervention.alphas[2]:g}")           # the default sweep: 0, 1/2, 1, 2 x
     p_vllm = r.final_probability(r.after[at_fit])[0]
-    assert abs(p_vllm - fit["p"]) < 0.05, (p_vllm, fit["p"])                  # as the fit read it on transformers
+    assert abs(p_vllm - fit.p) < 0.05, (p_vllm, fit.p)                  # as the fit read it on transformers
     assert r.final_probability(r.after[0])[0] == pytest.approx(r.final_probability(r.before)[0], abs=1e-6)
 
 

@@ -171,7 +171,68 @@ def test_the_service_reads_a_bos_lens_with_bos_and_warns_when_a_prompt_differs(t
         said = []                                   # the page says it too, as a warning beside the chart
         monkeypatch.setattr(lens_tab, "warn", said.append)
         page = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0)).tabs["jacobian"]
-        page.run("Water boils", "all", 1, "", "top1_prob", True, False, None)
+        page.run({"prompt": "Water boils", "layers": "all", "k": 1, "metric": "top1_prob", "chat": True})
         assert len(said) == 1 and "fitted without a BOS" in said[0]
+    finally:
+        tiny_service.install_jlens(old)
+
+
+def test_a_lens_warns_when_the_releases_or_revision_it_was_fitted_under_differ(tmp_path):
+    """Recorded versions are compared by release series (major.minor): another series or another model revision
+    warns, naming both sides; a patch release or a local build tag does not; a file that records none loads
+    without a word. The description carries the versions and the warnings, and orjson takes it."""
+    import orjson
+
+    running = jlens.library_versions()
+    assert {"torch", "transformers", "nnsight"} <= set(running)
+    series = {name: jlens.release_series(v) for name, v in running.items()}
+    older = {**running, "transformers": "4.40.0"}
+    path = jlens.save(tmp_path / "old.pt", {0: torch.eye(D)}, n_prompts=1,
+                      provenance={"versions": older, "revision": "a" * 40})
+    lens = jlens.load(path, d_model=D, n_layers=N_LAYERS, versions=running, revision="b" * 40)
+    assert len(lens.warnings) == 2
+    assert f"transformers 4.40.0 (serving with {running['transformers']})" in lens.warnings[0]
+    assert "torch" not in lens.warnings[0] and "nnsight" not in lens.warnings[0]
+    assert "revision aaaaaaaaaaaa" in lens.warnings[1] and "revision bbbbbbbbbbbb" in lens.warnings[1]
+    described = lens.describe()
+    assert described["provenance"]["versions"] == older and described["warnings"] == lens.warnings
+    assert orjson.loads(orjson.dumps(described)) == described
+
+    patched = {name: f"{series[name]}.999+local" for name in running}
+    path = jlens.save(tmp_path / "patched.pt", {0: torch.eye(D)}, n_prompts=1, provenance={"versions": patched})
+    assert jlens.load(path, d_model=D, n_layers=N_LAYERS, versions=running, revision="b" * 40).warnings == []
+    unrecorded = lens_file(tmp_path / "published.pt", provenance={"model": "x"})
+    assert jlens.load(unrecorded, d_model=D, n_layers=N_LAYERS, versions=running, revision="b" * 40).warnings == []
+    assert "warnings" not in jlens.load(unrecorded, d_model=D, n_layers=N_LAYERS, versions=running).describe()
+
+
+def test_the_json_and_the_page_say_when_a_lens_was_fitted_under_other_releases(tiny_service, tmp_path,
+                                                                               monkeypatch):
+    """Loaded through the service, a lens fitted under another transformers series carries the warning in every
+    result's `jlens` (the CLI's and the API's JSON) and as a note in the Jacobian tab, which does not repeat it
+    as a pop-up at each readout."""
+    from lensapp import config, ui
+    from lensapp.service import LensRequest
+    from lensapp.ui import lens_tab
+
+    old = tiny_service.jlens
+    n, d = tiny_service.info.n_layers, tiny_service.info.d_model
+    versions = {**jlens.library_versions(), "transformers": "4.40.0"}
+    path = jlens.save(tmp_path / "l.pt", jlens.identity(d, list(range(n - 1))), n_prompts=1,
+                      provenance={"versions": versions})
+    try:
+        tiny_service.load_jlens(str(path))
+        r = tiny_service.lens(LensRequest(prompts=("Water boils",), lens="both", k=1))[0]
+        (warning,) = r.jlens["warnings"]
+        assert "transformers 4.40.0 (serving with" in warning
+        assert r.to_json()["jlens"]["warnings"] == [warning]
+        said = []
+        monkeypatch.setattr(lens_tab, "warn", said.append)
+        page = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+        notes = [b.value for b in page.demo.blocks.values()
+                 if "lens-warning" in (getattr(b, "elem_classes", None) or [])]
+        assert notes == [f"**Note:** {lens_tab.md_text(warning)}."]
+        page.tabs["jacobian"].run({"prompt": "Water boils", "layers": "all", "k": 1, "metric": "top1_prob"})
+        assert said == []
     finally:
         tiny_service.install_jlens(old)

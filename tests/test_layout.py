@@ -21,6 +21,8 @@ FORBIDDEN = {
     "lensapp.charts": ("lensapp.service", "lensapp.engine", "lensapp.ui", "torch", "gradio", "vllm", "nnsight"),
     "lensapp.service": ("lensapp.ui", "lensapp.charts", "lensapp.cli", "lensapp.server", "gradio", "altair"),
     "lensapp.fitting": ("lensapp.service", "lensapp.ui", "lensapp.cli", "gradio", "altair"),
+    # A deployment tool: it runs where only huggingface_hub is installed (make space).
+    "lensapp.space": ("lensapp.", "gradio", "altair", "vllm", "nnsight", "torch", "transformers"),
 }
 
 
@@ -105,3 +107,21 @@ def test_both_backends_implement_the_protocol():
             assert inspect.iscoroutinefunction(impl) == inspect.iscoroutinefunction(proto), f"{cls.__name__}.{name}"
             assert list(inspect.signature(impl).parameters) == list(inspect.signature(proto).parameters), \
                 f"{cls.__name__}.{name}{inspect.signature(impl)} differs from the protocol's {inspect.signature(proto)}"
+
+
+# Folders CONTRIBUTING's layout lists module by module: every module in one of them is named in its block.
+LISTED = ("ui",)
+
+
+@pytest.mark.parametrize("folder", LISTED)
+def test_the_contributing_layout_names_every_module_of_a_listed_folder(folder):
+    lines = (PACKAGE.parent / "CONTRIBUTING.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {folder}/ "))
+    block = []
+    for line in lines[start + 1:]:
+        if not line.startswith("    "):
+            break
+        block.append(line)
+    named = {word for line in block for word in line.replace(",", " ").replace(":", " ").split()
+             if word.endswith(".py")}
+    assert named == {p.name for p in (PACKAGE / folder).glob("*.py")}, f"CONTRIBUTING's {folder}/ is not the tree"

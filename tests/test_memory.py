@@ -54,8 +54,20 @@ def test_a_plan_that_does_not_fit_is_one_line_naming_each_part():
 
 
 def test_the_embedded_model_fits_a_4_gb_container():
-    budget = memory.plan(Config(), INFO, SMOLLM2, "no/such/folder", 29, host.MemoryLimit(4 << 30, "cgroup"))
-    assert budget.fits, budget.describe()
+    budget = memory.plan(Config(max_fit_steps=0), INFO, SMOLLM2, "no/such/folder", 29,
+                         host.MemoryLimit(4 << 30, "cgroup"))
+    assert budget.fits and not budget.fitter, budget.describe()
+
+
+def test_the_fitter_is_counted_and_left_out_where_it_does_not_fit():
+    """Fitting on (the default): its process and float32 copy are in the plan; a 4 GB container holds the app
+    but not also the fitter, so the plan without it is what serves there (preflight turns fitting off)."""
+    small = memory.plan(Config(), INFO, SMOLLM2, "no/such/folder", 29, host.MemoryLimit(4 << 30, "cgroup"))
+    assert small.fitter >= 4 * memory.param_count(SMOLLM2, "no/such/folder") and "fitter" in small.describe()
+    assert not small.fits and memory.without_fitter(small).fits
+    roomy = memory.plan(Config(), INFO, SMOLLM2, "no/such/folder", 29, host.MemoryLimit(8 << 30, "cgroup"))
+    assert roomy.fits and roomy.fitter
+    assert not memory.plan(Config(fitting="off"), INFO, SMOLLM2, "x", 29, host.MemoryLimit(8 << 30, "cgroup")).fitter
 
 
 def test_on_a_gpu_only_the_host_side_counts():
@@ -65,7 +77,7 @@ def test_on_a_gpu_only_the_host_side_counts():
                                  head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False)
     budget = memory.plan(Config(), gpu, qwen, "Qwen/Qwen3-8B", 35, host.MemoryLimit(32 << 30, "available RAM"))
     assert budget.weights > 15e9 and "weights" not in budget.parts()
-    assert budget.total == budget.runtime + budget.jlens + budget.result_cache
+    assert budget.total == budget.runtime + budget.jlens + budget.result_cache + budget.fitter    # fits run on the host
 
 
 def fake_root(tmp_path: Path, *, cgroup: str, v1_limit: str | None = None, own: dict | None = None) -> Path:

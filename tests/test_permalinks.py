@@ -21,7 +21,7 @@ from lensapp.ui.permalinks import View
 def test_round_trip(view):
     back, notices = pl.decode(pl.encode(view))
     assert notices == []
-    used = pl.TAB_FIELDS[view.tab] + ("tab",)
+    used = pl.tab_fields(view.tab) + ("tab",)
     assert {f: getattr(back, f) for f in used} == {f: getattr(view, f) for f in used}
     back2, notices2 = pl.decode(pl.query_string(view))          # through the URL text as well
     assert back2 == back and notices2 == []
@@ -174,8 +174,17 @@ def test_a_note_is_text_and_points_at_cells():
 
     md = note_markdown("<b>Title</b>", "layer 22: `␣city` <script>window.pwned=1</script>")
     assert "<script>" not in md and "<b>" not in md and "&lt;script&gt;" in md
-    hl = highlight_of("Look at layer 22 and layers 3-4, `␣city` or ` town`")
+    hl = highlight_of("Look at layer 22 and layers 3-4, `␣city` or ` town`", range(30))
     assert hl.layers == {22, 3, 4} and hl.tokens == {" city", " town"}
     assert hl.marks(22, " city") and hl.marks(3, " town") and not hl.marks(21, " city") and not hl.marks(22, "x")
-    assert not highlight_of("nothing here") and not highlight_of(None)
-    assert highlight_of("`Paris`").marks(5, " Paris")                   # a token without its space still matches
+    assert not highlight_of("nothing here", range(30)) and not highlight_of(None, range(30))
+    assert highlight_of("`Paris`", range(30)).marks(5, " Paris")       # a token without its space still matches
+
+
+def test_a_number_reads_back_as_it_was_written():
+    """A float is written short where that reads back the same (0.7), else exactly: an alpha of 1.015625 is not
+    cut to 6 digits (the link and the alphas box once wrote 1.01562)."""
+    view = View(tab="intervene", alphas=(1.015625, 0.1, -20.0), temperature=0.123456789)
+    assert pl.encode(view)["alphas"] == "1.015625, 0.1, -20"
+    back, notices = pl.decode(pl.query_string(view))
+    assert notices == [] and (back.alphas, back.temperature) == (view.alphas, view.temperature)

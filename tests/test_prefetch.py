@@ -35,7 +35,8 @@ def test_a_lens_link_prefetches_the_request_its_page_will_send():
     assert prefetch(link(tab="logit", prompt="The capital of France is", layers="1-3", k=7, targets="Paris"))
     service.release.set()
     prefetch._runner.shutdown(wait=True)
-    want, _ = lens_request(LOGIT_TAB, service, "The capital of France is", "1-3", 7, ("Paris",), False, False)
+    want, _ = lens_request(LOGIT_TAB, service, {"prompt": "The capital of France is", "layers": "1-3", "k": 7,
+                                                "targets": "Paris", "chat": False, "raw": False})
     assert service.asked == [want]
 
 
@@ -45,7 +46,8 @@ def test_a_link_that_skips_punctuation_prefetches_that_request():
     assert prefetch(link(tab="logit", prompt="The Eiffel Tower is in the city of", punct=1))
     service.release.set()
     prefetch._runner.shutdown(wait=True)
-    want, _ = lens_request(LOGIT_TAB, service, "The Eiffel Tower is in the city of", "all", 5, (), False, False, True)
+    want, _ = lens_request(LOGIT_TAB, service, {"prompt": "The Eiffel Tower is in the city of", "layers": "all", "k": 5,
+                                                "targets": "", "punct": True})
     assert service.asked == [want] and want.skip_punctuation
 
 

@@ -61,17 +61,18 @@ def test_the_page_the_api_and_the_cli_show_the_same_cells(both, vllm_service, mo
     _, result = both
     expected = result.to_json()["lenses"]["logit"]
     page = build_ui(vllm_service, config.Config(jlens="none", rate_limit=0)).tabs["logit"]
-    out = page.run(PROMPT, "all", 5, "", "top1_prob", False, False, None, True)
-    assert out[0].to_json()["lenses"]["logit"]["display_tokens"] == expected["display_tokens"]
-    drawn = page_cells(out[1])
+    out = page.run({"prompt": PROMPT, "layers": "all", "k": 5, "targets": "", "metric": "top1_prob", "chat": False,
+                    "raw": False, "start": None, "punct": True})
+    assert out["state"].to_json()["lenses"]["logit"]["display_tokens"] == expected["display_tokens"]
+    drawn = page_cells(out["heatmap"])
     settings = DisplaySettings()
     for i, layer in enumerate(result.layers):
         for p in range(len(result.input_ids)):
             assert drawn[layer, p] == cell_text(expected["display_tokens"][i][p], expected["display_ranks"][i][p],
                                                 settings)
-    assert "rank " in out[-1] and "<table>" in out[-1]                      # the table alternative
+    assert "rank " in out["grid_table"] and "<table>" in out["grid_table"]                      # the table alternative
 
-    endpoint = next(e for e in api.ENDPOINTS if e.name == "lens")
+    endpoint = next(e for e in api.endpoints() if e.name == "lens")
     answer = api.endpoint_function(endpoint, vllm_service, Guard(RateLimiter(0)))(PROMPT, skip_punctuation=True)
     assert {key: answer["lenses"]["logit"][key] for key in ("display_tokens", "display_ranks", "top_tokens")} == \
         {key: expected[key] for key in ("display_tokens", "display_ranks", "top_tokens")}

@@ -3,8 +3,13 @@
 import pytest
 
 from lensapp.service.fields import RequestError
-from lensapp.service.planning import parse_layers
 from lensapp.service.requests import ChatRequest, GenerateRequest, LensRequest
+from lensapp.service.selection import Selection
+
+
+def parse_layers(text, n, allowed=None):
+    """The one grammar: a selection's text, then its indices in an n-long thing."""
+    return Selection(text).resolve(n, allowed=allowed)
 
 
 def test_parse_layers_forms():
@@ -37,13 +42,13 @@ def test_parse_layers_outside_the_lens():
 ])
 def test_a_request_built_in_code_is_checked_like_one_read_from_text(prompts, lens, k, targets, msg):
     with pytest.raises(RequestError, match=msg):
-        LensRequest(prompts=tuple(prompts), lens=lens, k=k, targets=tuple(targets)).checked()
+        LensRequest(prompts=tuple(prompts), lens=lens, k=k, targets=tuple(targets))
 
 
 def test_parse_reads_text_the_way_every_surface_sends_it():
     req = LensRequest.parse(prompts=["Hi"], k="7", targets="Paris, Rome", chat="1", layers=None)
     assert req == LensRequest(prompts=("Hi",), k=7, targets=("Paris", "Rome"), chat=True, layers="all")
-    assert req.checked() == req                                   # reading a read request changes nothing
+    assert LensRequest(**vars(req)) == req                        # reading a read request changes nothing
     gen = GenerateRequest.parse(prompt="x", max_tokens="3", temperature="0.5", seed="")
     assert (gen.max_tokens, gen.temperature, gen.seed, gen.sampled) == (3, 0.5, None, True)
     assert not GenerateRequest(prompt="x").sampled

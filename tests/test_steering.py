@@ -43,7 +43,7 @@ def p_with(m, layout, ids, layer, v, rows, target, lens: bool) -> float:
     return float(logits.softmax(-1)[target])
 
 
-@pytest.mark.parametrize("objective, positions", [("lens", "last"),
+@pytest.mark.parametrize("objective, positions", [("lens", "last"), ("output", (2,)),
                                                   pytest.param("output", "last", marks=pytest.mark.extended),
                                                   pytest.param("output", "all", marks=pytest.mark.extended)])
 def test_the_fit_reaches_its_objective_and_the_vector_does_what_it_says(model, objective, positions):
@@ -55,7 +55,7 @@ def test_the_fit_reaches_its_objective_and_the_vector_does_what_it_says(model, o
     assert [s for s, _, _ in seen] == list(range(fit.steps + 1)) and seen[0][2] == 0.0
     assert fit.vector.shape == (576,) and fit.vector.dtype == torch.float32
     assert 0 < fit.norm < fit.typical_norm            # small next to the stream it steers
-    rows = [len(ids) - 1] if positions == "last" else list(range(len(ids)))
+    rows = {"last": [len(ids) - 1], "all": list(range(len(ids)))}.get(positions, positions)
     got = p_with(m, layout, ids, 20, fit.vector, rows, rome, lens=objective == "lens")
     assert abs(got - fit.p) < 1e-4, (got, fit.p)
     assert p_with(m, layout, ids, 20, torch.zeros(576), rows, rome, lens=objective == "lens") < 0.01
@@ -74,10 +74,15 @@ def test_every_bound_stops_it_and_bad_settings_are_refused(model):
     assert none.steps == 0 and not none.reached and not none.vector.any() and none.stopped == "max_steps"
     timed = fit_steering(m, layout, ids, 20, rome, SteerConfig(max_seconds=1e-9, threshold=0.999))
     assert timed.stopped == "time" and timed.steps <= 1
-    for kwargs in ({"objective": "probe"}, {"positions": "first"}, {"threshold": 1.0}, {"lr": 0}):
+    for kwargs in ({"objective": "probe"}, {"positions": "first"}, {"positions": ()}, {"positions": (-1,)},
+                   {"threshold": 1.0}, {"lr": 0}):
         with pytest.raises(FitError):
             SteerConfig(**kwargs)
     with pytest.raises(FitError, match="outside"):
         fit_steering(m, layout, ids, 30, rome)
+    with pytest.raises(FitError, match="last position"):
+        fit_steering(m, layout, ids, 20, rome, SteerConfig(objective="lens", positions=(1,)))
+    with pytest.raises(FitError, match="outside the prompt"):
+        fit_steering(m, layout, ids, 20, rome, SteerConfig(objective="output", positions=(40,)))
     with pytest.raises(FitError, match="objective 'lens'"):
         fit_steering(m, layout, ids, 20, rome, SteerConfig(objective="output"), J=torch.eye(576))

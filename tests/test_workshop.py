@@ -126,7 +126,8 @@ def test_the_counts_are_the_hosts_behind_the_login():
         assert client.get("/workshop", auth=("host", "wrong")).status_code == 401
         got = client.get("/workshop", auth=("host", "secret")).json()
         assert list(got["exercises"]) == [f"{i}. {ex.title}" for i, ex in enumerate(plan.exercises, 1)]
-        assert client.get("/health").json()["workshop"]["tabs"] == {}
+        assert client.get("/health", auth=("host", "secret")).json()["workshop"]["tabs"] == {}
+        assert "workshop" not in client.get("/health").json()                 # the counts are the host's
     assert service.observer is not None
     with TestClient(make_app(service, config.Config(), plan)) as client:
         assert client.get("/workshop").status_code == 200                # no login: the host's alone

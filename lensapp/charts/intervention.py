@@ -77,7 +77,7 @@ def dose_response(result: InterventionResult, settings: DisplaySettings = Displa
     table = result.dose_response()
     if table.empty or not result.sweep:
         raise ValueError("a dose-response curve needs a word and a sweep (several alphas, or a patch over layers)")
-    swept = "alpha" if result.intervention.get("kind") == "steer" else "patched layer"
+    swept = "alpha" if result.intervention.kind == "steer" else "patched layer"
     rows = [{"value": float(v), "prob": finite(p), "rank": int(k), "change": c}
             for c, v, p, k in table.iloc[1:].itertuples(index=False)]
     before = float(table.iloc[0]["prob"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .families import Family, find, hf_logits
-from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling
+from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Progress, Sampling
 from .trace import JLENS_ATTR, Site, continuation_trace, lens_body, lens_trace
 
 
@@ -35,6 +35,7 @@ class TransformersBackend:
         self.layout = family.layout("transformers")
         self.tokenizer = self.model.tokenizer
         self.site = Site(self.layout, self.head, info.d_model)
+        self.steps = 0               # traces and generated tokens finished (`progress`)
 
     def head(self, model, x):
         return hf_logits(model.config, find(model, self.layout.head)(x))
@@ -67,6 +68,7 @@ class TransformersBackend:
                 saved["steps"].append(lens_body(model, spec, site, step=step))
             saved["result"] = tracer.result
         ids = saved["result"][0].tolist()[len(spec.input_ids):]
+        self.steps += len(ids)
         return GenerationOutput(token_ids=ids, steps=list(saved["steps"])[:len(ids)])
 
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
@@ -85,10 +87,14 @@ class TransformersBackend:
         model, site = self.model, self.site
         with torch.no_grad(), model.trace(torch.tensor([input_ids])):
             saved = nnsight.save(body(model, site, *args))
+        self.steps += 1
         return saved
 
     def failure(self) -> str | None:
         return None
+
+    def progress(self) -> Progress:
+        return Progress(self.steps)      # it runs on the engine's own thread: the watchdog waits for it anyway
 
     def is_dead(self, error: BaseException) -> str | None:
         return None              # an error here is the call's own: the model lives in this process

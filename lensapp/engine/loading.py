@@ -11,6 +11,7 @@ runs on an engine service (`remote_backend`): this process reads only its config
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from ..config import DEFAULT_MAX_MODEL_LEN, EMBEDDED, MAX_GENERATE_TOKENS, Config, ConfigError
@@ -44,7 +45,9 @@ def resolve_model(cfg: Config) -> tuple[str, str]:
             return str(embedded_model_dir(cfg.resolved_cache_dir / "models")), EMBEDDED_NAME
         except EmbeddedModelError as e:       # neither the package nor PyPI: one line, exit 2
             raise ModelError(str(e)) from None
-    return cfg.model, cfg.model
+    # A local folder is named by its last part: the server's folders are nobody's business (redact.py).
+    local = Path(cfg.model).expanduser()
+    return cfg.model, (local.resolve().name or cfg.model) if local.is_dir() else cfg.model
 
 
 def describe_model(cfg: Config) -> ResolvedModel:

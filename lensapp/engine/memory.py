@@ -10,7 +10,8 @@ takes that size as given (`kv_cache_memory_bytes`) and reads no fraction.
 The rest of the plan adds up what the app holds: the weights in the serving dtype, that KV cache,
 the Jacobian lens (the web process's copy and the worker's), the readout's peak (one chunk of
 `[rows, vocab]` float32 logits and the final distribution of the longest prompt), the result cache,
-and the processes' own memory (Python, torch, vLLM, Gradio), as measured in bench/RESULTS.md. When
+the processes' own memory (Python, torch, vLLM, Gradio), as measured in bench/RESULTS.md, and, when
+fitting is on, the steering fitter's process (a float32 copy of the weights: fitting/worker.py). When
 that exceeds what the machine or container allows (`host.memory_limit`), the app says so in one line
 naming each number and what to change, before any engine starts.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import MAX_GENERATE_TOKENS, Config, ConfigError
@@ -33,6 +34,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # the same three; transformers: one process.
 RUNTIME_BYTES = {"vllm-cpu": int(2.0 * GiB), "vllm": int(2.5 * GiB), "transformers": int(1.0 * GiB),
                  "vllm-serve": int(1.0 * GiB)}      # a page whose model runs on an engine service: the page only
+# The steering fitter's process (fitting/worker.py) beyond its float32 copy of the weights: Python, torch,
+# transformers and nnsight, and one prompt's activations for the backward pass.
+FITTER_RUNTIME_BYTES = int(0.85 * GiB)     # measured: 1.32 GiB in all for the embedded model
 # Rows of [rows, vocab] logits a readout unembeds at once (lenses.ROW_CHUNK) and what else it holds at
 # its peak: the logits' float32 copy where the model serves another dtype, and one byte per cell for a
 # target's rank.
@@ -53,11 +57,13 @@ class Budget:
     limit: int
     limit_source: str
     device: str = "cpu"
+    fitter: int = 0                  # the steering fitter's process, when fitting is on
 
     @property
     def total(self) -> int:
-        """What the host's memory must hold (on a GPU, weights, KV cache and readouts live there)."""
-        on_host = self.runtime + self.jlens + self.result_cache
+        """What the host's memory must hold (on a GPU, weights, KV cache and readouts live there; the fitter
+        fits on the CPU)."""
+        on_host = self.runtime + self.jlens + self.result_cache + self.fitter
         return on_host if self.device == "cuda" else on_host + self.weights + self.kv_cache + self.readout
 
     @property
@@ -66,9 +72,10 @@ class Budget:
 
     def parts(self) -> dict[str, int]:
         parts = {"weights": self.weights, "KV cache": self.kv_cache, "Jacobian lens": self.jlens,
-                 "readout": self.readout, "result cache": self.result_cache, "processes": self.runtime}
-        if self.device != "cpu":
-            parts = {k: v for k, v in parts.items() if k in ("Jacobian lens", "result cache", "processes")}
+                 "readout": self.readout, "result cache": self.result_cache, "processes": self.runtime,
+                 "fitter": self.fitter}
+        if self.device != "cpu":                     # a GPU's, or an engine service's ("remote"): not this host's
+            parts = {k: v for k, v in parts.items() if k in ("Jacobian lens", "result cache", "processes", "fitter")}
         return parts
 
     def describe(self) -> str:
@@ -94,7 +101,22 @@ def plan(cfg: Config, info, hf_config, path: str, jlens_layers: int, limit) -> B
         readout=readout_bytes(info.vocab_size, longest, dtype_bytes) if here else 0,
         result_cache=cfg.cache_mb * MiB if cfg.cache_entries else 0,
         runtime=RUNTIME_BYTES.get(info.backend, RUNTIME_BYTES["vllm"]),
-        limit=limit.bytes, limit_source=limit.source, device=info.device)
+        limit=limit.bytes, limit_source=limit.source, device=info.device,
+        fitter=fitter_bytes(param_count(hf_config, path)) if fitting_on(cfg) else 0)
+
+
+def fitting_on(cfg: Config) -> bool:
+    return cfg.max_fit_steps > 0 and cfg.fitting != "off"
+
+
+def fitter_bytes(params: int) -> int:
+    """The steering fitter's process: a float32 copy of the weights, and its runtime."""
+    return params * 4 + FITTER_RUNTIME_BYTES
+
+
+def without_fitter(budget: Budget) -> Budget:
+    """The plan with fitting off: what a machine that cannot also hold the fitter serves with."""
+    return replace(budget, fitter=0)
 
 
 def check(budget: Budget) -> None:

@@ -27,6 +27,10 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 def preflight(cfg: Config, model: ResolvedModel, jlens_layers: int) -> memory.Budget:
     """The memory plan, or ConfigError naming what cannot work on this machine with these settings."""
     budget = memory.plan(cfg, model.info, model.hf_config, model.path, jlens_layers, host.memory_limit())
+    if budget.fitter and not budget.fits and memory.without_fitter(budget).fits:
+        log.warning("steering fits are off: the machine holds the app but not also the fitter's copy of the model "
+                    "(%s)", budget.describe())
+        budget = memory.without_fitter(budget)
     memory.check(budget)
     info = model.info
     ranks = cfg.tensor_parallel_size * cfg.pipeline_parallel_size

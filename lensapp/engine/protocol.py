@@ -13,10 +13,11 @@ step by step), the transformers backend's one at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
+from ..config import GREEDY_BELOW
 from ..interventions import KINDS
 
 # `lenses.layer_readouts` fields: top_ids, top_probs [L, P, k], entropy [L, P], kl_to_final [L, P], ...
@@ -110,6 +111,8 @@ class LensSpec:
     keep_layers, keep_positions (None: all): `LensOutput.kept`, the stream there (after edits).
     norms: `LensOutput.norms`, each requested layer's typical residual norm (`interventions.typical_norm`).
     keep_* and norms are read by `run_lens` only.
+    read_prompt: `run_generate` reads every prompt position at step 0; False: its step 0 reads nothing (the
+      prompt is read apart, in parts: `parts.split_generation`), and its edits are made all the same.
     """
 
     input_ids: tuple[int, ...]
@@ -125,6 +128,7 @@ class LensSpec:
     keep_layers: tuple[int, ...] = ()
     keep_positions: tuple[int, ...] | None = None
     norms: bool = False
+    read_prompt: bool = True
 
     @property
     def layers(self) -> list[int]:
@@ -166,8 +170,6 @@ class Sampling:
         return self.temperature < GREEDY_BELOW
 
 
-GREEDY_BELOW = 1e-5
-
 
 @dataclass
 class LensOutput:
@@ -200,6 +202,11 @@ class ChatOutput:
     token_ids: list[int]
     top_ids: list[list[int]]
     top_probs: list[list[float]]
+
+
+class Progress(NamedTuple):
+    steps: int                  # engine steps finished (any request's)
+    cpu_seconds: float = 0.0    # CPU time the engine's own processes have spent (0: it runs in this process)
 
 
 class StartFailed(RuntimeError):
@@ -245,11 +252,16 @@ class Backend(Protocol):
         """Generate, reading the newest position at every step."""
 
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
-        """Generate with the one-layer, one-lens chat readout (ValueError for a spec with edits: its readout is
-        installed once for every chat request; steer a chat through `run_generate`)."""
+        """Generate with the one-layer, one-lens chat readout of the newest position, in this request's own trace
+        (ValueError for a spec with edits: the chat readout reads, it does not steer; steer through `run_generate`)."""
 
     def failure(self) -> str | None:
         """Why this backend can no longer serve (its engine process died), or None while it can."""
+
+    def progress(self) -> Progress:
+        """How far the engine has got: engine steps finished (any request's forward or decode step) and the CPU
+        time its own processes have spent. Both grow while the engine works, however long one request or one
+        step is; both stop when it is stuck."""
 
     def is_dead(self, error: BaseException) -> str | None:
         """Why `error`, raised by a call, means this backend is dead (None: the call's own failure)."""

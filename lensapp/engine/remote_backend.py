@@ -5,15 +5,17 @@
 the vLLM backend's own trace (`VLLMBackend.run_lens`, `run_generate`: the same bodies from `trace.py`),
 so a readout over the wire is the in-process one. What differs:
 
-- the chat readout: the vLLM backend installs it once with `model.edit()`, which on a shared engine
-  would be every page's at once (and a plain `generate` has no serve path); here it is a per-request
-  trace like a generation's;
+- the chat readout is the vLLM backend's per-request trace too (an installed edit would be every page's);
 - the Jacobian lens: one engine holds one J stack for every page that uses it. The engine installs its
   own at start (`lensapp engine --jlens`); a page checks the engine's against its own by fingerprint,
   installs its own only where the engine holds none, and is refused, in one line, where the engine holds
   another;
 - liveness: the service is polled (`GET /health`) in a thread; a service that stops answering is this
   backend's death, and the engine reconnects (`served`, `Unreachable`) as soon as it answers again;
+- progress (the supervisor's stall watch): `steps` counts the answers received (one per trace: the service
+  streams no steps), `cpu_seconds` is the service's vLLM processes' CPU time, read by the same poll; so a
+  long generation on a busy service is not taken for a stuck one, and a service that neither answers nor
+  works while traces wait is;
 - a page whose model differs from the engine's (layers, d_model, vocabulary, dtype) is refused at connect.
 
 What stays in the page's process: tokenising, planning, results, the result cache and rate limits (each
@@ -28,12 +30,12 @@ import threading
 from typing import Callable
 
 from .families import Family
-from .protocol import ChatOutput, JStack, LensSpec, ModelInfo, Sampling, StartFailed, Unreachable
+from .protocol import JStack, ModelInfo, Progress, StartFailed, Unreachable
 from .served import ServedVLLM, Wire
 from .service_checks import engine_facts, mismatch, stack_fingerprint
 from .stages import gather_head_shards, is_last_stage, runs_here
-from .trace import SAVED, Site, chat_readout
-from .vllm_backend import VLLMBackend, _sampling, _saved, vllm_head
+from .trace import SAVED, Site
+from .vllm_backend import VLLMBackend, vllm_head
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class RemoteBackend(VLLMBackend):
         self.site = Site(self.layout, self.head, info.d_model, vllm=True, gather=gather_head_shards,
                          last_stage=is_last_stage, runs_here=runs_here)
         self.jlens_layers: list[int] = []
+        self.steps = 0                                # answers received (`progress`)
         model.wire.health()                           # Unreachable while the service is away
         facts = self._facts()
         problem = mismatch(facts, info)
@@ -62,7 +65,7 @@ class RemoteBackend(VLLMBackend):
         self._liveness = Liveness(model.wire)
         log.info("connected to the engine service at %s (%s)", model.wire.url, facts)
 
-    # -- Backend protocol (run_lens and run_generate are VLLMBackend's) -------------------------------
+    # -- Backend protocol (run_lens, run_generate and run_chat are VLLMBackend's) -------------------------------
     async def install_jlens(self, stack: JStack) -> None:
         """Use the engine's J stack when it is this one; ship this one where the engine holds none."""
         mine = stack_fingerprint(stack.layers, stack.J)
@@ -80,23 +83,8 @@ class RemoteBackend(VLLMBackend):
         self.engine_jlens = held
         self.jlens_layers = list(stack.layers)
 
-    async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
-        """The chat readout as the request's own trace (an installed edit would be every page's)."""
-        import nnsight
-
-        spec.check_chat()
-        layer, jrow = spec.layers[0], spec.jlens_rows[0] if spec.jlens_rows else None
-        model, site = self.model, self.site
-        with model.trace(list(spec.input_ids), edits=[], **_sampling(sampling)) as tracer:
-            saved = nnsight.save({"readout": []})      # noqa: F841 - read back by `_saved`
-            for _ in tracer.iter[:sampling.max_tokens]:
-                ids, probs = chat_readout(model, site, layer, jrow, spec.k)
-                saved["readout"].append((ids.tolist(), probs.tolist()))
-        saved, last = await _saved(tracer, with_output=True)
-        ids = list(last.outputs[0].token_ids)
-        steps = saved["readout"][:len(ids)]
-        return ChatOutput(token_ids=ids, top_ids=[list(map(int, i)) for i, _ in steps],
-                          top_probs=[list(map(float, p)) for _, p in steps])
+    def progress(self) -> Progress:
+        return Progress(self.steps, self._liveness.cpu_seconds)
 
     def failure(self) -> str | None:
         return self._liveness.failure
@@ -123,14 +111,15 @@ class RemoteBackend(VLLMBackend):
         return tracer.backend.output.saves[SAVED]
 
     async def _afacts(self) -> dict:
-        return await _saved(self._trace([0], engine_facts))
+        return await self._saved(self._trace([0], engine_facts))
 
 
 class Liveness:
-    """A thread that looks at the service's /health every POLL_SECONDS; `failure` says why it is gone."""
+    """A thread that looks at the service's /health every POLL_SECONDS; `failure` says why it is gone, and
+    `cpu_seconds` what its vLLM processes have spent so far (read at the same look)."""
 
     def __init__(self, wire: Wire):
-        self.wire, self.failure = wire, None
+        self.wire, self.failure, self.cpu_seconds = wire, None, 0.0
         self._stopped = threading.Event()
         threading.Thread(target=self._watch, name="lens-engine-service-liveness", daemon=True).start()
 
@@ -139,12 +128,17 @@ class Liveness:
         while not self._stopped.wait(POLL_SECONDS):
             try:
                 self.wire.health()
-                misses = 0
             except (Unreachable, StartFailed) as e:
                 misses += 1
                 if misses >= MISSES and self.failure is None:
                     self.failure = str(e)
                     log.error("the engine service is gone: %s", e)
+                continue
+            misses = 0
+            try:
+                self.cpu_seconds = self.wire.progress()
+            except (Unreachable, StartFailed) as e:     # gone since: the next look at /health says so
+                log.debug("the engine service's progress: %s", e)
 
     def stop(self) -> None:
         self._stopped.set()

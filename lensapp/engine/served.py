@@ -7,9 +7,10 @@ tracer, with the model's modules as persistent ids the server resolves to its ow
 calls (`trace.lens_trace`, ...) travel by reference, so the server imports them: it runs this package.
 
 Where nnsight's `serve=` backend sends at the `with` block's exit and waits there, `ServeTrace` sends
-when awaited, so many traces are in flight at once (the engine batches them), and what it awaits is
-what nnsight's async engine gives (`await tracer.backend`): the finished `RequestOutput` with the
-trace's saves on `.saves`. nnsight-serve answers with saved values only, so the block is sent with one
+when awaited or iterated, so many traces are in flight at once (the engine batches them), and what it
+gives is what nnsight's async engine gives (`await tracer.backend`, or `async for` over it): the
+finished `RequestOutput` with the trace's saves on `.saves` (iterated: that one output, the stream's last).
+nnsight-serve answers with saved values only, so the block is sent with one
 more statement, which saves `tracer.result` (that output) under `RESULT`.
 
 The wire (`Wire`) is nnsight's: its headers (the key as `ndif-api-key`), timeouts and error reading
@@ -40,6 +41,7 @@ RESULT = "__lensapp_result__"      # the name the sent block saves `tracer.resul
 _TRACER = "__lensapp_tracer__"     # the sent block's names for its tracer and for nnsight
 _NNSIGHT = "__lensapp_nnsight__"
 HEALTH_TIMEOUT_S = 5.0
+PROGRESS_PATH = "/lensapp/progress"    # the service's engine CPU time (engine_service.py adds it to nnsight-serve)
 ENGINE_DEAD = ("EngineDeadError",)   # vLLM's error for a request on an engine whose core has died
 
 
@@ -52,6 +54,18 @@ class Wire:
 
     def __post_init__(self):
         object.__setattr__(self, "url", self.url.rstrip("/"))
+
+    def progress(self) -> float:
+        """The CPU seconds the service's vLLM processes have spent (`lensapp engine`'s PROGRESS_PATH)."""
+        import httpx
+
+        try:
+            response = httpx.get(f"{self.url}{PROGRESS_PATH}", headers=http.headers(self.key),
+                                 timeout=HEALTH_TIMEOUT_S)
+        except httpx.HTTPError as e:
+            raise Unreachable(self._away(e)) from None
+        self._check(response)
+        return float(response.json()["cpu_seconds"])
 
     def health(self) -> None:
         """Unreachable unless the service answers `GET /health` (nnsight-serve: only once its engine is up)."""
@@ -128,6 +142,10 @@ class ServeTrace(TraceBackend):
 
     def __await__(self):
         return self._send().__await__()
+
+    async def __aiter__(self):
+        """The async engine's stream, as the service gives it: one output, the finished one."""
+        yield await self._send()
 
     async def _send(self):
         if self.output is None:

@@ -171,7 +171,7 @@ def lens_body(model, spec: LensSpec, site: Site, own_logits: bool = False, pool:
     """{lens: readout fields [L, P, ...]} for one step of a generation (step 0: the prompt), the spec's
     edits made as it reads (see `read_streams`)."""
     streams = read_streams(model, site, spec.read_layers, spec.edits, **step_rows(spec, step))
-    if not site.last_stage():
+    if not site.last_stage() or (step == 0 and not spec.read_prompt):    # the prompt is read apart (`parts`)
         return {}
     h = torch.stack([streams[x] for x in spec.read_layers])
     return lens_readouts(model, spec, site, h, own_logits=own_logits, pool=pool)

@@ -7,27 +7,37 @@ waiting for the generation to end. The trace bodies (`trace.py`) run in the engi
 everything vocab-wide stays there; only small tensors come back.
 
 The Jacobian matrices are installed in the worker once (`install_jlens`) and read from the
-model object by each request. The chat readout is installed once with nnsight's `model.edit()`
-and named, so only chat requests run it.
+model object by each request. Nothing else is installed: every readout, the chat's included, runs in
+its own request's trace, so no request can change what another reads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 
 from . import cpu_env
 from .families import Family, find
 from .process_log import LOG
-from .protocol import ChatOutput, GenerationOutput, JStack, LensOutput, LensSpec, ModelInfo, Sampling, StartFailed
+from .protocol import (
+    ChatOutput,
+    GenerationOutput,
+    JStack,
+    LensOutput,
+    LensSpec,
+    ModelInfo,
+    Progress,
+    Sampling,
+    StartFailed,
+)
 from .stages import gather_head_shards, is_last_stage, runs_here
 from .trace import JLENS_ATTR, SAVED, Site, chat_readout, continuation_trace, lens_body, lens_trace
 from .unembed_pool import worker_pool
 
 log = logging.getLogger(__name__)
 
-CHAT_EDIT = "lensapp-chat"     # name of the chat readout installed with model.edit()
 GPU_MEMORY_SHARE = 0.85        # on a GPU, vLLM's share of its memory (weights, KV cache, activations)
 
 
@@ -77,8 +87,7 @@ class VLLMBackend:
         self.site = Site(self.layout, self.head, info.d_model, vllm=True, gather=gather_head_shards,
                          last_stage=is_last_stage, runs_here=runs_here)
         self.jlens_layers: list[int] = []
-        self._chat_edit = None            # the installed chat readout (an nnsight Registration)
-        self._chat_key: tuple | None = None
+        self.steps = 0                    # outputs streamed back, one per engine step of each request (`progress`)
 
     # -- Backend protocol ---------------------------------------------------------------------------
     async def install_jlens(self, stack: JStack) -> None:
@@ -93,7 +102,7 @@ class VLLMBackend:
             if is_last_stage():
                 setattr(target, JLENS_ATTR, {"layers": payload["layers"], "J": payload["J"].to(device)})
             saved = nnsight.save({"installed": True})       # noqa: F841 - read back by `_saved`
-        if not (await _saved(tracer))["installed"]:
+        if not (await self._saved(tracer))["installed"]:
             raise RuntimeError("installing the Jacobian lens in the worker failed")
         self.jlens_layers = list(stack.layers)
 
@@ -102,7 +111,7 @@ class VLLMBackend:
         spec.check(self.info.n_layers, self.info.d_model)
         tracers = [self._trace(spec.input_ids, lens_trace, spec)]
         tracers += [self._trace(c.input_ids, continuation_trace, spec, i) for i, c in enumerate(spec.continuations)]
-        saved = await asyncio.gather(*(_saved(t) for t in tracers))
+        saved = await asyncio.gather(*(self._saved(t) for t in tracers))
         return LensOutput(readouts=saved[0]["readouts"], model_next_id=saved[0]["model_next_id"],
                           continuations=[s["logprobs"] for s in saved[1:]], kept=saved[0].get("kept"),
                           norms=saved[0].get("norms"))
@@ -118,24 +127,30 @@ class VLLMBackend:
             pool = worker_pool(model._module)
             for step in tracer.iter[:sampling.max_tokens]:
                 saved["steps"].append(lens_body(model, spec, site, own_logits=True, pool=pool, step=step))
-        saved, last = await _saved(tracer, with_output=True)
+        saved, last = await self._saved(tracer, with_output=True)
         ids = list(last.outputs[0].token_ids)
         return GenerationOutput(token_ids=ids, steps=list(saved["steps"])[:len(ids)])
 
     async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
-        """Generate with the chat readout, (re)installed only when the layer, lens or k changes."""
+        """Generate with the chat readout (one lens at one layer, the newest position) in this request's own
+        trace: two chats with different layers, lenses or k in one batch each read their own."""
+        import nnsight
+
         spec.check_chat()
-        key = (spec.layers[0], spec.jlens_rows[0] if spec.jlens_rows else None, spec.k, tuple(self.jlens_layers))
-        if key != self._chat_key:
-            await self._install_chat_readout(*key[:3])
-            self._chat_key = key
-        outs = await self.model.generate([{"prompt_token_ids": list(spec.input_ids)}], edits=[CHAT_EDIT],
-                                         **_sampling(sampling))
-        out = outs[0]
-        steps = out.saves.get(SAVED, {}).get("readout") or []
-        ids = list(out.outputs[0].token_ids)
-        return ChatOutput(token_ids=ids, top_ids=[list(map(int, i)) for i, _ in steps][:len(ids)],
-                          top_probs=[list(map(float, p)) for _, p in steps][:len(ids)])
+        model, site = self.model, self.site
+        layer, jrow = spec.layers[0], spec.jlens_rows[0] if spec.jlens_rows else None
+        with model.trace(list(spec.input_ids), edits=[], **_sampling(sampling)) as tracer:
+            saved = nnsight.save({"readout": []})        # noqa: F841 - read back by `_saved`
+            for _ in tracer.iter[:sampling.max_tokens]:
+                saved["readout"].append(chat_readout(model, site, layer, jrow, spec.k))
+        saved, last = await self._saved(tracer, with_output=True)
+        ids = list(last.outputs[0].token_ids)
+        steps = list(saved["readout"])[:len(ids)]
+        return ChatOutput(token_ids=ids, top_ids=[[int(i) for i in top_ids] for top_ids, _ in steps],
+                          top_probs=[[float(p) for p in top_probs] for _, top_probs in steps])
+
+    def progress(self) -> Progress:
+        return Progress(self.steps, engine_cpu_seconds())
 
     def failure(self) -> str | None:
         llm = self.model.vllm_entrypoint
@@ -165,6 +180,19 @@ class VLLMBackend:
         self.model.vllm_entrypoint = None
 
     # -- traces ---------------------------------------------------------------------------------------
+    async def _saved(self, tracer, with_output: bool = False):
+        """The dict a trace saved under `SAVED`, once vLLM has finished the request (and the finished
+        RequestOutput, `with_output`), counting each step's output as it streams. A trace that saved
+        nothing under that name fails here, by name."""
+        last = None
+        async with contextlib.aclosing(tracer.backend.__aiter__()) as stream:    # closed at once if cancelled
+            async for output in stream:
+                self.steps += 1
+                last = output
+        if last is None or SAVED not in last.saves:
+            raise RuntimeError(f"the trace saved no {SAVED!r} (it saved {sorted(last.saves) if last else []})")
+        return (last.saves[SAVED], last) if with_output else last.saves[SAVED]
+
     def _trace(self, input_ids, body, *args):
         """Submit a one-step trace of `input_ids` running `body(model, site, *args)` (a `trace.*_trace`
         function, so it pickles by reference) and saving the dict it returns; `_saved` reads it back."""
@@ -177,30 +205,20 @@ class VLLMBackend:
                 saved = nnsight.save(out)      # noqa: F841 - read back by `_saved`
         return tracer
 
-    async def _install_chat_readout(self, layer: int, jrow: int | None, k: int) -> None:
-        import nnsight
 
-        if self._chat_edit is not None:
-            await self._chat_edit.aclear()
-            self._chat_edit = None
-        model, site = self.model, self.site
-        async with model.edit(name=CHAT_EDIT) as (tracer, edit):
-            # rides each chat request's output.saves[SAVED]; a registered block's saves come from the first
-            # rank that reports them, so under pipeline parallelism only the last stage (the readout's) saves
-            saved = nnsight.save({"readout": []}) if is_last_stage() else {"readout": []}
-            for _ in tracer.all():
-                ids, probs = chat_readout(model, site, layer, jrow, k)
-                saved["readout"].append((ids.tolist(), probs.tolist()))
-        self._chat_edit = edit
+def engine_cpu_seconds() -> float:
+    """CPU time spent by vLLM's processes under this one (EngineCore and its workers: vLLM names them VLLM::...)."""
+    import psutil
 
-
-async def _saved(tracer, with_output: bool = False):
-    """The dict a trace saved under `SAVED`, once vLLM has finished the request (and the finished
-    RequestOutput, `with_output`). A trace that saved nothing under that name fails here, by name."""
-    last = await tracer.backend
-    if SAVED not in last.saves:
-        raise RuntimeError(f"the trace saved no {SAVED!r} (it saved {sorted(last.saves)})")
-    return (last.saves[SAVED], last) if with_output else last.saves[SAVED]
+    total = 0.0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name().startswith("VLLM::"):
+                times = p.cpu_times()
+                total += times.user + times.system
+        except psutil.Error:                 # gone while listed
+            continue
+    return total
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,16 +1,29 @@
 """Fit Jacobian lenses for any supported transformers causal LM: J_l = E[d h_final / d h_l].
 
     estimator.py    one prompt's Jacobian of every layer (one forward, d_model / dim_batch backward passes)
-    loop.py         the running mean over prompts, its stopping rule, FitConfig
+    loop.py         the running mean over prompts and its stopping rule
+    settings.py     FitConfig: a fit's settings, each with its help and flag (no torch)
     checkpoints.py  resuming, the convergence CSV, interim snapshots, merging shards
 
 Method: Anthropic's reference `jlens` and Neuronpedia's fitter (see estimator.py). The command
 line is `lensapp fit` (cli.py); lenses are written only through `jlens.save`.
 """
 
-from .checkpoints import merge, snapshot
-from .estimator import FitError, decoder_layers, prompt_jacobian
-from .loop import SAVE_DTYPES, FitConfig, fit, prompt_ids
+from __future__ import annotations
 
-__all__ = ["SAVE_DTYPES", "FitConfig", "FitError", "decoder_layers", "fit", "merge", "prompt_ids", "prompt_jacobian",
-           "snapshot"]
+import importlib
+
+# Names are imported on first use (torch with them), so the command line's parser reads FitConfig
+# (settings.py, plain Python) without loading torch.
+_WHERE = {"merge": "checkpoints", "snapshot": "checkpoints", "decoder_layers": "estimator",
+          "prompt_jacobian": "estimator", "SAVE_DTYPES": "loop", "fit": "loop", "prompt_ids": "loop",
+          "FitConfig": "settings", "FitError": "settings"}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -19,10 +19,7 @@ import math
 import torch
 
 from ..engine.families import Layout, find, residual
-
-
-class FitError(ValueError):
-    """Bad input to a fit or a merge; the message is one line meant for the user."""
+from .settings import FitError
 
 
 def decoder_layers(module, layout: Layout) -> torch.nn.ModuleList:

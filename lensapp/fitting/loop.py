@@ -12,7 +12,6 @@ import contextlib
 import math
 import platform
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -30,41 +29,10 @@ from .checkpoints import (
     save_lens,
     write_csv,
 )
-from .estimator import FitError, decoder_layers, frozen, prompt_jacobian
+from .estimator import decoder_layers, frozen, prompt_jacobian
+from .settings import FitConfig, FitError
 
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-@dataclass(frozen=True)
-class FitConfig:
-    """Hyperparameters of one fit; only `tokens`, `skip` and the corpus change the result's meaning."""
-
-    tokens: int = 128            # T: prompts are truncated to this many tokens
-    skip: int = 16               # leading positions left out (attention sinks)
-    dim_batch: int = 8           # output dims per backward pass (copies of the prompt in the batch)
-    min_prompts: int = 100
-    max_prompts: int = 1000
-    threshold: float = 2e-3      # on the mean relative change over the last `window` prompts
-    window: int = 10
-    checkpoint_every: int = 10   # prompts between checkpoints (and convergence CSV rewrites)
-    checkpoint_dir: Path = field(default=Path("artifacts"))
-    save_dtype: str = "bfloat16"
-    device: str = "cpu"
-    bos: bool = True             # a BOS token before every prompt, as the reference `jlens` fits (see jlens.py)
-
-    def __post_init__(self):
-        if self.skip < 0:
-            raise FitError(f"skip must be >= 0, got {self.skip}")
-        if self.tokens <= self.skip + 1:
-            raise FitError(f"tokens ({self.tokens}) must exceed skip + 1 ({self.skip + 1}): "
-                           "no position would be fitted")
-        for name in ("dim_batch", "min_prompts", "max_prompts", "window", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise FitError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.threshold >= 0:
-            raise FitError(f"threshold must be >= 0, got {self.threshold}")
-        if self.save_dtype not in SAVE_DTYPES:
-            raise FitError(f"save dtype {self.save_dtype!r} is not one of {sorted(SAVE_DTYPES)}")
 
 
 def prompt_ids(prompt, tokenizer, tokens: int, bos_id: int | None = None) -> torch.Tensor:
@@ -108,6 +76,11 @@ def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str 
     base = {"model": getattr(module.config, "name_or_path", "") or type(module).__name__, "corpus": "custom"}
     base.update(provenance or {})
     base["unembedding"] = jlens.unembedding_fingerprint(module.get_output_embeddings().weight)
+    # What the numbers were computed under: the libraries' releases, and the model's hub revision where it has one.
+    base["versions"] = jlens.library_versions()
+    revision = getattr(module.config, "_commit_hash", None)
+    if isinstance(revision, str) and revision:
+        base["revision"] = revision
     bos_id = getattr(tokenizer, "bos_token_id", None) if cfg.bos else None
     base["bos"] = bos_id is not None
     base.update({"T": cfg.tokens, "skip": cfg.skip, "dim_batch": cfg.dim_batch,

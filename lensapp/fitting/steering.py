@@ -7,9 +7,11 @@ the engine as an `Edit(kind="add")` (the seed's "Optimizing against the lens"). 
 
 with Adam from v = 0, where p(target) is read at the prompt's last position either by the lens at
 `layer` itself (objective "lens": norm(h + v), or norm((h + v) @ J.T) with a J, then the head; only the
-last position's v matters) or by the model's own output after the edit runs through the later blocks
-(objective "output": a forward and a backward pass per step). v is added at the last position or at
-every position. It stops once p(target) >= threshold, after max_steps, or after max_seconds.
+last position's v matters, so v must be added there) or by the model's own output after the edit runs
+through the later blocks (objective "output": a forward and a backward pass per step). v is added at the
+last position, at every position, or at given ones: where it will be applied. It stops once p(target) >=
+threshold, after max_steps, or once max_seconds have passed (checked between each step's forward and
+its backward pass).
 
 Scale-free settings: `lr` is in units of n / sqrt(d_model) per coordinate (so an Adam step moves v by
 about lr * n), and `l2` weighs (||v|| / n)^2. The fit is deterministic for the same inputs (v starts at
@@ -39,7 +41,7 @@ class SteerConfig:
     """How a steering vector is fitted; every bound is finite."""
 
     objective: str = "output"    # "lens": the lens at `layer` reads the target; "output": the model's output does
-    positions: str = "last"      # where v is added: the last prompt position, or "all" of them
+    positions: str | tuple[int, ...] = "last"    # where v is added: "last", "all", or these prompt positions
     threshold: float = 0.5       # stop once p(target) reaches this
     max_steps: int = 200
     max_seconds: float = 120.0
@@ -50,8 +52,10 @@ class SteerConfig:
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise FitError(f"objective {self.objective!r} is not one of {OBJECTIVES}")
-        if self.positions not in WHERE:
-            raise FitError(f"positions {self.positions!r} is not one of {WHERE}")
+        explicit = isinstance(self.positions, tuple) and self.positions and all(
+            isinstance(p, int) and p >= 0 for p in self.positions)
+        if not explicit and self.positions not in WHERE:
+            raise FitError(f"positions {self.positions!r} is not one of {WHERE} or a tuple of prompt positions")
         if not 0 < self.threshold < 1:
             raise FitError(f"threshold must be in (0, 1), got {self.threshold}")
         if self.max_steps < 0 or not self.max_seconds > 0 or not self.lr > 0 or self.l2 < 0:
@@ -101,7 +105,9 @@ def fit_steering(model, layout: Layout, ids: list[int], layer: int, target_id: i
         h = _stream(model, layout, ids_t, layer)                              # [P, d] float32, no grad
         n = float(typical_norm(h))
         d = h.shape[-1]
-        rows = [len(ids) - 1] if cfg.positions == "last" else list(range(len(ids)))
+        rows = _rows(cfg.positions, len(ids))
+        if cfg.objective == "lens" and len(ids) - 1 not in rows:
+            raise FitError("the lens objective reads the last position: the vector must be added there too")
         v = torch.zeros(d, device=device, requires_grad=True)
         opt = torch.optim.Adam([v], lr=cfg.lr * n / math.sqrt(d))
         if cfg.objective == "lens":
@@ -133,6 +139,17 @@ def fit_steering(model, layout: Layout, ids: list[int], layer: int, target_id: i
     vector = v.detach().float().cpu()
     return SteeringVector(vector=vector, layer=layer, reached=p >= cfg.threshold, steps=step, p=p,
                           norm=float(vector.norm()), typical_norm=n, stopped=stopped)
+
+
+def _rows(positions: str | tuple[int, ...], n: int) -> list[int]:
+    """The prompt positions v is added at: "last", "all", or the given ones (each inside the prompt)."""
+    if positions == "last":
+        return [n - 1]
+    if positions == "all":
+        return list(range(n))
+    if max(positions) >= n:
+        raise FitError(f"positions {list(positions)} are outside the prompt's 0..{n - 1}")
+    return sorted(positions)
 
 
 def _stream(model, layout: Layout, ids: torch.Tensor, layer: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {"ChatRequest": "requests", "GenerateRequest": "requests", "InterveneRequest": "requests",
-          "LensRequest": "requests", "RequestError": "fields", "LensService": "service"}
+          "LensRequest": "requests", "RequestError": "field", "LensService": "service"}
 __all__ = ["ChatRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "LensService", "RequestError"]
 
 

@@ -1,18 +1,20 @@
 """Fair use per client: a token bucket per address, so one script cannot take a public Space for itself.
 
-Each address may make `per_minute` requests a minute on average, in bursts of up to a fifth of
-that (at least 5). Loopback addresses are never limited (the machine's own users, the tests,
-the bench). A workshop behind one address (a university's NAT) should raise the limit or turn
-it off (`LENSAPP_RATE_LIMIT=0`).
+Each address (an IPv6 one by its /64: `identity.bucket`) may make `per_minute` requests a minute
+on average, in bursts of up to a fifth of that (at least 5). A loopback IP is never limited: only a
+process on this machine has one (the host's own scripts, the tests, the bench), and behind trusted
+proxies the derived address is loopback only when the outermost proxy itself saw one; a name
+("localhost") is nobody's address and exempts nothing. A workshop behind one address (a
+university's NAT) should raise the limit or turn it off (`LENSAPP_RATE_LIMIT=0`).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 import time
 
-from .fields import RequestError
+from .field import RequestError
+from .identity import bucket, is_loopback
 
 
 class RateLimited(RequestError):
@@ -29,9 +31,11 @@ class RateLimiter:
         self.refused = 0
 
     def check(self, client: str | None) -> None:
-        """Take one token for `client`, or raise RateLimited saying when to come back."""
-        if self.rate <= 0 or not client or is_loopback(client):
+        """Take one token for `client` (an IP address; anything else shares one bucket; None: a call from
+        inside the app, never limited), or raise RateLimited saying when to come back."""
+        if self.rate <= 0 or client is None or is_loopback(client):
             return
+        client = bucket(client)
         now = self.clock()
         with self._lock:
             tokens, last = self._buckets.get(client, (self.burst, now))
@@ -46,11 +50,3 @@ class RateLimiter:
                 for key, _ in sorted(self._buckets.items(), key=lambda kv: kv[1][1])[:self.max_clients // 10]:
                     del self._buckets[key]
 
-
-def is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
-    except ValueError:
-        return False

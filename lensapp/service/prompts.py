@@ -11,7 +11,7 @@ from typing import NamedTuple
 from ..config import MAX_PROMPT_CHARS
 from ..jlens import with_bos
 from ..results import Target
-from .fields import RequestError
+from .field import RequestError
 from .tokens import TokenDecoder
 
 

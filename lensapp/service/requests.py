@@ -1,16 +1,21 @@
-"""What a caller may ask: one dataclass per request kind, each field declared once in `fields.py`.
+"""What a caller may ask: one dataclass per request kind, its fields (`fields.py`) in their published order.
 
-`LensRequest.parse(prompts=..., k="5", ...)` reads raw values (from a link, the API, the command line
-or a form) with each field's parser; `req.checked()` re-reads a request built in code the same way. Both
-raise `RequestError` with one line. What needs the model (layers, token limits, the work budget) is
-checked when the service plans the request (`planning.py`).
+A request is validated when it is made, once: `LensRequest.parse(prompts=..., k="5", ...)` reads raw values
+(from a link, the API, the command line or a form), and `LensRequest(prompts=(...), k=5)` values given in
+code, each through its field's one parser; either raises `RequestError` with one line. It is immutable
+after, and nothing downstream reads it again. What needs the model (layers against its depth, token
+limits, the work budget) is checked when the service plans it (`planning.py`, `cost.py`).
+
+The order of a class's fields is what every surface shows (the API's parameters, the CLI's arguments,
+a link's keys, a tab's inputs): a field is only ever added at the end.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from ..engine.protocol import GREEDY_BELOW
+from ..config import GREEDY_BELOW
+from .field import RequestError, fields_of
 from .fields import (
     ABLATION,
     ALPHAS,
@@ -21,6 +26,7 @@ from .fields import (
     CHAT_MAX_TOKENS,
     DIRECTION,
     FROM_WORD,
+    INTERVENE_SEED,
     KIND,
     LAYERS,
     LENS,
@@ -43,44 +49,44 @@ from .fields import (
     TEMPERATURE,
     WORD,
     K,
-    RequestError,
-    fields_of,
 )
+from .selection import Selection
 
 
-class _Parsed:
-    """What every request kind shares: reading raw values through its fields' parsers."""
+class Request:
+    """What every request kind shares: each value read by its field's parser when the request is made."""
+
+    def __post_init__(self):
+        for name, field in fields_of(type(self)).items():      # None: not given (the default, or "no X given")
+            object.__setattr__(self, name, field(getattr(self, name)))
 
     @classmethod
     def parse(cls, **raw):
+        """The request from raw values (None or missing: the field's default)."""
         unknown = set(raw) - set(fields_of(cls))
         if unknown:
             raise TypeError(f"{cls.__name__} has no field {sorted(unknown)}")
-        return cls(**{name: field(raw.get(name)) for name, field in fields_of(cls).items()})
-
-    def checked(self):
-        """This request with every value read by its field's parser (RequestError if one cannot be)."""
-        return type(self).parse(**{f.name: getattr(self, f.name) for f in fields(self)})
+        return cls(**{name: raw.get(name) for name in fields_of(cls)})
 
 
 @dataclass(frozen=True)
-class LensRequest(_Parsed):
+class LensRequest(Request):
     prompts: tuple[str, ...] = PROMPTS.declared()
     lens: str = LENS.declared()
-    layers: str = LAYERS.declared()
+    layers: Selection = LAYERS.declared()
     k: int = K.declared()
     targets: tuple[str, ...] = TARGETS.declared()
-    raw: bool = RAW.declared()
     chat: bool = CHAT.declared()
+    raw: bool = RAW.declared()
     skip_punctuation: bool = SKIP_PUNCTUATION.declared()
 
 
 @dataclass(frozen=True)
-class GenerateRequest(_Parsed):
+class GenerateRequest(Request):
     prompt: str = PROMPT.declared()
     max_tokens: int = MAX_TOKENS.declared()
     lens: str = LENS.declared()
-    layers: str = LAYERS.declared()
+    layers: Selection = LAYERS.declared()
     k: int = K.declared()
     temperature: float = TEMPERATURE.declared()
     seed: int | None = SEED.declared()
@@ -94,7 +100,7 @@ class GenerateRequest(_Parsed):
 
 
 @dataclass(frozen=True)
-class ChatRequest(_Parsed):
+class ChatRequest(Request):
     """layer: the readout's layer (negative counts from the end; None: about two thirds of the depth)."""
 
     messages: tuple[dict, ...] = MESSAGES.declared()
@@ -107,33 +113,33 @@ class ChatRequest(_Parsed):
 
 
 @dataclass(frozen=True)
-class InterveneRequest(_Parsed):
+class InterveneRequest(Request):
     """Steer, ablate or patch the residual stream at `layer` (a layer or a span), then read every lens again
-    (service/intervening.py says what each field does)."""
+    (service/intervening/ says what each field does)."""
 
     prompt: str = PROMPT.declared()
     intervention: str = KIND.declared()
     word: str = WORD.declared()
-    layer: str = SPAN.declared()
+    layer: Selection = SPAN.declared()
     alphas: tuple[float, ...] = ALPHAS.declared()
     direction: str = DIRECTION.declared()
     from_word: str = FROM_WORD.declared()
     objective: str = OBJECTIVE.declared()
-    positions: str = POSITIONS.declared()
+    positions: Selection = POSITIONS.declared()
     prompt_only: bool = PROMPT_ONLY.declared()
     ablation: str = ABLATION.declared()
     reference: str = REFERENCE.declared()
     source: str = SOURCE.declared()
-    source_positions: str = SOURCE_POSITIONS.declared()
+    source_positions: Selection | str = SOURCE_POSITIONS.declared()
     lens: str = LENS.declared()
-    layers: str = LAYERS.declared()
+    layers: Selection = LAYERS.declared()
     k: int = K.declared()
     targets: tuple[str, ...] = TARGETS.declared()
     new_tokens: int = NEW_TOKENS.declared()
     temperature: float = TEMPERATURE.declared()
-    seed: int | None = SEED.declared()
+    seed: int | None = INTERVENE_SEED.declared()
     chat: bool = CHAT.declared()
     raw: bool = RAW.declared()
 
 
-__all__ = ["ChatRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "RequestError"]
+__all__ = ["ChatRequest", "GenerateRequest", "InterveneRequest", "LensRequest", "Request", "RequestError"]

@@ -19,21 +19,22 @@ from typing import Callable
 import torch
 
 from .. import jlens as jlens_files
-from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, PUNCTUATION_WIDTH, Config
+from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, MAX_CONTINUATION_TOKENS, PUNCTUATION_WIDTH, Config
 from ..engine.core import Engine
 from ..engine.host import memory_in_use
 from ..engine.loading import ResolvedModel, backend_factory, describe_model
-from ..engine.memory import Budget
+from ..engine.memory import Budget, fitting_on
 from ..engine.preflight import preflight
 from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
 from ..results import ChatReply, Comparison, GenerationResult, InterventionResult, LensResult, Target
-from . import planning
+from . import cost, planning
 from .cache import ResultCache
-from .fields import RequestError, show
-from .intervening import Intervener
-from .planning import span
+from .field import RequestError, show
+from .fits import FitDesk
+from .intervening import Inputs, Intervener, Jacobians, Limits
 from .prompts import Prompts, load_tokenizer
 from .requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
+from .selection import span
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,9 @@ class LensService:
         self._jlens_key = _fingerprint(jlens)
         self.cache = ResultCache(cfg.cache_entries, cfg.cache_mb << 20)
         self.budget: Budget | None = None        # the memory plan checked at start (engine/memory.py)
-        self.intervener = Intervener(self)
+        self.token_weight = cost.token_weight(model.info.n_layers, model.info.d_model, model.info.vocab_size)
+        self.fits = FitDesk(cfg)                 # fitted steering vectors: one at a time, in their own process
+        self.intervener = Intervener(engine, model.path, model.family)
         # Told of each request asked for: observer(kind, request), kind one of lens, compare, generate, chat,
         # intervene (a workshop's counts: usage.py). Never told twice of one request; its errors are logged.
         self.observer: Callable[[str, object], None] | None = None
@@ -63,11 +66,16 @@ class LensService:
         budget = preflight(cfg, model, 0 if lens is None else len(lens.layers))
         engine = Engine(backend_factory(model, cfg), model.info,
                         warm_up=functools.partial(warm_up, prompts, model.info), jlens=_stack(lens, model),
-                        max_batch=cfg.max_batch, queue_size=cfg.queue_size, request_timeout=cfg.request_timeout)
+                        max_batch=cfg.max_batch, queue_size=cfg.queue_size, request_timeout=cfg.request_timeout,
+                        stall_timeout=cfg.stall_timeout, per_client=cfg.client_requests,
+                        parts_per_client=cfg.client_parts, max_part_cells=cfg.part_cells)
         if start_engine:
             engine.start()
         service = cls(model, engine, prompts, cfg, lens, error)
         service.budget = budget
+        if fitting_on(cfg) and not budget.fitter:        # preflight took the fitter out of a plan it did not fit
+            service.fits.off_reason = ("this machine's memory holds the app but not also the fitter's copy of the "
+                                       "model")
         return service
 
     # -- the Jacobian lens ---------------------------------------------------------------------------
@@ -92,7 +100,6 @@ class LensService:
     # -- requests ------------------------------------------------------------------------------------
     def lens(self, req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> list[LensResult]:
         """Every requested lens, layer and position for each prompt; the prompts run together."""
-        req = req.checked()
         self._observe("lens", req)
         return self._lens(req, max_prompts)
 
@@ -100,7 +107,7 @@ class LensService:
         plan = self._plan_lens(req, max_prompts)
 
         def compute(todo: list[int]) -> list[LensResult]:
-            outputs = self.engine.lens([plan.specs[i] for i in todo])
+            outputs = self.engine.lens([plan.specs[i] for i in todo], self.deadline(plan.cost))
             return [LensResult.from_output(out, prompt=req.prompts[i], ids=plan.ids[i], layers=plan.layers,
                                            decode=self.prompts.decode, targets=plan.targets,
                                            continuation_of=plan.continuation_of, model=self.info.name,
@@ -115,7 +122,6 @@ class LensService:
     def compare(self, req: LensRequest) -> Comparison:
         """2..MAX_COMPARE_PROMPTS prompts read the same way, in flight together; each prompt's result is
         exactly what `lens` gives for it alone."""
-        req = req.checked()
         if not 2 <= len(req.prompts) <= MAX_COMPARE_PROMPTS:
             raise RequestError(f"compare takes 2 to {MAX_COMPARE_PROMPTS} prompts; got {len(req.prompts)}")
         self._observe("compare", req)
@@ -123,13 +129,12 @@ class LensService:
 
     def generate(self, req: GenerateRequest) -> GenerationResult:
         """Generate and read the newest position at every step (step 0: all prompt positions)."""
-        req = req.checked()
         self._observe("generate", req)
         plan = self._plan_generate(req)
         sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
 
         def compute() -> GenerationResult:
-            out = self.engine.generate(plan.specs[0], sampling)
+            out = self.engine.generate(plan.specs[0], sampling, self.deadline(plan.cost))
             return GenerationResult.from_output(out, prompt=req.prompt, ids=plan.ids[0], layers=plan.layers,
                                                 decode=self.prompts.decode, text=self.prompts.text(out.token_ids),
                                                 model=self.info.name, seed=req.seed, temperature=req.temperature)
@@ -141,14 +146,14 @@ class LensService:
         return self.cache.get_or_compute(key, compute)
 
     def check(self, req: LensRequest | GenerateRequest | InterveneRequest,
-              max_prompts: int = MAX_COMPARE_PROMPTS) -> None:
-        """Every check a request gets, without running it (the CLI asks before an engine starts)."""
+              max_prompts: int = MAX_COMPARE_PROMPTS) -> cost.Cost:
+        """Every check a request gets, without running it (the CLI asks before an engine starts): its planned
+        cost, or RequestError."""
         if isinstance(req, InterveneRequest):
-            self.intervener.plan(req)
-        elif isinstance(req, LensRequest):
-            self._plan_lens(req.checked(), max_prompts)
-        else:
-            self._plan_generate(req.checked())
+            return self.intervener.plan(req, self.intervention_inputs()).cost
+        if isinstance(req, LensRequest):
+            return self._plan_lens(req, max_prompts).cost
+        return self._plan_generate(req).cost
 
     def _bos(self, lenses: tuple[str, ...]) -> bool:
         """Prepend BOS to a prompt read through the Jacobian lens, when the lens was fitted so (jlens.py)."""
@@ -158,9 +163,9 @@ class LensService:
         """The lens's description for a result, with a warning when the prompt starts unlike the fitted ones."""
         if self.jlens is None:
             return None
-        note = self.jlens.describe()
+        note = self.jlens.describe()      # with the lens's own warnings (another model, other releases), if any
         warning = jlens_files.bos_warning(jlens_files.fitted_with_bos(self.jlens), ids, self.prompts.bos_id)
-        return note | {"warnings": [warning]} if warning else note
+        return note | {"warnings": note.get("warnings", []) + [warning]} if warning else note
 
     def _plan_lens(self, req: LensRequest, max_prompts: int) -> _Plan:
         planning.check_prompt_count(len(req.prompts), max_prompts)
@@ -169,26 +174,27 @@ class LensService:
         targets = [self.prompts.target(t) for t in req.targets]
         target_ids = [list(t.token_ids) for t in targets]
         ids = [self.prompts.ids(p, req.chat, self._bos(names)) for p in req.prompts]
-        planning.check_work(sum(planning.lens_work(len(i), len(layers), req.lens) for i in ids), self.cfg.max_work,
-                            "this request")
+        continuations = [len(t) for t in target_ids if 1 < len(t) <= MAX_CONTINUATION_TOKENS]
+        work = sum((cost.readout(len(i), len(layers), len(names), continuations, self.cfg.part_cells) for i in ids),
+                   cost.NOTHING)
+        self.check_cost(work, "this request")
         # Skipping punctuation widens the top-k the worker reads (bounded) so a word can be found in it.
         k = max(req.k, PUNCTUATION_WIDTH) if req.skip_punctuation else req.k
         specs = [planning.lens_spec(i, layers, k, names, self.info.n_layers, self.jlens_layers, target_ids,
                                     req.raw) for i in ids]
-        return _Plan(names, layers, ids, specs, targets, planning.continuation_index(target_ids))
+        return _Plan(names, layers, ids, specs, work, targets, planning.continuation_index(target_ids))
 
     def _plan_generate(self, req: GenerateRequest) -> _Plan:
         names = LENS_CHOICES[req.lens]
         layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
         ids = self.prompts.ids(req.prompt, req.chat, self._bos(names))
-        planning.check_work(planning.generation_work(len(ids), req.max_tokens, len(layers), req.lens),
-                            self.cfg.max_work, "this generation")
+        work = cost.generation(len(ids), req.max_tokens, len(layers), len(names), self.cfg.part_cells)
+        self.check_cost(work, "this generation")
         spec = planning.lens_spec(ids, layers, req.k, names, self.info.n_layers, self.jlens_layers, raw=req.raw)
-        return _Plan(names, layers, [ids], [spec])
+        return _Plan(names, layers, [ids], [spec], work)
 
     def chat(self, req: ChatRequest) -> ChatReply:
         """Answer a conversation with a per-token readout of one lens at one layer (negative counts from the end)."""
-        req = req.checked()
         self._observe("chat", req)
         pool = self.chat_layers(req.lens)
         n = self.info.n_layers
@@ -199,9 +205,11 @@ class LensService:
         ids, dropped = conversation.ids, conversation.dropped_turns
         spec = planning.lens_spec(ids, [layer], req.k, LENS_CHOICES[req.lens], self.info.n_layers, self.jlens_layers)
         sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
+        work = cost.Cost(1, len(ids) + req.max_tokens, req.max_tokens)       # one cell per step: the newest token
+        self.check_cost(work, "this chat")
 
         def compute() -> ChatReply:
-            out = self.engine.chat(spec, sampling)
+            out = self.engine.chat(spec, sampling, self.deadline(work))
             return ChatReply.from_output(out, decode=self.prompts.decode, text=self.prompts.text(out.token_ids),
                                          lens=req.lens, layer=layer, dropped_turns=dropped)
 
@@ -212,13 +220,28 @@ class LensService:
         return self.cache.get_or_compute(key, compute)
 
     def intervene(self, req: InterveneRequest, progress=None) -> InterventionResult:
-        """Steer, ablate or patch, and read before and after (service/intervening.py); identical requests are
+        """Steer, ablate or patch, and read before and after (service/intervening/); identical requests are
         computed once (a generation here always has a seed: 0 unless given). `progress(step, p, norm)` hears
         a fitted vector's steps."""
-        req = req.checked()
         self._observe("intervene", req)
         key = self._key("intervene", *(getattr(req, f) for f in req.__dataclass_fields__))
-        return self.cache.get_or_compute(key, lambda: self.intervener.run(req, progress))
+        return self.cache.get_or_compute(key, lambda: self.intervener.run(req, self.intervention_inputs(), progress))
+
+    def intervention_inputs(self) -> Inputs:
+        """What an intervention is planned against, as this service stands (its Jacobian lens may change)."""
+        cfg, info = self.cfg, self.info
+        limits = Limits(cfg.part_cells, self.token_weight, cfg.max_work, cfg.request_timeout, cfg.max_fit_steps,
+                        cfg.max_fit_seconds)
+        jacobians = Jacobians(self.jlens, self.jlens_layers, info.n_layers, info.d_model)
+        return Inputs(info, self.prompts, jacobians, limits, self.fits)
+
+    def check_cost(self, work: cost.Cost, what: str) -> None:
+        """RequestError when `work` passes the budget (`max_work`), in one line saying what to reduce."""
+        cost.check(work, self.token_weight, self.cfg.max_work, what)
+
+    def deadline(self, work: cost.Cost) -> float:
+        """The seconds a request of this cost may take before the engine cancels it."""
+        return cost.deadline(work, self.token_weight, self.cfg.max_work, self.cfg.request_timeout)
 
     def chat_layers(self, lens: str) -> list[int]:
         if lens == "jacobian":
@@ -241,6 +264,7 @@ class LensService:
 
     def close(self) -> None:
         self.engine.close()
+        self.fits.close()
 
     def _observe(self, kind: str, req) -> None:
         if self.observer is not None:
@@ -274,6 +298,7 @@ class _Plan:
     layers: list[int]
     ids: list[list[int]]
     specs: list
+    cost: cost.Cost
     targets: list[Target] = field(default_factory=list)
     continuation_of: list[int | None] = field(default_factory=list)
 
@@ -297,9 +322,12 @@ def load_configured_jlens(cfg: Config, model: ResolvedModel) -> tuple[jlens_file
 def load_jlens(spec: str, model: ResolvedModel, cfg: Config) -> jlens_files.JacobianLens:
     info = model.info
     fingerprint = jlens_files.model_unembedding_fingerprint(model.path, model.family.weights)
+    # The releases this process reads the lens under: vLLM's only where it serves.
+    libraries = [name for name in jlens_files.LIBRARIES if name != "vllm" or info.backend != "transformers"]
     lens = jlens_files.load(spec, d_model=info.d_model, n_layers=info.n_layers, layers=cfg.jlens_layer_list,
                             dtype=torch.bfloat16, cache_dir=cfg.resolved_cache_dir / "hub", model_name=info.name,
-                            unembedding=fingerprint)
+                            unembedding=fingerprint, versions=jlens_files.library_versions(libraries),
+                            revision=getattr(model.hf_config, "_commit_hash", None))
     for warning in lens.warnings:
         log.warning("lens %s: %s", spec, warning)
     return lens

@@ -17,8 +17,8 @@ import threading
 import time
 from collections import Counter, deque
 
-from .fields import RequestError
-from .planning import parse_layers
+from .field import RequestError
+from .selection import Selection
 
 MAX_PROMPTS = 1000
 # Prompt lengths in characters: the upper bound of each bucket (the last one is open).
@@ -91,7 +91,7 @@ class Usage:
         try:
             if kind == "chat":
                 return [] if req.layer is None else [req.layer % self.n_layers]
-            return parse_layers(req.layers, self.n_layers)
+            return Selection(req.layers).resolve(self.n_layers)
         except (RequestError, AttributeError, TypeError):
             return []
 

@@ -1,15 +1,16 @@
-"""The Gradio app: logit lens, Jacobian lens and generation tabs over one `LensService`.
+"""The Gradio app: logit lens, Jacobian lens, generation, comparison and intervention tabs over one `LensService`.
 
 `build_app(service, cfg)` builds the Blocks (nothing is built at import); the server mounts it with
-`CSS` and `HEAD`. Each tab lives in its own module and hands back `TabParts`; this module wires what
-spans tabs: the share-this-view link (kept in the URL as inputs change), restoring a view from a link
-on page load (or, without one, drawing every tab's example: `front.py`), the engine status line, and
-the API endpoints.
+`CSS` and `HEAD`. Each tab lives in its own module and hands back `TabParts` (its inputs and outputs by
+name); this module wires what spans tabs, by those names: the share-this-view link (kept in the URL as
+inputs change), restoring a view from a link on page load (or, without one, drawing every tab's example:
+`front.py`), the engine status line, and the API endpoints.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import gradio as gr
@@ -20,6 +21,7 @@ from ..workshop import Workshop
 from . import notes, permalinks, status
 from .api import register_api
 from .compare_tab import build_compare_tab
+from .downloads import Downloads
 from .exercises import build_exercise_panel, check_links, question_outputs
 from .front import FRONT, FrontPage
 from .generate_tab import build_generate_tab
@@ -27,7 +29,8 @@ from .guard import Guard
 from .intervene_tab import build_intervene_tab
 from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, build_lens_tab
 from .prefetch import LinkPrefetch
-from .tabs import PRIVATE, Downloads, TabParts, md_text
+from .tabs import PRIVATE, Components, TabParts, md_text, on
+from .views import View
 
 CSS = """
 .lens-plot .altair { overflow-x: auto; justify-content: flex-start !important; align-items: flex-start !important; }
@@ -73,13 +76,14 @@ JS_OPENED_WITH = "() => (window.lensOpenedWith ?? window.location.search)"
 
 @dataclass
 class UI:
-    """What `build_ui` made: the Blocks, each tab's parts by its link name, and the page-load restore (the
-    handlers the app's events call, so tests can drive them as the page does)."""
+    """What `build_ui` made: the Blocks, each tab's parts by its link name, the page-load restore, the front
+    page's examples and the guard every handler goes through (tests call the handlers as the page does)."""
 
     demo: gr.Blocks
     tabs: dict[str, TabParts]
     restore: Callable
     front: FrontPage
+    guard: Guard
 
 
 def build_app(service, cfg, workshop: Workshop | None = None) -> gr.Blocks:
@@ -88,99 +92,147 @@ def build_app(service, cfg, workshop: Workshop | None = None) -> gr.Blocks:
 
 def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None = None) -> UI:
     """The app; with a workshop, its title, only its tabs and its Exercises panel (openings counted in `usage`)."""
-    info = service.info
-    downloads = Downloads()
-    guard = Guard(RateLimiter(cfg.rate_limit))
+    guard = Guard(RateLimiter(cfg.rate_limit), cfg.resolved_trusted_proxies)
+    downloads = Downloads(guard)
     shown = workshop.tabs if workshop is not None else permalinks.TABS
     page_title = f"{workshop.title} · Lens Explorer" if workshop is not None else "Lens Explorer"
-    with gr.Blocks(title=page_title, delete_cache=(3600, 3600)) as demo:
-        heading = f"# {md_text(workshop.title)}\nLens Explorer · " if workshop is not None else "# Lens Explorer\n"
-        gr.Markdown(heading + _header(service), elem_id="header")
-        health = service.health()
-        banner = gr.Markdown(status.status_line(health), visible=bool(status.status_line(health)),
-                             elem_id="engine-status")
+    with gr.Blocks(title=page_title, delete_cache=(Downloads.KEEP_SECONDS, Downloads.KEEP_SECONDS)) as demo:
+        page = _top(service, workshop)
         panel = build_exercise_panel(workshop) if workshop is not None else None
-        notice = gr.Markdown(visible=False, elem_id="link-notice")
-        note_view = gr.Markdown(visible=False, elem_id="link-note")
-        title, note = notes.note_boxes()            # placed by the link below; the lens tabs read the note
-        with gr.Tabs(selected=shown[0], elem_id="tabs") as tabs:
-            parts = [build_lens_tab(LOGIT_TAB, service, guard, downloads, note),
-                     build_lens_tab(JACOBIAN_TAB, service, guard, downloads, note),
-                     build_generate_tab(service, guard, downloads),
-                     build_compare_tab(service, guard, downloads),
-                     build_intervene_tab(service, guard, downloads)]
-        for p, tab in zip(parts, tabs.children):
-            tab.visible = p.name in shown
-        with gr.Row():
-            link = gr.Textbox(label="Link to this view (inputs are kept in the address bar)", interactive=False,
-                              scale=6, elem_id="permalink",
-                              placeholder="Run or edit an input: the link that reproduces it appears here")
-            copy = gr.Button("Copy link", scale=1, min_width=120, size="sm", elem_id="copy-link")
-        with gr.Row():
-            title.render()
-            note.render()
-        query = gr.Textbox(visible=False, elem_id="permalink-query")
-        pending = gr.State("")
+        page["notice"] = gr.Markdown(visible=False, elem_id="link-notice")
+        page["note_view"] = gr.Markdown(visible=False, elem_id="link-note")
+        page["title"], page["note"] = notes.note_boxes()   # placed by the link below; the lens tabs read the note
+        with gr.Tabs(selected=shown[0], elem_id="tabs") as page["tabs"]:
+            parts = {p.name: p for p in (build_lens_tab(LOGIT_TAB, service, guard, downloads, page["note"]),
+                                         build_lens_tab(JACOBIAN_TAB, service, guard, downloads, page["note"]),
+                                         build_generate_tab(service, guard, downloads),
+                                         build_compare_tab(service, guard, downloads),
+                                         build_intervene_tab(service, guard, downloads))}
+        for tab in page["tabs"].children:
+            tab.visible = tab.id in shown
+        page.update(_link_row(page["title"], page["note"]))
         register_api(service, guard)
-
-        buttons = [p.run_button for p in parts if p.run_button is not None]
-
-        def poll():
-            h = service.health()
-            line = status.status_line(h)
-            return [gr.Markdown(line, visible=bool(line))] + [gr.Button(interactive=status.is_ready(h))] * len(buttons)
-
-        gr.Timer(status.POLL_SECONDS).tick(poll, None, [banner] + buttons, queue=False, **PRIVATE)
-
-        by_name = {p.name: p for p in parts}
-        for p in parts:
-            if not p.fields:
-                continue
-            comps = list(p.fields.values()) + [title, note]
-            triggers = [c.change for c in comps] + [p.run_button.click]
-            gr.on(triggers, _query_fn(p), comps, query, queue=False, trigger_mode="always_last", **PRIVATE)
-        for p, tab in zip(parts, tabs.children):
-            if p.fields:
-                tab.select(_query_fn(p), list(p.fields.values()) + [title, note], query, queue=False, **PRIVATE)
-        query.change(None, query, link, js=JS_SET_URL, **PRIVATE)
-        gr.on([title.change, note.change], notes.shown, [title, note], note_view, queue=False, **PRIVATE)
-        copy.click(None, None, None, js=JS_COPY_LINK, **PRIVATE).then(
-            lambda: gr.Info("Link copied to the clipboard."), None, None, queue=False, **PRIVATE)
+        _wire_status(service, page["banner"], parts)
+        _wire_links(parts, page)
 
         def restore(opened_with: str | None):
-            if not (opened_with or "").lstrip("?"):
-                return {pending: FRONT}
-            view, notices = permalinks.decode(opened_with, n_layers=info.n_layers, jlens_layers=service.jlens_layers)
-            if view.tab not in shown:
-                notices.append(f"This workshop does not show the {view.tab} tab; showing its first one instead.")
-                view = permalinks.View(tab=shown[0])
-            target = by_name[view.tab]
-            if not target.fields:                      # a Jacobian link on an app without a J lens
-                notices.append("This app has no Jacobian lens loaded; showing the logit lens instead.")
-                view = replace(view, tab="logit", layers="all")
-                target = by_name["logit"]
-            if service.jlens is None and view.lens != "logit":   # a generation link reading the J-lens
-                notices.append("This app has no Jacobian lens loaded; reading the logit lens instead.")
-                view = replace(view, lens="logit")
-            out = {tabs: gr.Tabs(selected=view.tab), pending: view.tab}
-            out.update(dict(zip(target.fields.values(), target.values(view))))
-            out[notice] = gr.Markdown("\n".join(f"- {md_text(n)}" for n in notices), visible=bool(notices))
-            out.update({title: view.title, note: view.note, note_view: notes.shown(view.title, view.note)})
-            return out
+            return restored(page, parts, service, shown, opened_with)
 
-        all_fields = [c for p in parts for c in p.fields.values()]
-        runnable = [p for p in parts if p.run is not None and p.name in shown]
-
-        def then_run(event):
-            for p in runnable:
-                event = event.then(_run_if(p, service), [pending] + p.run_inputs, p.outputs, **PRIVATE)
-
-        restored = [tabs, pending, notice, title, note, note_view] + all_fields
-        then_run(demo.load(restore, query, restored, js=JS_OPENED_WITH, **PRIVATE))
+        runnable = [p for p in parts.values() if p.run is not None and p.name in shown]
+        restores = ["tabs", "pending", "notice", "title", "note", "note_view"]
+        loaded = demo.load(restore, page["query"], [page[name] for name in restores] + _all_inputs(parts),
+                           js=JS_OPENED_WITH, **PRIVATE)
+        _then_run(loaded, page["pending"], runnable, service)
         for i, button in enumerate(panel.buttons if panel is not None else []):
-            then_run(button.click(_open_exercise(workshop, panel, i, restore, usage), None,
-                                  restored + panel.outputs, **PRIVATE))
-    return UI(demo, by_name, restore, FrontPage(service, runnable))
+            opened = button.click(_open_exercise(workshop, panel, i, restore, usage), None,
+                                  [page[name] for name in restores] + _all_inputs(parts) + panel.outputs, **PRIVATE)
+            _then_run(opened, page["pending"], runnable, service)
+    return UI(demo, parts, restore, FrontPage(service, runnable), guard)
+
+
+def _top(service, workshop: Workshop | None) -> Components:
+    """The heading and the engine's status line."""
+    heading = f"# {md_text(workshop.title)}\nLens Explorer · " if workshop is not None else "# Lens Explorer\n"
+    gr.Markdown(heading + _header(service), elem_id="header")
+    line = status.status_line(service.health())
+    return {"banner": gr.Markdown(line, visible=bool(line), elem_id="engine-status"), "pending": gr.State("")}
+
+
+def _link_row(title: gr.Textbox, note: gr.Textbox) -> Components:
+    """The link to this view, its copy button, and the title and note it carries."""
+    with gr.Row():
+        link = gr.Textbox(label="Link to this view (inputs are kept in the address bar)", interactive=False,
+                          scale=6, elem_id="permalink",
+                          placeholder="Run or edit an input: the link that reproduces it appears here")
+        copy = gr.Button("Copy link", scale=1, min_width=120, size="sm", elem_id="copy-link")
+    with gr.Row():
+        title.render()
+        note.render()
+    copy.click(None, None, None, js=JS_COPY_LINK, **PRIVATE).then(
+        lambda: gr.Info("Link copied to the clipboard."), None, None, queue=False, **PRIVATE)
+    return {"link": link, "query": gr.Textbox(visible=False, elem_id="permalink-query")}
+
+
+def _wire_status(service, banner: gr.Markdown, parts: dict[str, TabParts]) -> None:
+    """The status line, and every run button enabled only while the engine can serve."""
+    buttons = [p.run_button for p in parts.values() if p.run_button is not None]
+
+    def poll():
+        h = service.health()
+        line = status.status_line(h)
+        return {banner: gr.Markdown(line, visible=bool(line)),
+                **{b: gr.Button(interactive=status.is_ready(h)) for b in buttons}}
+
+    gr.Timer(status.POLL_SECONDS).tick(poll, None, [banner, *buttons], queue=False, **PRIVATE)
+
+
+def _wire_links(parts: dict[str, TabParts], page: Components) -> None:
+    """The link box follows every input of the tab in view, and the title and note under it."""
+    words = {"title": page["title"], "note": page["note"]}
+    tab_of = {tab.id: tab for tab in page["tabs"].children}
+    for p in parts.values():
+        if not p.inputs:
+            continue
+        named = {**p.inputs, **words, "query": page["query"]}
+        triggers = [c.change for c in (*p.inputs.values(), *words.values())] + [p.run_button.click]
+        on(triggers, partial(link_of, p), named, named.keys() - {"query"}, ["query"], queue=False,
+           trigger_mode="always_last")
+        on(tab_of[p.name].select, partial(link_of, p), named, named.keys() - {"query"}, ["query"], queue=False)
+    page["query"].change(None, page["query"], page["link"], js=JS_SET_URL, **PRIVATE)
+    gr.on([page["title"].change, page["note"].change], notes.shown, [page["title"], page["note"]], page["note_view"],
+          queue=False, **PRIVATE)
+
+
+def link_of(p: TabParts, values: dict, request: gr.Request = None) -> dict:
+    """The link of the tab's inputs, and the title and note under it."""
+    view = notes.with_notes(p.view.view_of(values), values["title"], values["note"])
+    return {"query": permalinks.query_string(view)}
+
+
+def restored(page: Components, parts: dict[str, TabParts], service, shown, opened_with: str | None) -> dict:
+    """The page as the link it was opened with shows it (without one: every tab's example, `front.py`)."""
+    if not (opened_with or "").lstrip("?"):
+        return {page["pending"]: FRONT}
+    view, notices = permalinks.decode(opened_with, n_layers=service.info.n_layers, jlens_layers=service.jlens_layers)
+    if view.tab not in shown:
+        notices.append(f"This workshop does not show the {view.tab} tab; showing its first one instead.")
+        view = View(tab=shown[0])
+    if not parts[view.tab].inputs:                      # a Jacobian link on an app without a J lens
+        notices.append("This app has no Jacobian lens loaded; showing the logit lens instead.")
+        view = view.replace(tab="logit", layers="all")
+    if service.jlens is None and view.lens != "logit":   # a generation link reading the J-lens
+        notices.append("This app has no Jacobian lens loaded; reading the logit lens instead.")
+        view = view.replace(lens="logit")
+    return {page["tabs"]: gr.Tabs(selected=view.tab), page["pending"]: view.tab, **parts[view.tab].values(view),
+            page["notice"]: gr.Markdown("\n".join(f"- {md_text(n)}" for n in notices), visible=bool(notices)),
+            page["title"]: view.title, page["note"]: view.note, page["note_view"]: notes.shown(view.title, view.note)}
+
+
+def _all_inputs(parts: dict[str, TabParts]) -> list:
+    return [c for p in parts.values() for c in p.inputs.values()]
+
+
+def _then_run(event, pending: gr.State, runnable: list[TabParts], service) -> None:
+    """After a restore, the readout of the tab it names (or of every tab, for the front page)."""
+    for p in runnable:
+        named = {"pending": pending, **p.inputs, **p.reads, **p.outputs}
+        event = on(event.then, partial(run_pending, p, service), named, ["pending", *p.inputs, *p.reads], p.outputs)
+
+
+def run_pending(p: TabParts, service, values: dict, request: gr.Request = None) -> dict:
+    """The tab's readout, when the link being restored is for this tab or the page opened without one. The
+    front page's examples leave the tab's inputs as they are: an input set by a tab the visitor is not on
+    would rewrite the address bar to that tab's link (a generation's seed)."""
+    pending = values.pop("pending")
+    if pending not in (p.name, FRONT):
+        return {}
+    if pending != FRONT:
+        return p.run(values, request=request)
+    if service.health().get("state") == "down":   # the status line says so once, not a failure per tab
+        return {}
+    with not_counted():                      # the example every visit draws: nobody's choice, not counted
+        out = p.run(values, request=request)
+    return {name: value for name, value in out.items() if name not in p.inputs}
 
 
 def _open_exercise(workshop: Workshop, panel, index: int, restore: Callable, usage: Usage | None):
@@ -190,33 +242,6 @@ def _open_exercise(workshop: Workshop, panel, index: int, restore: Callable, usa
             usage.exercise(index)
         return {**restore(workshop.exercises[index].query), **question_outputs(panel, workshop, index)}
     return open_exercise
-
-
-def _query_fn(p: TabParts):
-    """The link of the tab's inputs, then the link's title and note."""
-    def make_query(*values):
-        return permalinks.query_string(notes.with_notes(p.to_view(*values[:-2]), *values[-2:]))
-    return make_query
-
-
-def _run_if(p: TabParts, service):
-    """The tab's readout, when the link being restored is for this tab or the page opened without one. The
-    front page's examples leave the tab's inputs as they are: an input set by a tab the visitor is not on
-    would rewrite the address bar to that tab's link (a generation's seed)."""
-    inputs = {id(c) for c in p.fields.values()}
-    is_input = [id(c) in inputs for c in p.outputs]
-
-    def run(pending, *values, request: gr.Request = None):
-        if pending not in (p.name, FRONT):
-            return tuple(gr.skip() for _ in p.outputs)
-        if pending != FRONT:
-            return p.run(*values, request=request)
-        if service.health().get("state") == "down":   # the status line says so once, not a failure per tab
-            return tuple(gr.skip() for _ in p.outputs)
-        with not_counted():                      # the example every visit draws: nobody's choice, not counted
-            out = p.run(*values, request=request)
-        return tuple(gr.skip() if skip else o for o, skip in zip(out, is_input))
-    return run
 
 
 def _header(service) -> str:

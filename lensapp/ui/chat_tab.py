@@ -1,18 +1,24 @@
-"""The chat: a conversation through the chat template, each reply with a per-token lens readout."""
+"""The chat: a conversation through the chat template, each reply with a per-token lens readout.
+
+Its settings are the `chat` request's fields but the conversation (the chat's own) and the top-k (the
+readout's three); it has no link."""
 
 from __future__ import annotations
 
 import html
+from functools import partial
 
 import gradio as gr
 
 from .. import charts
-from ..config import MAX_GENERATE_TOKENS, MAX_SEED, MAX_TEMPERATURE
-from ..service import ChatRequest
-from ..service import fields as f
+from ..service.kinds import KINDS
 from ..service.planning import default_chat_layer
 from .examples import CHAT_EXAMPLES
-from .tabs import PRIVATE, warn
+from .form import Form, asked
+from .tabs import how_to, on, warn
+from .views import TabView
+
+CHAT = TabView("chat", "chat", omits=("messages", "k"))
 
 HOW_TO = """
 Chat with the model through its chat template. Under every reply, each token it wrote stands over
@@ -24,60 +30,70 @@ seed makes a reply reproducible.
 """
 
 
-def build_chat(service, guard) -> dict:
+def build_chat(service, guard, view: TabView = CHAT) -> dict:
+    """The chat's layout and events (inside the Generation tab); its components by name."""
     has_j = service.jlens is not None
-    lens_default = "jacobian" if has_j else "logit"
     gr.Markdown("Chat with the model; every reply shows what one layer was disposed to say at each token.")
-    with gr.Accordion("How to read this", open=False):
-        gr.Markdown(HOW_TO)
+    how_to(HOW_TO)
+    form = Form(view, service)
     with gr.Row():
-        choices = [("Jacobian lens", "jacobian"), ("logit lens", "logit")] if has_j else [("logit lens", "logit")]
-        chat_lens = gr.Radio(choices, value=lens_default, label="Readout lens", elem_id="chat-lens")
-        layer = gr.Dropdown(choices=service.chat_layers(lens_default), value=_default_layer(service, lens_default),
-                            label="Readout layer", elem_id="chat-layer")
-        max_tokens = gr.Slider(1, MAX_GENERATE_TOKENS, value=f.CHAT_MAX_TOKENS.default, step=1, label="Max new tokens")
-        temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=f.TEMPERATURE.default, step=0.05, label="Temperature")
-        seed = gr.Number(label="Seed (empty: a fresh sample)", value=f.SEED.default, minimum=0, maximum=MAX_SEED,
-                         precision=0, elem_id="chat-seed")
-    chatbot = gr.Chatbot(label="Chat", height=420, elem_id="chat", sanitize_html=True,
-                         placeholder=f"Ask something. {'J-lens' if has_j else 'Logit-lens'} readouts appear under "
-                                     "each reply.")
+        lens = form.add("lens").value
+        form.add("layer", gr.Dropdown, choices=service.chat_layers(lens), value=_default_layer(service, lens))
+        form.add("max_tokens")
+        form.add("temperature", label="Temperature")
+        form.add("seed", label="Seed (empty: a fresh sample)")
+        form.rest()
+    parts = {**form.inputs,
+             "chatbot": gr.Chatbot(label="Chat", height=420, elem_id="chat", sanitize_html=True,
+                                   placeholder=f"Ask something. {'J-lens' if has_j else 'Logit-lens'} readouts "
+                                               "appear under each reply.")}
     with gr.Row():
-        message = gr.Textbox(placeholder="Message", show_label=False, scale=5, elem_id="chat-message",
-                             submit_btn=True)
+        parts["message"] = gr.Textbox(placeholder="Message", show_label=False, scale=5, elem_id="chat-message",
+                                      submit_btn=True)
         clear = gr.Button("Clear", scale=1)
-    gr.Examples([[m] for m in CHAT_EXAMPLES], inputs=[message], label="Try", api_visibility="private")
-    history = gr.State([])           # the real conversation; the Chatbot shows an escaped copy plus readouts
+    gr.Examples([[m] for m in CHAT_EXAMPLES], inputs=[parts["message"]], label="Try", api_visibility="private")
+    parts["history"] = gr.State([])     # the real conversation; the Chatbot shows an escaped copy plus readouts
+    on(parts["message"].submit, partial(send, view, service, guard), parts,
+       [*form.inputs, "message", "history", "chatbot"], ["message", "history", "chatbot"])
+    on(parts["lens"].input, partial(layers_for, service), parts, ["lens"], ["layer"])
+    on(clear.click, forget, parts, [], ["history", "chatbot"])
+    return parts
 
-    def reply_to(text, history, shown, layer, lens, max_tokens, temperature, seed):
-        messages = history + [{"role": "user", "content": text}]
-        reply = service.chat(ChatRequest.parse(messages=messages, layer=layer, lens=lens, max_tokens=max_tokens,
-                                               temperature=temperature, seed=seed))
-        if reply.dropped_turns:
-            warn(f"The conversation outgrew the prompt limit; the {reply.dropped_turns} oldest messages were left out.")
-        lens_name = "J-lens" if lens == "jacobian" else "logit lens"
-        shown = shown + [
-            {"role": "user", "content": _escape(text)},
-            {"role": "assistant", "content": _escape(reply.text) or "(empty reply)"},
-            {"role": "assistant", "content": readout_html(reply),
-             "metadata": {"title": f"{lens_name} at layer {reply.layer}: its top-1 under each token "
-                                   "(hover or tap a token for the top-3)"}},
-        ]
-        return "", messages + [{"role": "assistant", "content": reply.text}], shown
 
-    def send(text, history, shown, layer, lens, max_tokens, temperature, seed, request: gr.Request = None):
-        if text is None or isinstance(text, str) and not text.strip():
-            return gr.skip(), gr.skip(), gr.skip()
-        return guard.ui(request, reply_to, text, history, shown, layer, lens, max_tokens, temperature, seed)
+def send(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
+    """The model's reply to the message, with its readout (a blank message: nothing), through the guard."""
+    text = values["message"]
+    if text is None or isinstance(text, str) and not text.strip():
+        return {}
+    return guard.ui(request, reply_to, view, service, values)
 
-    def on_lens(lens):
-        return gr.Dropdown(choices=service.chat_layers(lens), value=_default_layer(service, lens))
 
-    message.submit(send, [message, history, chatbot, layer, chat_lens, max_tokens, temperature, seed],
-                   [message, history, chatbot], **PRIVATE)
-    chat_lens.input(on_lens, chat_lens, layer, **PRIVATE)
-    clear.click(lambda: ([], []), None, [history, chatbot], **PRIVATE)
-    return {"send": send}
+def reply_to(view: TabView, service, values: dict) -> dict:
+    text = values["message"]
+    messages = values["history"] + [{"role": "user", "content": text}]
+    req = asked(view, service, values, messages=messages)
+    reply = KINDS[view.kind].run(service, req)
+    if reply.dropped_turns:
+        warn(f"The conversation outgrew the prompt limit; the {reply.dropped_turns} oldest messages were left out.")
+    lens_name = "J-lens" if req.lens == "jacobian" else "logit lens"
+    shown = values["chatbot"] + [
+        {"role": "user", "content": _escape(text)},
+        {"role": "assistant", "content": _escape(reply.text) or "(empty reply)"},
+        {"role": "assistant", "content": readout_html(reply),
+         "metadata": {"title": f"{lens_name} at layer {reply.layer}: its top-1 under each token "
+                               "(hover or tap a token for the top-3)"}},
+    ]
+    return {"message": "", "history": messages + [{"role": "assistant", "content": reply.text}], "chatbot": shown}
+
+
+def layers_for(service, values: dict, request: gr.Request = None) -> dict:
+    """The readout layers of the chosen lens, its default chosen."""
+    lens = values["lens"]
+    return {"layer": gr.Dropdown(choices=service.chat_layers(lens), value=_default_layer(service, lens))}
+
+
+def forget(values: dict, request: gr.Request = None) -> dict:
+    return {"history": [], "chatbot": []}
 
 
 def readout_html(reply) -> str:

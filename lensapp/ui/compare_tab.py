@@ -1,16 +1,20 @@
-"""The compare tab: 2-4 prompts read the same way, side by side, and where their predictions part ways."""
+"""The compare tab: 2-4 prompts read the same way, side by side, and where their predictions part ways.
+
+Its inputs are the `compare` request's fields (`views.TAB_VIEWS`), the prompts as prompt1..prompt4."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import gradio as gr
 
 from .. import charts
-from ..config import MAX_COMPARE_PROMPTS, MAX_K
-from ..service import LensRequest
+from .downloads import Downloads
 from .examples import compare_examples
-from .lens_tab import colour_metric, grid_tables, punctuation_box
-from .permalinks import View, as_text, view_of
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, lens_choices, md_text
+from .form import Form, add_reading, asked
+from .readout import colour_metric, grid_tables, shown_lenses
+from .tabs import Components, TabParts, build_chart, how_to, md_text, on
+from .views import TAB_VIEWS, TabView
 
 HOW_TO = """
 What people do with a lens is contrast: "The capital of France is" against "… of Italy is", a sentence
@@ -25,94 +29,69 @@ way (lens, layers, k, targets).
 """
 
 
-def build_compare_tab(service, guard, downloads: Downloads) -> TabParts:
-    d = View(tab="compare")
-    choices = lens_choices(service)
-    with gr.Tab("Compare", id="compare"):
+def build_compare_tab(service, guard, downloads: Downloads, view: TabView = TAB_VIEWS["compare"]) -> TabParts:
+    with gr.Tab("Compare", id=view.name):
         gr.Markdown("Two to four prompts side by side: where do their predictions part ways?")
-        with gr.Accordion("How to read this", open=False):
-            gr.Markdown(HOW_TO)
-        boxes = []
+        how_to(HOW_TO)
+        form = Form(view, service)
         with gr.Row():
-            for i in range(MAX_COMPARE_PROMPTS):
-                value = d.prompts[i] if i < len(d.prompts) else ""
-                boxes.append(gr.Textbox(label=f"Prompt {i + 1}" + (" (optional)" if i >= 2 else ""), value=value,
-                                        lines=2, max_lines=6, elem_id=f"compare-prompt{i + 1}"))
+            boxes = form.add("prompts", lines=2, max_lines=6,
+                             label=lambda i: f"Prompt {i}" + (" (optional)" if i > 2 else ""))
         with gr.Row():
-            lens = gr.Radio(choices, value=d.lens, label="Lens", elem_id="compare-lens")
-            layers = gr.Textbox(label="Layers (all, 10-20 or 0,5,-1)", value=d.layers, elem_id="compare-layers")
-            k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id="compare-k")
-            targets = gr.Textbox(label="Target word(s), comma-separated (optional)", value=as_text(d.targets),
-                                 elem_id="compare-targets")
+            add_reading(form, layers="Layers (all, 10-20 or 0,5,-1)")
         with gr.Row():
-            metric = gr.Dropdown(label="Colour cells by", value=d.metric, elem_id="compare-metric",
-                                 choices=[(m.title, key) for key, m in charts.METRICS.items()])
-            chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
-            raw = gr.Checkbox(label="Raw logits", value=d.raw, elem_id="compare-raw",
-                              info="h·W_U alone, without the model's own logit soft-capping or scaling")
-            punct = punctuation_box(d.punct, "compare-punct")
-        run_button = gr.Button("Compare", variant="primary", elem_id="compare-run", elem_classes=["run"])
-        examples = compare_examples(boxes[0], boxes[1], targets)
-        summary = gr.Markdown(elem_id="compare-summary")
-        heatmaps = gr.Plot(elem_id="compare-heatmaps", elem_classes=["lens-plot"], show_label=False)
-        with gr.Accordion("Heatmaps as tables", open=False, elem_id="compare-grid-box"):
-            grid_table = gr.HTML(elem_id="compare-grid-table", elem_classes=["grid-table"])
-        curves = gr.Plot(visible=False, elem_id="compare-targets-plot", elem_classes=["lens-plot"], show_label=False)
-        table = gr.Dataframe(label="Each prompt's top-1 at its last position, every layer", interactive=False,
-                             wrap=True, elem_id="compare-table")
-        with gr.Row():
-            csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
-            json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
-
-    def readout(*values):
-        lens, layers, k, targets, metric, chat, raw, punct = (*values[MAX_COMPARE_PROMPTS:], False)[:8]
-        if not isinstance(lens, str) or lens not in {value for _, value in choices}:
-            lens = "logit"
-        req = LensRequest.parse(prompts=filled(values[:MAX_COMPARE_PROMPTS]), lens=lens, layers=layers, k=k,
-                                targets=targets, chat=chat, raw=raw, skip_punctuation=punct)
-        metric, words = colour_metric(metric, req.targets), req.targets
-        comparison = service.compare(req)
-        shown = ("jacobian", "logit") if lens == "both" else (lens,)
-        return (
-            part_ways_summary(comparison, shown),
-            build_chart(charts.compare_heatmaps, comparison, shown, metric),
-            gr.Plot(value=build_chart(charts.compare_targets, comparison, shown) if words else None,
-                    visible=bool(words)),
-            # "#n" columns: display_tokens makes their whitespace visible
-            charts.display_tokens(comparison.last_position_table(shown[0]).rename(
-                columns=lambda c: c.replace("prompt ", "#") if c.startswith("prompt ") else c)),
-            downloads.button("compare", ".csv", comparison.to_csv()),
-            downloads.button("compare", ".json", comparison.dumps()),
-            "".join(f"<h4>Prompt {n}</h4>" + grid_tables(r, shown) for n, r in enumerate(comparison.results, 1)),
-        )
-
-    def run(*values, request: gr.Request = None):
-        return guard.ui(request, readout, *values)
-
-    inputs = [*boxes, lens, layers, k, targets, metric, chat, raw, punct]
-    outputs = [summary, heatmaps, curves, table, csv_file, json_file, grid_table]
-    run_button.click(run, inputs, outputs, **PRIVATE)
-    examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
-
-    def to_view(*values) -> View:
-        names = ("lens", "layers", "k", "targets", "metric", "chat", "raw", "punct")
-        return view_of("compare", prompts=filled(values[:MAX_COMPARE_PROMPTS]),
-                       **dict(zip(names, values[MAX_COMPARE_PROMPTS:])))
-
-    def from_view(view: View) -> list:
-        prompts = list(view.prompts)[:MAX_COMPARE_PROMPTS]
-        prompts += [""] * (MAX_COMPARE_PROMPTS - len(prompts))
-        return [*prompts, view.lens, view.layers, view.k, as_text(view.targets), view.metric, view.chat, view.raw,
-                view.punct]
-
-    fields = {**{f"prompt{i + 1}": box for i, box in enumerate(boxes)}, "lens": lens, "layers": layers, "k": k,
-              "targets": targets, "metric": metric, "chat": chat, "raw": raw, "punct": punct}
-    return TabParts("compare", fields, to_view, run, inputs, outputs, run_button, from_view=from_view)
+            form.add("metric")
+            form.add("chat")
+            form.add("raw")
+            form.add("punct")
+        form.rest()
+        run_button = gr.Button("Compare", variant="primary", elem_id=f"{view.name}-run", elem_classes=["run"])
+        examples = compare_examples(boxes[0], boxes[1], form.inputs["targets"])
+        outputs = _outputs(view, downloads)
+    run_fn = partial(run, view, service, guard)
+    for trigger in (run_button.click, examples.load_input_event.then):
+        on(trigger, run_fn, {**form.inputs, **outputs}, form.inputs, outputs)
+    return TabParts(view, form.inputs, outputs, run_fn, run_button=run_button)
 
 
-def filled(boxes) -> list:
-    """The prompt boxes that hold text (the optional ones may be left empty)."""
-    return [p for p in boxes if not (p is None or isinstance(p, str) and not p.strip())]
+def _outputs(view: TabView, downloads: Downloads) -> Components:
+    """What a comparison writes, by name."""
+    out = {"summary": gr.Markdown(elem_id=f"{view.name}-summary"),
+           "heatmaps": gr.Plot(elem_id=f"{view.name}-heatmaps", elem_classes=["lens-plot"], show_label=False)}
+    with gr.Accordion("Heatmaps as tables", open=False, elem_id=f"{view.name}-grid-box"):
+        out["grid_table"] = gr.HTML(elem_id=f"{view.name}-grid-table", elem_classes=["grid-table"])
+    out["curves"] = gr.Plot(visible=False, elem_id=f"{view.name}-targets-plot", elem_classes=["lens-plot"],
+                            show_label=False)
+    out["table"] = gr.Dataframe(label="Each prompt's top-1 at its last position, every layer", interactive=False,
+                                wrap=True, elem_id=f"{view.name}-table")
+    out["state"] = gr.State()
+    out.update(downloads.buttons(view.name, out["state"]))
+    return out
+
+
+def run(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
+    """The comparison of the inputs' `values` (by name), through the guard."""
+    return guard.ui(request, readout, view, service, values)
+
+
+def readout(view: TabView, service, values: dict) -> dict:
+    req = asked(view, service, values)
+    metric, words = colour_metric(values.get("metric"), req.targets), req.targets
+    comparison = service.compare(req)
+    shown = shown_lenses(req.lens)
+    return {
+        "summary": part_ways_summary(comparison, shown),
+        "heatmaps": build_chart(charts.compare_heatmaps, comparison, shown, metric),
+        "curves": gr.Plot(value=build_chart(charts.compare_targets, comparison, shown) if words else None,
+                          visible=bool(words)),
+        # "#n" columns: display_tokens makes their whitespace visible
+        "table": charts.display_tokens(comparison.last_position_table(shown[0]).rename(
+            columns=lambda c: c.replace("prompt ", "#") if c.startswith("prompt ") else c)),
+        **Downloads.shown(),
+        "grid_table": "".join(f"<h4>Prompt {n}</h4>" + grid_tables(r, shown)
+                              for n, r in enumerate(comparison.results, 1)),
+        "state": comparison,
+    }
 
 
 def part_ways_summary(comparison, lenses: tuple[str, ...]) -> str:

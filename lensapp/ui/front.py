@@ -21,11 +21,10 @@ log = logging.getLogger(__name__)
 FRONT = "*"          # the page-load `pending` value that runs every tab's default view (a link names one tab)
 
 
-def default_args(p: TabParts) -> list:
-    """The tab's readout inputs as the page first shows them: its default view, in `run_inputs` order (an
-    input shared by the tabs, such as the link's note, as the page starts it)."""
-    values = {id(c): v for c, v in zip(p.fields.values(), p.values(View(tab=p.name)))}
-    return [values.get(id(c), c.value) for c in p.run_inputs]
+def default_values(p: TabParts) -> dict:
+    """The readout's input values as the page first shows them, by name: the tab's default view, and what else
+    it reads (the link's note) as the page starts it."""
+    return {**p.view.values_of(View(tab=p.name)), **{name: c.value for name, c in p.reads.items()}}
 
 
 class FrontPage:
@@ -51,7 +50,7 @@ class FrontPage:
             for _ in range(2):
                 for p in self.parts:
                     try:
-                        p.run(*default_args(p))
+                        p.run(default_values(p))
                     except Exception as e:  # noqa: BLE001 - that tab's visitors will see the same error
                         log.warning("front page: the %s tab's example failed: %s", p.name, e)
         log.info("front page ready: %s", ", ".join(p.name for p in self.parts))

@@ -1,19 +1,25 @@
-"""The generation tab: a readout of the newest token at every step, and the chat (chat_tab.py)."""
+"""The generation tab: a readout of the newest token at every step, and the chat (chat_tab.py).
+
+Its inputs are the `generate` request's fields (`views.TAB_VIEWS`); the handlers below are what its
+events call."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import gradio as gr
 import pandas as pd
 
 from .. import charts
-from ..config import LENS_CHOICES, MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE
-from ..service import GenerateRequest
+from ..service.kinds import KINDS
 from .chat_tab import build_chat
+from .downloads import Downloads
 from .examples import generate_examples
-from .permalinks import View, view_of
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, lens_choices, new_seed, warn
+from .form import Form, asked, single_lenses
+from .readout import shown_lenses
+from .tabs import PRIVATE, Components, TabParts, build_chart, how_to, int_or, new_seed, on
+from .views import TAB_VIEWS, TabView
 
 HOW_TO = """
 The model writes one token per **step**. Each **column** is a step, labelled by the token the model
@@ -27,95 +33,95 @@ above 0, the seed makes the sample reproducible: left empty, a run picks one and
 """
 
 
-def build_generate_tab(service, guard, downloads: Downloads) -> TabParts:
-    d = View()
-    n = service.info.n_layers
-    choices = lens_choices(service)
-    with gr.Tab("Generation", id="generate"):
+def build_generate_tab(service, guard, downloads: Downloads, view: TabView = TAB_VIEWS["generate"]) -> TabParts:
+    """view: what the tab shows and its link carries (a test builds it for a throwaway kind)."""
+    with gr.Tab("Generation", id=view.name):
         with gr.Tabs():
-            with gr.Tab("Step by step", id="generate-steps"):
+            with gr.Tab("Step by step", id=f"{view.name}-steps"):
                 gr.Markdown("Generate, and read every layer at the newest token of every step.")
-                with gr.Accordion("How to read this", open=False):
-                    gr.Markdown(HOW_TO)
-                prompt = gr.Textbox(label="Prompt", value=d.prompt, lines=2, max_lines=8, elem_id="generate-prompt")
-                with gr.Row():
-                    max_tokens = gr.Slider(1, MAX_GENERATE_TOKENS, value=d.max_tokens, step=1, label="Max new tokens",
-                                           elem_id="generate-max-tokens")
-                    temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=d.temperature, step=0.05,
-                                            label="Temperature (0 = greedy)", elem_id="generate-temperature")
-                    lens = gr.Radio(choices, value=d.lens, label="Lens", elem_id="generate-lens")
-                with gr.Row():
-                    layers = gr.Textbox(label=f"Layers (all, 10-20 or 0,5,-1; this model: 0..{n - 1})", value=d.layers,
-                                        elem_id="generate-layers")
-                    k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id="generate-k")
-                    seed = gr.Number(label="Seed (sampling: the same seed gives the same text)", value=d.seed,
-                                     minimum=0, maximum=MAX_SEED, precision=0, elem_id="generate-seed")
-                    reseed = gr.Button("New seed", size="sm", scale=0, min_width=100, elem_id="generate-new-seed")
-                with gr.Row():
-                    chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
-                    raw = gr.Checkbox(label="Raw logits", value=d.raw, elem_id="generate-raw",
-                                      info="h·W_U alone, without the model's own logit soft-capping or scaling")
-                run_button = gr.Button("Generate", variant="primary", elem_id="generate-run", elem_classes=["run"])
-                examples = generate_examples(prompt)
-                text = gr.Textbox(label="Generated text", interactive=False, elem_id="generate-text")
-                heatmap = gr.Plot(elem_id="generate-heatmap", elem_classes=["lens-plot"], show_label=False)
-                with gr.Row():
-                    step = gr.Dropdown(label="Token table: step", choices=[], interactive=True, elem_id="generate-step")
-                    table_lens = gr.Radio(choices[:2], value="logit", label="Table lens", visible=len(choices) > 1)
-                table = gr.Dataframe(label="Top-k at this step's newest token, every layer", interactive=False,
-                                     wrap=True, elem_id="generate-table")
-                with gr.Row():
-                    csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
-                    json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
-                state = gr.State()
-            with gr.Tab("Chat", id="generate-chat"):
-                chat_handlers = build_chat(service, guard)
+                how_to(HOW_TO)
+                form = Form(view, service)
+                reseed = _inputs(form, service)
+                run_button = gr.Button("Generate", variant="primary", elem_id=f"{view.name}-run",
+                                       elem_classes=["run"])
+                examples = generate_examples(form.inputs["prompt"])
+                outputs = _outputs(view, service, downloads, form.inputs["seed"])
+            with gr.Tab("Chat", id=f"{view.name}-chat"):
+                build_chat(service, guard)
+    parts = {**form.inputs, **outputs}
+    run_fn = partial(run, view, service, guard)
+    reseed.click(new_seed, None, form.inputs["seed"], queue=False, **PRIVATE)
+    for trigger in ([run_button.click, form.inputs["prompt"].submit], examples.load_input_event.then):
+        on(trigger, run_fn, parts, form.inputs, outputs)
+    on([parts["step"].input, parts["table_lens"].input], partial(pick_step, guard), parts,
+       ["state", "step", "table_lens"], ["table"])
+    return TabParts(view, form.inputs, outputs, run_fn, run_button=run_button)
 
-    def readout(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw):
-        if isinstance(lens, str) and lens in LENS_CHOICES and lens not in {value for _, value in choices}:
-            warn("No Jacobian lens is loaded; using the logit lens.")
-            lens = "logit"
-        req = GenerateRequest.parse(prompt=prompt, max_tokens=max_tokens, lens=lens, layers=layers, k=k,
-                                    temperature=temperature, seed=seed, chat=chat, raw=raw)
-        if req.seed is None and req.sampled:                          # a sample that can be had again
-            req = replace(req, seed=new_seed())
-        gen = service.generate(req)
-        shown = "jacobian" if lens == "both" else lens
-        last = len(gen.steps) - 1
-        return (
-            gen,
-            req.seed,
-            gen.text,
-            build_chart(charts.generation_heatmap, gen, lens),
-            gr.Dropdown(choices=step_choices(gen), value=last),
-            gr.Radio(value=shown),
-            step_table(gen, last, shown),
-            downloads.button("generation", ".csv", gen.to_csv()),
-            downloads.button("generation", ".json", gen.dumps()),
-        )
 
-    def run(prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw, request: gr.Request = None):
-        return guard.ui(request, readout, prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw)
+def _inputs(form: Form, service) -> gr.Button:
+    """The form, laid out; its New seed button."""
+    form.add("prompt", lines=2, max_lines=8)
+    with gr.Row():
+        form.add("max_tokens")
+        form.add("temperature")
+        form.add("lens")
+    with gr.Row():
+        form.add("layers", label=f"Layers (all, 10-20 or 0,5,-1; this model: 0..{service.info.n_layers - 1})")
+        form.add("k")
+        form.add("seed")
+        reseed = gr.Button("New seed", size="sm", scale=0, min_width=100, elem_id=f"{form.view.name}-new-seed")
+    with gr.Row():
+        form.add("chat")
+        form.add("raw")
+    form.rest()
+    return reseed
 
-    outputs = [state, seed, text, heatmap, step, table_lens, table, csv_file, json_file]
-    inputs = [prompt, max_tokens, temperature, lens, layers, k, chat, seed, raw]
-    reseed.click(new_seed, None, seed, queue=False, **PRIVATE)
-    run_button.click(run, inputs, outputs, **PRIVATE)
-    prompt.submit(run, inputs, outputs, **PRIVATE)
-    examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
 
-    def show_step(gen, s, lens):
-        s = int_or(s, -1)
-        if gen is None or not 0 <= s < len(gen.steps):       # none chosen, or not one of the choices
-            return gr.skip()
-        return step_table(gen, s, lens)
+def _outputs(view: TabView, service, downloads: Downloads, seed: gr.Number) -> Components:
+    """What a generation writes, by name (the seed a sample used among them)."""
+    out = {"seed": seed, "text": gr.Textbox(label="Generated text", interactive=False, elem_id=f"{view.name}-text"),
+           "heatmap": gr.Plot(elem_id=f"{view.name}-heatmap", elem_classes=["lens-plot"], show_label=False)}
+    lenses = single_lenses(service)
+    with gr.Row():
+        out["step"] = gr.Dropdown(label="Token table: step", choices=[], interactive=True, elem_id=f"{view.name}-step")
+        out["table_lens"] = gr.Radio(lenses, value="logit", label="Table lens", visible=len(lenses) > 1)
+    out["table"] = gr.Dataframe(label="Top-k at this step's newest token, every layer", interactive=False,
+                                wrap=True, elem_id=f"{view.name}-table")
+    out["state"] = gr.State()
+    out.update(downloads.buttons("generation", out["state"]))
+    return out
 
-    gr.on([step.input, table_lens.input], show_step, [state, step, table_lens], table, **PRIVATE)
 
-    fields = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "lens": lens,
-              "layers": layers, "k": k, "chat": chat, "seed": seed, "raw": raw}
-    return TabParts("generate", fields, lambda *values: view_of("generate", **dict(zip(fields, values))), run,
-                    inputs, outputs, run_button, handlers={"show_step": show_step, "chat_send": chat_handlers["send"]})
+def run(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
+    """The generation the inputs' `values` (by name) ask, through the guard."""
+    return guard.ui(request, readout, view, service, values)
+
+
+def readout(view: TabView, service, values: dict) -> dict:
+    req = asked(view, service, values)
+    if req.seed is None and req.sampled:                          # a sample that can be had again
+        req = replace(req, seed=new_seed())
+    gen = KINDS[view.kind].run(service, req)
+    shown = shown_lenses(req.lens)[0]
+    last = len(gen.steps) - 1
+    return {
+        "state": gen, "seed": req.seed, "text": gen.text,
+        "heatmap": build_chart(charts.generation_heatmap, gen, req.lens),
+        "step": gr.Dropdown(choices=step_choices(gen), value=last),
+        "table_lens": gr.Radio(value=shown),
+        "table": step_table(gen, last, shown),
+        **Downloads.shown(),
+    }
+
+
+def pick_step(guard, values: dict, request: gr.Request = None) -> dict:
+    """The top-k table of the chosen step (none chosen, or not one of the choices: unchanged)."""
+    def table():
+        gen, s = values["state"], int_or(values["step"], -1)
+        if gen is None or not 0 <= s < len(gen.steps):
+            return {}
+        return {"table": step_table(gen, s, values["table_lens"])}
+    return guard.ui(request, table)
 
 
 def step_choices(gen) -> list[tuple[str, int]]:

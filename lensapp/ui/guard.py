@@ -1,23 +1,30 @@
 """The one error path: every failure reaches the user as one line of plain text.
 
 A handler runs through `Guard.ui` (the page's events) or `Guard.api` (the API endpoints): the
-client's rate is checked, and any exception becomes a `gr.Error` with a one-line message. The page
-renders an error's message as HTML, so there it is escaped (text, never markup); API clients get
-it as it is (no HTML entities). Expected failures (bad input, a busy or restarting engine) log one
-line; anything else is an engine fault and logs its traceback.
+client's rate is checked, the engine is told who is asking (its fair turns), and any exception
+becomes a `gr.Error` with a one-line message. Who is asking is an address no header a client writes can
+change (`service/identity.py`). The page renders an error's message as HTML, so there it is escaped
+(text, never markup); API clients get it as it is (no HTML entities). Expected failures (bad input, a
+busy or restarting engine) log one line and say it, with any server path shown by its name
+(`redact.py`). Anything else is a fault: the visitor reads a short reference, and the server's log has
+the same reference with the traceback (an exception's text can hold paths, addresses and settings that
+are the host's alone).
 """
 
 from __future__ import annotations
 
 import html
-import ipaddress
 import logging
 import re
+import secrets
 
 import gradio as gr
 
+from .. import redact
 from ..engine import EngineBusy, EngineError
-from ..service.fields import RequestError
+from ..engine.turns import asking
+from ..service import identity
+from ..service.field import RequestError
 from ..service.limits import RateLimited, RateLimiter
 
 log = logging.getLogger(__name__)
@@ -33,8 +40,7 @@ def explain(error: BaseException) -> tuple[str, str, bool]:
         return "Busy", str(error), True
     if isinstance(error, EngineError):
         return "The model", str(error), True
-    first = (str(error).strip().splitlines() or [""])[0][:300]
-    return "Engine error", f"the engine failed ({type(error).__name__}{': ' + first if first else ''})", False
+    return "Engine error", "something failed on the server", False
 
 
 def one_line(text: str) -> str:
@@ -42,8 +48,8 @@ def one_line(text: str) -> str:
 
 
 class Guard:
-    def __init__(self, limiter: RateLimiter):
-        self.limiter = limiter
+    def __init__(self, limiter: RateLimiter, trusted_proxies: int = 0):
+        self.limiter, self.trusted_proxies = limiter, trusted_proxies
 
     def ui(self, request: gr.Request | None, fn, *args, **kwargs):
         """Run a page handler: failures become an escaped, one-line gr.Error."""
@@ -55,29 +61,31 @@ class Guard:
 
     def _run(self, request, escape: bool, fn, *args, **kwargs):
         try:
-            self.limiter.check(client_address(request))
-            return fn(*args, **kwargs)
+            client = client_address(request, self.trusted_proxies)
+            self.limiter.check(client)
+            turn = None if client is None or identity.is_loopback(client) else identity.bucket(client)
+            with asking(turn):                   # whose turn (engine/turns): the host's (None), or a visitor's
+                return fn(*args, **kwargs)
         except gr.Error:
             raise
         except Exception as e:  # noqa: BLE001 - the one place every failure is turned into a message
             title, message, expected = explain(e)
             if expected:
-                log.info("%s: %s", title, one_line(message))
+                message = redact.paths(one_line(message))
+                log.info("%s: %s", title, message)
             else:
-                log.exception("request failed")
-            message = one_line(message)
+                reference = secrets.token_hex(4)
+                log.exception("request failed (reference %s)", reference)
+                message = f"{message} (reference {reference}: the host's log has the details)"
             raise gr.Error(html.escape(message) if escape else message, title=title, print_exception=False) from None
 
 
-def client_address(request: gr.Request | None) -> str | None:
-    """The client's address: the peer, or the first X-Forwarded-For entry when the peer is a proxy on a
-    private network (a Space's front end). A public peer's header is not trusted: it could be forged."""
-    if request is None or request.client is None:
+def client_address(request, trusted_proxies: int = 0) -> str | None:
+    """The address `request` comes from (`service/identity.py`); None for a call made inside the app (no
+    request), `identity.UNIDENTIFIED` for a peer that is not an IP address."""
+    if request is None:
         return None
-    peer = request.client.host
-    forwarded = (request.headers.get("x-forwarded-for") or "").split(",")[0].strip()
-    try:
-        behind_proxy = ipaddress.ip_address(peer).is_private
-    except ValueError:
-        behind_proxy = False
-    return forwarded if forwarded and behind_proxy else peer
+    peer = getattr(getattr(request, "client", None), "host", None)
+    headers = getattr(request, "headers", None) or {}
+    lines = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else [headers.get("x-forwarded-for")]
+    return identity.client_address(peer, lines, trusted_proxies) or identity.UNIDENTIFIED

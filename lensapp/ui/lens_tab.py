@@ -2,27 +2,29 @@
 
 Both show a layer x token heatmap for a prompt, the top-k table at one position and the target
 curves. The Jacobian tab reads both lenses over the layers that have a J, shows them side by side
-on one colour scale with a view of where their top-1 differs, and the lens's provenance.
+on one colour scale with a view of where their top-1 differs, and the lens's provenance. Its inputs
+are the `lens` request's fields but the lens (`views.TAB_VIEWS`); the handlers below are what its
+events call.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import gradio as gr
-import numpy as np
-import pandas as pd
 
-from .. import charts
-from ..config import MAX_K, PUNCTUATION_WIDTH
-from ..service import LensRequest
-from ..service import fields as f
-from ..service.planning import jlens_subset, span
-from ..snippets import lens_snippet
+from .. import charts, redact
+from ..service.planning import jlens_subset
+from ..service.selection import span
+from ..snippets import lens_snippet, model_reference
+from .downloads import Downloads
 from .examples import lens_examples
+from .form import Form, asked
 from .notes import highlight_of
-from .permalinks import METRIC, START, View, as_text, view_of
-from .tabs import PRIVATE, Downloads, TabParts, build_chart, int_or, md_text, table_html, warn
+from .readout import colour_metric, grid_tables, lens_summary, position_choices, shown_lenses, top_k_tables
+from .tabs import Components, TabParts, build_chart, how_to, int_or, md_text, on, warn
+from .views import START, TAB_VIEWS, TabView
 
 LOGIT_HOW_TO = """
 Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
@@ -73,12 +75,21 @@ The same setting can come from the environment: `LENSAPP_JLENS=...`.
 
 @dataclass(frozen=True)
 class LensTab:
-    name: str               # permalink tab id and elem-id prefix
+    view: TabView           # what its link carries (its name: the permalink's tab id and elem-id prefix)
     title: str
     intro: str
     how_to: str
     lens: str               # what the request reads: "logit" or "both"
     run_label: str
+
+    @property
+    def name(self) -> str:
+        return self.view.name
+
+    @property
+    def shown(self) -> tuple[str, ...]:
+        """The lenses its charts and tables show, in their order."""
+        return shown_lenses(self.lens)
 
 
 # Above the chart: what the picture is, in two plain sentences ("How to read this" says the rest).
@@ -89,16 +100,18 @@ LOGIT_INTRO = ("The picture below reads a prompt layer by layer: each row is a l
 JACOBIAN_INTRO = ("The same picture through the Jacobian lens, beside the plain logit lens: each layer is first "
                   "carried to the last layer by a fitted average Jacobian, so a cell is what that layer is "
                   "disposed to say. The view under it marks the cells where the two lenses disagree.")
-LOGIT_TAB = LensTab("logit", "Logit lens", LOGIT_INTRO, LOGIT_HOW_TO, "logit", "Run logit lens")
-JACOBIAN_TAB = LensTab("jacobian", "Jacobian lens", JACOBIAN_INTRO, JACOBIAN_HOW_TO, "both", "Run both lenses")
+LOGIT_TAB = LensTab(TAB_VIEWS["logit"], "Logit lens", LOGIT_INTRO, LOGIT_HOW_TO, "logit", "Run logit lens")
+JACOBIAN_TAB = LensTab(TAB_VIEWS["jacobian"], "Jacobian lens", JACOBIAN_INTRO, JACOBIAN_HOW_TO, "both",
+                       "Run both lenses")
+LENS_TABS = {tab.name: tab for tab in (LOGIT_TAB, JACOBIAN_TAB)}
+RAW_INFO = ("Unembed with h·W_U alone, skipping the model's own logit soft-capping or scaling (the same as the "
+            "default for models that have none).")
 
 
-def lens_request(tab: LensTab, service, prompt, layers, k, targets, chat, raw,
-                 punct=False) -> tuple[LensRequest, list[int]]:
-    """The request `tab` sends for these inputs, read by the fields' parsers, and the asked-for layers left
-    out for having no J (the page and a link's prefetch, `ui.prefetch`, must send the same one)."""
-    req = LensRequest.parse(prompts=[prompt], lens=tab.lens, layers=layers, k=k, targets=targets, chat=chat, raw=raw,
-                            skip_punctuation=punct)
+def lens_request(tab: LensTab, service, values: dict):
+    """The request `tab` sends for its inputs' `values` (by name), read by the fields' parsers, and the
+    asked-for layers left out for having no J (the page and a link's prefetch, `ui.prefetch`, send the same)."""
+    req = asked(tab.view, service, values, lens=tab.lens)
     if tab.lens == "logit":
         return req, []
     have, missing = jlens_subset(req.layers, service.info.n_layers, service.jlens_layers)
@@ -107,209 +120,166 @@ def lens_request(tab: LensTab, service, prompt, layers, k, targets, chat, raw,
 
 def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.Textbox | None = None) -> TabParts:
     """note: the link's note box (its references outline cells), when the page has one."""
-    d = View()
-    info = service.info
-    jacobian = tab.lens != "logit"
     with gr.Tab(tab.title, id=tab.name):
-        if jacobian and service.jlens is None:
-            gr.Markdown(NO_LENS + (f"\n\nThe lens could not be loaded: {md_text(service.jlens_error)}"
+        if tab.lens != "logit" and service.jlens is None:
+            gr.Markdown(NO_LENS + (f"\n\nThe lens could not be loaded: {md_text(redact.paths(service.jlens_error))}"
                                    if service.jlens_error else ""), elem_id="jlens-missing")
-            return TabParts(tab.name, {}, lambda: View(tab=tab.name))
-        gr.Markdown(tab.intro, elem_id=f"{tab.name}-intro")
-        for warning in (service.jlens.warnings if jacobian else []):
-            gr.Markdown(f"**Note:** {md_text(warning)}.", elem_classes=["lens-warning"])
-        with gr.Accordion("How to read this", open=False):
-            gr.Markdown(tab.how_to)
-        layers_label = (f"Layers (all, a range like 20-29 or a list; these have a J: {span(service.jlens_layers)})"
-                        if jacobian else f"Layers (all, 10-20 or 0,5,-1; this model: 0..{info.n_layers - 1})")
-        with gr.Row():
-            prompt = gr.Textbox(label="Prompt", value=d.prompt, lines=2, max_lines=8, scale=3,
-                                elem_id=f"{tab.name}-prompt")
-            targets = gr.Textbox(label="Target word(s), comma-separated (optional)", value=as_text(d.targets),
-                                 scale=2, elem_id=f"{tab.name}-targets")
-        with gr.Row():
-            layers = gr.Textbox(label=layers_label, value=d.layers, elem_id=f"{tab.name}-layers")
-            k = gr.Number(label="Top-k", value=d.k, minimum=1, maximum=MAX_K, precision=0, elem_id=f"{tab.name}-k")
-            metric = gr.Dropdown(label="Colour cells by", value=d.metric, elem_id=f"{tab.name}-metric",
-                                 choices=[(m.title, key) for key, m in charts.METRICS.items()])
-            chat = gr.Checkbox(label="Wrap in the chat template (instruct models)", value=d.chat)
-            punct = punctuation_box(d.punct, f"{tab.name}-punct")
-        with gr.Accordion("Advanced", open=False):
-            raw = gr.Checkbox(label="Raw logits", value=d.raw, elem_id=f"{tab.name}-raw",
-                              info="Unembed with h·W_U alone, skipping the model's own logit soft-capping or "
-                                   "scaling (the same as the default for models that have none).")
-        start = gr.Number(value=None, visible=False, elem_id=f"{tab.name}-start")   # the link's window, if any
+            return TabParts(tab.view, {})
+        _header(tab, service)
+        form = Form(tab.view, service)
+        _inputs(tab, form, service)
         run_button = gr.Button(tab.run_label, variant="primary", elem_id=f"{tab.name}-run", elem_classes=["run"])
-        examples = lens_examples(prompt, targets)
-        summary = gr.Markdown(elem_id=f"{tab.name}-summary")
-        window = gr.Slider(0, 1, value=0, step=1, visible=False, label="Positions shown: the first of the window",
-                           elem_id=f"{tab.name}-window")
-        heatmap = gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot"], show_label=False)
-        with gr.Accordion("Heatmap as a table", open=False, elem_id=f"{tab.name}-grid-box"):
-            grid_table = gr.HTML(elem_id=f"{tab.name}-grid-table", elem_classes=["grid-table"])
-        diff = gr.Plot(elem_id=f"{tab.name}-diff", elem_classes=["lens-plot"], show_label=False, visible=jacobian)
-        position = gr.Dropdown(label="Token table: position", choices=[], interactive=True,
-                               elem_id=f"{tab.name}-position")
-        table = gr.Dataframe(label="Top-k at this position, every layer (p = probability)", interactive=False,
-                             wrap=True, elem_id=f"{tab.name}-table")
-        curves = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False)
-        with gr.Row():
-            csv_file = gr.DownloadButton("Download CSV", visible=False, size="sm")
-            json_file = gr.DownloadButton("Download JSON", visible=False, size="sm")
-        with gr.Accordion("Show the code", open=False, elem_id=f"{tab.name}-code-box"):
-            gr.Markdown("This view as a short nnsight script: paste it into a notebook (the copy button is at "
-                        "the top right) to get the same numbers.")
-            form = gr.Radio([("TransformersModel (runs anywhere)", "transformers"),
-                             ("vLLM (the app's engine)", "vllm")], value="transformers", show_label=False)
-            code = gr.Code(language="python", interactive=False, elem_id=f"{tab.name}-code")
-        if jacobian:
-            with gr.Accordion("Lens provenance", open=False):
-                gr.JSON(value=service.jlens.describe(), label="The lens file", elem_id="jlens-provenance")
-        state = gr.State()
-    shown = ("jacobian", "logit") if jacobian else ("logit",)
+        examples = lens_examples(form.inputs["prompt"], form.inputs["targets"])
+        outputs = _outputs(tab, downloads)
+        more = _more(tab, service)
+    reads = {"note": note} if note is not None else {}
+    parts = {**form.inputs, **outputs, **more, **reads}
+    run_fn = partial(run, tab, service, guard)
+    for trigger in ([run_button.click, form.inputs["prompt"].submit], examples.load_input_event.then):
+        on(trigger, run_fn, parts, [*form.inputs, *reads], outputs)
+    on(parts["position"].input, partial(pick_position, tab, guard), parts, ["state", "position"], ["table"])
+    on(parts["window"].release, partial(move_window, tab, guard), parts, ["state", "metric", "window", *reads],
+       ["heatmap", "diff", "start", "grid_table"])
+    on([parts["state"].change, parts["code_form"].change], partial(show_code, tab, service), parts,
+       ["state", "code_form", "chat"], ["code"])
+    return TabParts(tab.view, form.inputs, outputs, run_fn, reads, run_button)
 
-    def draw(result, metric, first, note=None):
-        """The heatmap(s) of `result` from position `first` (None: the last ones); the cells the link's
-        note names outlined."""
-        highlight = highlight_of(note)
-        if jacobian:
-            return (build_chart(charts.lens_pair, result, metric, start=first, highlight=highlight),
-                    build_chart(charts.lens_diff, result, start=first))
-        return build_chart(charts.lens_heatmap, result, "logit", metric, start=first, highlight=highlight), gr.skip()
 
-    def readout(prompt, layers, k, targets, metric, chat, raw, start, punct=False, note=None):
-        req, missing = lens_request(tab, service, prompt, layers, k, targets, chat, raw, punct)
-        metric = colour_metric(metric, req.targets)
-        if missing:
-            warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
-        result = service.lens(req)[0]
-        for warning in (result.jlens or {}).get("warnings", []):    # read unlike the lens was fitted (BOS)
+def _header(tab: LensTab, service) -> None:
+    gr.Markdown(tab.intro, elem_id=f"{tab.name}-intro")
+    for warning in (service.jlens.warnings if tab.lens != "logit" else []):
+        gr.Markdown(f"**Note:** {md_text(redact.paths(warning))}.", elem_classes=["lens-warning"])
+    how_to(tab.how_to)
+
+
+def _inputs(tab: LensTab, form: Form, service) -> None:
+    layers = (f"Layers (all, a range like 20-29 or a list; these have a J: {span(service.jlens_layers)})"
+              if tab.lens != "logit" else f"Layers (all, 10-20 or 0,5,-1; this model: 0..{service.info.n_layers - 1})")
+    with gr.Row():
+        form.add("prompt", lines=2, max_lines=8, scale=3)
+        form.add("targets", scale=2)
+    with gr.Row():
+        form.add("layers", label=layers)
+        form.add("k")
+        form.add("metric")
+        form.add("chat")
+        form.add("punct")
+    with gr.Accordion("Advanced", open=False):
+        form.add("raw", info=RAW_INFO)
+        form.add("start", visible=False)                 # the link's window, if any
+        form.rest()
+
+
+def _outputs(tab: LensTab, downloads: Downloads) -> Components:
+    """What a readout writes, by name."""
+    out = {"summary": gr.Markdown(elem_id=f"{tab.name}-summary"),
+           "window": gr.Slider(0, 1, value=0, step=1, visible=False, label="Positions shown: the first of the window",
+                               elem_id=f"{tab.name}-window"),
+           "heatmap": gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot"], show_label=False)}
+    with gr.Accordion("Heatmap as a table", open=False, elem_id=f"{tab.name}-grid-box"):
+        out["grid_table"] = gr.HTML(elem_id=f"{tab.name}-grid-table", elem_classes=["grid-table"])
+    out["diff"] = gr.Plot(elem_id=f"{tab.name}-diff", elem_classes=["lens-plot"], show_label=False,
+                          visible=tab.lens != "logit")
+    out["position"] = gr.Dropdown(label="Token table: position", choices=[], interactive=True,
+                                  elem_id=f"{tab.name}-position")
+    out["table"] = gr.Dataframe(label="Top-k at this position, every layer (p = probability)", interactive=False,
+                                wrap=True, elem_id=f"{tab.name}-table")
+    out["curves"] = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False)
+    out["state"] = gr.State()
+    out.update(downloads.buttons(f"{tab.name}-lens", out["state"]))
+    return out
+
+
+def _more(tab: LensTab, service) -> Components:
+    """The code and the lens's provenance under the readout."""
+    with gr.Accordion("Show the code", open=False, elem_id=f"{tab.name}-code-box"):
+        gr.Markdown("This view as a short nnsight script: paste it into a notebook (the copy button is at "
+                    "the top right) to get the same numbers.")
+        code_form = gr.Radio([("TransformersModel (runs anywhere)", "transformers"),
+                              ("vLLM (the app's engine)", "vllm")], value="transformers", show_label=False)
+        code = gr.Code(language="python", interactive=False, elem_id=f"{tab.name}-code")
+    if tab.lens != "logit":
+        with gr.Accordion("Lens provenance", open=False):
+            gr.JSON(value=service.jlens.describe(), label="The lens file", elem_id="jlens-provenance")
+    return {"code_form": code_form, "code": code}
+
+
+# -- what its events call -------------------------------------------------------------------------------
+
+def run(tab: LensTab, service, guard, values: dict, request: gr.Request = None) -> dict:
+    """The readout of the inputs' `values` (and the link's note, when given), through the guard."""
+    return guard.ui(request, readout, tab, service, values)
+
+
+def readout(tab: LensTab, service, values: dict) -> dict:
+    req, missing = lens_request(tab, service, values)
+    metric = colour_metric(values.get("metric"), req.targets)
+    if missing:
+        warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
+    result = service.lens(req)[0]
+    for warning in (result.jlens or {}).get("warnings", []):    # read unlike the lens was fitted (BOS)
+        if warning not in getattr(service.jlens, "warnings", []):   # those are noted above the tab already
             warn(f"Jacobian lens: {warning}.")
-        last = len(result.input_ids) - 1
-        cols = charts.window_of(len(result.input_ids), START(start), charts.DisplaySettings())
-        pair, diff_chart = draw(result, metric, cols.start, note)
-        return (
-            result,
-            pair,
-            diff_chart,
-            gr.Slider(minimum=0, maximum=max(1, len(result.input_ids) - len(cols)), value=cols.start,
-                      visible=len(cols) < len(result.input_ids)),
-            lens_summary(result, shown),
-            gr.Dropdown(choices=position_choices(result.input_tokens), value=last),
-            top_k_tables(result, shown, last),
-            gr.Plot(value=build_chart(charts.target_curves, result, shown) if req.targets else None,
-                    visible=bool(req.targets)),
-            downloads.button(f"{tab.name}-lens", ".csv", result.to_csv()),
-            downloads.button(f"{tab.name}-lens", ".json", result.dumps()),
-            grid_tables(result, shown, cols.start),
-        )
+    n, last = len(result.input_ids), len(result.input_ids) - 1
+    cols = charts.window_of(n, START(values.get("start")), charts.DisplaySettings())
+    heatmap, diff = draw(tab, result, metric, cols.start, values.get("note"))
+    return {
+        "state": result, "heatmap": heatmap, "diff": diff,
+        "window": gr.Slider(minimum=0, maximum=max(1, n - len(cols)), value=cols.start, visible=len(cols) < n),
+        "summary": lens_summary(result, tab.shown),
+        "position": gr.Dropdown(choices=position_choices(result.input_tokens), value=last),
+        "table": top_k_tables(result, tab.shown, last),
+        "curves": gr.Plot(value=build_chart(charts.target_curves, result, tab.shown) if req.targets else None,
+                          visible=bool(req.targets)),
+        **Downloads.shown(),
+        "grid_table": grid_tables(result, tab.shown, cols.start),
+    }
 
-    def run(prompt, layers, k, targets, metric, chat, raw, start, punct=False, note=None, request: gr.Request = None):
-        return guard.ui(request, readout, prompt, layers, k, targets, metric, chat, raw, start, punct, note)
 
-    outputs = [state, heatmap, diff, window, summary, position, table, curves, csv_file, json_file, grid_table]
-    inputs = [prompt, layers, k, targets, metric, chat, raw, start, punct] + ([note] if note is not None else [])
-    run_button.click(run, inputs, outputs, **PRIVATE)
-    prompt.submit(run, inputs, outputs, **PRIVATE)
-    examples.load_input_event.then(run, inputs, outputs, **PRIVATE)
+def draw(tab: LensTab, result, metric: str, first, note=None) -> tuple:
+    """The heatmap(s) of `result` from position `first` (None: the last ones); the cells the link's note
+    names outlined."""
+    highlight = highlight_of(note, result.layers)
+    if tab.lens != "logit":
+        return (build_chart(charts.lens_pair, result, metric, start=first, highlight=highlight),
+                build_chart(charts.lens_diff, result, start=first))
+    return build_chart(charts.lens_heatmap, result, "logit", metric, start=first, highlight=highlight), gr.skip()
 
-    def show_position(result, pos):
-        pos = int_or(pos, -1)
-        if result is None or not 0 <= pos < len(result.input_ids):     # none chosen, or not one of the choices
-            return gr.skip()
-        return top_k_tables(result, shown, pos)
 
-    position.input(show_position, [state, position], table, **PRIVATE)
+def pick_position(tab: LensTab, guard, values: dict, request: gr.Request = None) -> dict:
+    """The top-k table at the chosen position (none chosen, or not one of the choices: unchanged)."""
+    def table():
+        result, pos = values["state"], int_or(values["position"], -1)
+        if result is None or not 0 <= pos < len(result.input_ids):
+            return {}
+        return {"table": top_k_tables(result, tab.shown, pos)}
+    return guard.ui(request, table)
 
-    def move_window(result, metric, first, note=None):
-        """Redraw from the result in hand (no new readout); the link remembers the window."""
+
+def move_window(tab: LensTab, guard, values: dict, request: gr.Request = None) -> dict:
+    """Redraw from the result in hand from the window's first position (no new readout); the link keeps it."""
+    def redraw():
+        result = values["state"]
         if result is None:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        metric = colour_metric(metric, result.lenses[shown[0]].targets, quiet=True)
-        first = int_or(first, 0)
-        return (*draw(result, metric, first, note), first, grid_tables(result, shown, first))
-
-    window.release(move_window, [state, metric, window] + inputs[9:], [heatmap, diff, start, grid_table],
-                   **PRIVATE)
-
-    def show_code(result, form, chat):
-        if result is None:
-            return gr.skip()
-        return code_for(service, result, tab.lens, form, bool(chat))
-
-    state.change(show_code, [state, form, chat], code, **PRIVATE)
-    form.change(show_code, [state, form, chat], code, **PRIVATE)
-
-    fields = {"prompt": prompt, "layers": layers, "k": k, "targets": targets, "metric": metric, "chat": chat,
-              "raw": raw, "start": start, "punct": punct}
-    return TabParts(tab.name, fields, lambda *values: view_of(tab.name, **dict(zip(fields, values))), run, inputs,
-                    outputs, run_button, handlers={"show_position": show_position, "move_window": move_window})
+            return {}
+        metric = colour_metric(values["metric"], result.lenses[tab.shown[0]].targets, quiet=True)
+        first = int_or(values["window"], 0)
+        heatmap, diff = draw(tab, result, metric, first, values.get("note"))
+        return {"heatmap": heatmap, "diff": diff, "start": first, "grid_table": grid_tables(result, tab.shown, first)}
+    return guard.ui(request, redraw)
 
 
-def punctuation_box(value: bool, elem_id: str) -> gr.Checkbox:
-    return gr.Checkbox(label="Skip punctuation and whitespace", value=value, elem_id=elem_id,
-                       info=f"Each cell shows the best word among the top {PUNCTUATION_WIDTH} (² = its rank); "
-                            "hover still shows the true top-k.")
-
-
-def grid_tables(result, lenses: tuple[str, ...], start: int | None = None) -> str:
-    """Each heatmap as an HTML table a screen reader reads (a row per layer, a column per position drawn)."""
-    return "".join(table_html(charts.lens_table(result, lens, start=start), f"{charts.LENS_TITLES[lens]}: the "
-                              "token each cell shows, per layer (rows, the top layer first) and position (columns)")
-                   for lens in lenses)
-
-
-def colour_metric(metric, targets, quiet: bool = False) -> str:
-    """The metric to colour by: the asked-for one, or top-1 probability where it cannot be drawn (an unknown
-    name, or a target metric with no target), with a warning unless `quiet`."""
-    try:
-        metric = METRIC(metric)
-    except f.RequestError:
-        return METRIC.default
-    if charts.METRICS[metric].needs_target and not targets:
-        if not quiet:
-            warn("That colour needs a target word; showing top-1 probability instead.")
-        return METRIC.default
-    return metric
+def show_code(tab: LensTab, service, values: dict, request: gr.Request = None) -> dict:
+    result = values["state"]
+    if result is None:
+        return {}
+    return {"code": code_for(service, result, tab.lens, values["code_form"], bool(values["chat"]))}
 
 
 def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
     """The view of `result` as a runnable nnsight script (snippets.py)."""
-    info = service.info
-    note = f"{info.name} as the app loads it" + (" (hub: HuggingFaceTB/SmolLM2-135M-Instruct)"
-                                                    if info.name == "SmolLM2-135M-Instruct" else "")
-    return lens_snippet(family=service.model.family, model=service.model.path, prompt=result.prompt,
+    model, note = model_reference(service.cfg.model, service.info.name)
+    return lens_snippet(family=service.model.family, model=model, prompt=result.prompt,
                         layers=result.layers, k=result.lenses[next(iter(result.lenses))].top_ids.shape[-1], lens=lens,
-                        jlens=service.jlens.source if service.jlens is not None else None,
+                        jlens=service.jlens.describe()["source"] if service.jlens is not None else None,
                         chat=chat, form="vllm" if form == "vllm" else "transformers", model_note=note)
-
-
-def top_k_tables(result, lenses: tuple[str, ...], position: int) -> pd.DataFrame:
-    """The top-k table at one position, a row per layer (and lens, when there are two)."""
-    if len(lenses) == 1:
-        return charts.display_tokens(result.top_k_table(lenses[0], position))
-    frames = [result.top_k_table(lens, position).assign(lens=charts.LENS_TITLES[lens]) for lens in lenses]
-    df = pd.concat(frames, ignore_index=True)
-    return charts.display_tokens(df[["lens"] + [c for c in df.columns if c != "lens"]])
-
-
-def position_choices(tokens: list[str]) -> list[tuple[str, int]]:
-    return [(f"{i}: {charts.clip(charts.show_token(t), 24)}", i) for i, t in enumerate(tokens)]
-
-
-def lens_summary(result, lenses: tuple[str, ...]) -> str:
-    """A few lines of Markdown: the model's next token and each target's score at the deepest layer."""
-    lines = [f"**The model's next token:** {md_text(charts.show_token(result.model_next_token))}  ·  "
-             f"{len(result.input_ids)} prompt tokens × {len(result.layers)} layers"]
-    last = result.layers[-1]
-    for lens in lenses:
-        for t in result.lenses[lens].targets:
-            p, rank = float(t.probs[-1, -1]), int(t.ranks[-1, -1])
-            line = (f"{charts.LENS_TITLES[lens]}, layer {last}: P({md_text(charts.show_token(t.tokens[0]))}) = "
-                    f"{100 * p:.1f}% (rank {rank})")
-            if len(t.token_ids) > 1:
-                whole = float(np.exp(t.continuation_logprob[-1])) if t.continuation_logprob is not None else None
-                line += (f"; {md_text(t.text)} is {len(t.token_ids)} tokens, scored by its first"
-                         + (f"; the whole word: {100 * whole:.2f}%" if whole is not None else ""))
-            lines.append("- " + line)
-    return "\n".join(lines)

@@ -8,32 +8,38 @@ together the cells of that layer that show it.
 
 from __future__ import annotations
 
+import html
 import re
-from dataclasses import replace
 
 import gradio as gr
 
 from .. import config
 from ..charts import Highlight
-from . import permalinks
-from .permalinks import View
+from ..service.field import RequestError
 from .tabs import md_text
+from .views import NOTE, TITLE, View
 
 _LAYER = re.compile(r"\blayers?\s+(\d+)(?:\s*(?:-|–|to)\s*(\d+))?", re.IGNORECASE)
 _TOKEN = re.compile(r"`([^`\n]{1,40})`")
 _GLYPHS = {"␣": " ", "↵": "\n", "⇥": "\t"}          # charts.show_token's glyphs, read back
 
 
-def highlight_of(note) -> Highlight:
-    """The cells a note points at (none for no note, or one that names no layer and no token)."""
-    if not isinstance(note, str) or not note:
+def highlight_of(note, layers) -> Highlight:
+    """The cells a note points at among the grid's rows `layers` (none for no note, or one that names no
+    layer and no token). The note is read by the link's own field (a RequestError past MAX_NOTE_CHARS), and
+    a range selects rows of the grid: what it costs is bounded by the grid, however wide the range."""
+    if note is None or note == "":
         return Highlight()
-    layers = set()
+    note = NOTE(note)
+    rows, named = set(layers), False
+    chosen = set()
     for m in _LAYER.finditer(note):
-        lo, hi = int(m[1]), int(m[2] or m[1])
-        layers.update(range(lo, min(hi, lo + 200) + 1))
+        lo, hi, named = int(m[1]), int(m[2] or m[1]), True
+        chosen.update(layer for layer in rows if lo <= layer <= hi)
     tokens = {"".join(_GLYPHS.get(ch, ch) for ch in t) for t in _TOKEN.findall(note)}
-    return Highlight(frozenset(layers), frozenset(tokens))
+    if named and not chosen:                   # it names layers, none of them drawn: nothing is outlined
+        return Highlight()
+    return Highlight(frozenset(chosen), frozenset(tokens))
 
 
 def note_markdown(title, note) -> str:
@@ -47,19 +53,24 @@ def note_markdown(title, note) -> str:
 
 
 def shown(title, note) -> gr.Markdown:
-    text = note_markdown(title, note)
+    """The title and note above the view; a value no link could carry (too long, not text) is refused in one
+    line, before any of it is rendered."""
+    try:
+        text = note_markdown(TITLE(title), NOTE(note))
+    except RequestError as e:
+        raise gr.Error(html.escape(str(e)), title="Can't show that") from None
     return gr.Markdown(text, visible=bool(text))
 
 
 def with_notes(view: View, title, note) -> View:
     """`view` carrying the boxes' title and note; a value a link could not carry is left out (never raises)."""
     words = {}
-    for name, value in (("title", title), ("note", note)):
+    for field, value in ((TITLE, title), (NOTE, note)):
         try:
-            words[name] = permalinks.VIEW_FIELDS[name](value)
+            words[field.name] = field(value)
         except (TypeError, ValueError):          # RequestError is a ValueError
             continue
-    return replace(view, **words)
+    return view.replace(**words)
 
 
 def note_boxes() -> tuple[gr.Textbox, gr.Textbox]:

@@ -3,7 +3,7 @@
 A permalink's page needs ~2 s to load and start (Gradio's scripts, its config, the link's restore)
 before it asks for the readout, which for a long prompt is seconds of engine time more. The server
 sees the link when the browser first asks for the page, so it starts the same request then; the page's
-own request, built the same way (`lens_tab.lens_request`), joins it in the result cache (identical
+own request, built the same way from the same values (`lens_tab.lens_request`), joins it in the result cache (identical
 requests in flight are computed once) or finds it done.
 
 Only into idle capacity: a link prefetches only while the engine is ready with nothing running or
@@ -19,7 +19,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from . import permalinks
-from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, lens_request
+from .lens_tab import LENS_TABS, lens_request
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,10 @@ class LinkPrefetch:
     def _request(self, query: str):
         service = self.service
         view, _ = permalinks.decode(query, n_layers=service.info.n_layers, jlens_layers=service.jlens_layers)
-        tab = {"logit": LOGIT_TAB, "jacobian": JACOBIAN_TAB}.get(view.tab)
-        if tab is None or (tab is JACOBIAN_TAB and service.jlens is None):
+        tab = LENS_TABS.get(view.tab)
+        if tab is None or (tab.lens != "logit" and service.jlens is None):
             return None
-        req, _ = lens_request(tab, service, view.prompt, view.layers, view.k, view.targets, view.chat, view.raw,
-                              view.punct)
+        req, _ = lens_request(tab, service, tab.view.values_of(view))
         return req
 
     def _idle(self) -> bool:

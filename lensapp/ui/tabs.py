@@ -1,30 +1,28 @@
-"""What every tab hands to `build_app`, and what every tab uses to show text and files.
+"""What every tab hands to `build_ui`, how its events are wired by name, and how it shows text and charts.
 
-A tab is built by a function returning `TabParts`: its permalink fields (view field -> input
-component), a function from those inputs' values to a `View`, and its readout handler with that
-handler's inputs and outputs. `build_app` wires links, page load and the engine status from these
-alone, so no tab knows another.
+A tab is built by a function returning `TabParts`: its declaration (`views.TabView`), its inputs by name
+(what its link carries), its readout's outputs by name, and the readout. Every event of a tab is wired
+with `on`: its handler is an ordinary function of the named components' values that returns updates by
+name, so `build_ui` wires links, page load and the engine status from these names alone, no tab knows
+another, and a test calls a handler as the page does.
 """
 
 from __future__ import annotations
 
-import contextlib
 import html
 import random
 import re
-import tempfile
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import altair as alt
 import gradio as gr
 from gradio.components.plot import PlotData
 
-from .permalinks import View, as_text
+from .views import TabView, View
 
 PRIVATE = {"api_visibility": "private"}          # UI events are not API endpoints (api.py's are)
+Components = dict[str, gr.components.Component]
 
 
 def plot(chart: alt.TopLevelMixin | None) -> PlotData | None:
@@ -47,24 +45,65 @@ def build_chart(make: Callable, *args, **kwargs) -> PlotData | None:
 
 @dataclass
 class TabParts:
-    name: str                                     # the permalink's tab id
-    fields: dict[str, gr.components.Component]    # View field -> input component, in `to_view` order
-    to_view: Callable[..., View]                  # values of `fields` -> View
-    run: Callable | None = None                   # the readout handler (None: tab unavailable)
-    run_inputs: list = field(default_factory=list)
-    outputs: list = field(default_factory=list)
-    run_button: gr.Button | None = None
-    from_view: Callable[[View], list] | None = None   # View -> input values, where they are not its fields 1:1
-    handlers: dict[str, Callable] = field(default_factory=dict)    # the tab's other event handlers, by name
+    """A built tab. `run(values, request=None) -> updates`: its readout, from the values of `inputs` and
+    `reads` by name to updates of `outputs` by name (None: the tab is unavailable, and `inputs` empty)."""
 
-    def values(self, view: View) -> list:
-        """Input values for `view`, in `fields` order (a word list as the text box shows it)."""
-        if self.from_view is not None:
-            return self.from_view(view)
-        return [as_text(v) if isinstance(v, tuple) else v for v in (getattr(view, name) for name in self.fields)]
+    view: TabView                                  # its kind, and what its link carries
+    inputs: Components                             # input name -> component: what its link carries
+    outputs: Components = field(default_factory=dict)
+    run: Callable[..., dict] | None = None
+    reads: Components = field(default_factory=dict)  # what else the readout reads (the link's note)
+    run_button: gr.Button | None = None
+
+    @property
+    def name(self) -> str:
+        return self.view.name
+
+    def values(self, view: View) -> dict[gr.components.Component, Any]:
+        """The inputs' values that show `view`, by component."""
+        return {self.inputs[name]: value for name, value in self.view.values_of(view).items()}
+
+
+def on(triggers, fn: Callable[..., dict], parts: Components, reads: Iterable[str], writes: Iterable[str],
+       progress: bool = False, select: bool = False, **event):
+    """Call `fn(values, request=...) -> updates` when a trigger fires (a list of them, or one listener such as
+    `button.click` or `event.then`): `values` the `reads` components' values by name, `updates` values for any
+    of the `writes` components by name (the others are left as they are). With `progress` fn gets a `progress`
+    callable too; with `select`, the selection (`gr.SelectData`) after the values."""
+    reads, writes = {name: parts[name] for name in reads}, {name: parts[name] for name in writes}
+
+    def updates(out: dict) -> dict:
+        unknown = set(out) - set(writes)
+        if unknown:
+            raise KeyError(f"{fn} answered {sorted(unknown)}, which it does not write")
+        return {c: out.get(name, gr.skip()) for name, c in writes.items()}     # Gradio takes {} for one value
+
+    def values(by_component: dict) -> dict:
+        return {name: by_component[c] for name, c in reads.items()}
+
+    if progress:
+        def handler(by_component, request: gr.Request = None, bar=gr.Progress()):  # noqa: B008 - Gradio's way
+            return updates(fn(values(by_component), request=request, progress=bar))
+    elif select:
+        def handler(by_component, evt: gr.SelectData):
+            return updates(fn(values(by_component), evt))
+    else:
+        def handler(by_component, request: gr.Request = None):
+            return updates(fn(values(by_component), request=request))
+    handler.__name__ = getattr(fn, "__name__", "handler")
+    inputs, outputs = set(reads.values()), list(writes.values())
+    if isinstance(triggers, list):
+        return gr.on(triggers, handler, inputs=inputs, outputs=outputs, **PRIVATE, **event)
+    return triggers(handler, inputs, outputs, **PRIVATE, **event)       # one listener: `button.click`, `event.then`
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+
+
+def how_to(text: str) -> None:
+    """The folded "How to read this" under a tab's intro."""
+    with gr.Accordion("How to read this", open=False):
+        gr.Markdown(text)
 
 
 def md_text(text: str) -> str:
@@ -97,33 +136,5 @@ def new_seed() -> int:
     return random.randrange(0, 1_000_000)
 
 
-def lens_choices(service) -> list[tuple[str, str]]:
-    """The lens radio's choices: the Jacobian lens only when one is loaded."""
-    if service.jlens is None:
-        return [("logit lens", "logit")]
-    return [("logit lens", "logit"), ("Jacobian lens", "jacobian"), ("both", "both")]
-
-
 def warn(message: str) -> None:
     gr.Warning(html.escape(message))
-
-
-class Downloads:
-    """Files behind the download buttons, in one temp folder; old ones are pruned."""
-
-    KEEP_SECONDS = 3600
-
-    def __init__(self):
-        self.dir = Path(tempfile.mkdtemp(prefix="lensapp-exports-"))
-
-    def button(self, stem: str, suffix: str, text: str) -> gr.DownloadButton:
-        """A visible download button serving `text` as `<stem>-....<suffix>`."""
-        now = time.time()
-        for old in self.dir.iterdir():
-            with contextlib.suppress(FileNotFoundError):     # another handler may prune it first
-                if now - old.stat().st_mtime > self.KEEP_SECONDS:
-                    old.unlink(missing_ok=True)
-        fd, path = tempfile.mkstemp(prefix=f"{stem}-", suffix=suffix, dir=self.dir)
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        return gr.DownloadButton(value=path, visible=True)

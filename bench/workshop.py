@@ -1,0 +1,192 @@
+"""A workshop for five minutes: thirty visitors, one of them replaying the heaviest legal request in a loop.
+
+Starts `lensapp serve` on a free loopback port behind what a Space's proxy would send: each visitor's
+requests carry their own address in X-Forwarded-For (10.77.0.N, private, made up here) and the app trusts
+one proxy hop (`--trusted-proxies 1`), so the app sees thirty clients, as it would on a Space. Nothing
+leaves this machine. The visitors, each on its own gradio_client:
+
+  link      16 open the same shared link, then read it again now and then (the result cache's case)
+  short     4 read a short prompt with the logit lens at every layer, over and over (the measured one)
+  generate  5 generate 16 tokens, reading every layer at every step
+  sweep     3 steer a 40-token prompt with twelve alphas, every layer read after each
+  fit       2 steer with a fitted vector (the fitting desk: one at a time, in its own process)
+  heavy     1 replays the heaviest request the app accepts (the first of a descending list it does)
+
+Reported: a short lens's p50 and p95 under the load against alone (goal: p95 within 5x), requests lost
+(no answer, or an error that is not a polite refusal: goal 0), engine restarts (goal 0), refusals by kind,
+and the memory peak of the app and its processes. One JSON line at the end.
+
+    python bench/workshop.py                      # 30 visitors, 5 minutes (about 8 minutes with start-up)
+    python bench/workshop.py --minutes 1 --visitors 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+
+import psutil
+from load import App, fresh
+
+EIFFEL = "The Eiffel Tower is located in the city of"
+PARAGRAPH = ("The old harbour town wakes early. Fishing boats come back before the sun is high, and the market "
+             "fills with people buying bread, fruit and the morning's catch. Children walk to school along the "
+             "river, and the church bell rings the hour. ")
+# Polite refusals: the app said no at once, in one line, and nothing was lost.
+REFUSED = ("busy", "too many requests", "running or waiting", "the limit is", "try again")
+
+
+def heavy_candidates() -> list[dict]:
+    """Requests near the budget, heaviest first: the first the app accepts is replayed."""
+    long = (PARAGRAPH * 8).strip()
+    targets = "Paris and the river, the old harbour town, bread and fruit, morning catch, school bell"
+    out = []
+    for words in (400, 300, 220, 160, 120):
+        prompt = " ".join(long.split()[:words])
+        out.append({"api_name": "/intervene", "prompt": prompt, "intervention": "patch",
+                    "source": prompt.replace("harbour", "mountain"), "layer": "10-21", "layers": "last",
+                    "targets": targets, "lens": "logit"})
+        out.append({"api_name": "/lens", "prompt": prompt, "lens": "logit", "layers": "all", "k": 100,
+                    "targets": targets})
+    return out
+
+
+class Visitor:
+    def __init__(self, url: str, n: int, kind: str):
+        from gradio_client import Client
+
+        self.kind, self.n = kind, n
+        self.client = Client(url, verbose=False, headers={"X-Forwarded-For": f"10.77.0.{n + 1}"})
+        self.times: list[float] = []
+        self.outcomes: Counter = Counter()
+
+    def ask(self, **kw) -> None:
+        api = kw.pop("api_name")
+        t = time.perf_counter()
+        try:
+            self.client.predict(**kw, api_name=api)
+            self.outcomes["answered"] += 1
+            self.times.append(time.perf_counter() - t)
+        except Exception as e:  # noqa: BLE001 - what the visitor heard is the measure
+            text = " ".join(str(e).split()).lower()
+            self.outcomes["refused" if any(r in text for r in REFUSED) else f"lost: {text[:60]}"] += 1
+
+
+def request_of(kind: str, n: int, i: int, heavy: dict | None) -> dict:
+    if kind == "link":
+        return {"api_name": "/lens", "prompt": EIFFEL, "lens": "logit", "layers": "all", "k": 5, "targets": "Paris"}
+    if kind == "short":
+        return {"api_name": "/lens", "prompt": fresh("The capital of France is", f"s{n}.{i}"), "lens": "logit",
+                "layers": "all", "k": 5}
+    if kind == "generate":
+        return {"api_name": "/generate", "prompt": fresh("Once upon a time", f"g{n}.{i}"), "max_tokens": 16,
+                "lens": "logit", "layers": "all", "k": 5}
+    if kind == "sweep":
+        return {"api_name": "/intervene", "prompt": fresh(PARAGRAPH[:200], f"w{n}.{i}"), "intervention": "steer",
+                "word": "Rome", "layer": "20", "alphas": ",".join(f"{a / 10:g}" for a in range(12)),
+                "lens": "logit", "layers": "all", "k": 3}
+    if kind == "fit":
+        return {"api_name": "/intervene", "prompt": fresh("The capital of France is", f"f{n}.{i}"),
+                "intervention": "steer", "word": "Rome", "layer": "20", "direction": "fitted",
+                "objective": "lens", "layers": "20,29", "k": 3}
+    return dict(heavy)
+
+
+def plan(visitors: int) -> list[str]:
+    base = ["heavy"] + ["fit"] * 2 + ["sweep"] * 3 + ["generate"] * 5 + ["short"] * 4
+    return (base + ["link"] * max(0, visitors - len(base)))[:visitors]
+
+
+def choose_heavy(url: str) -> dict:
+    probe = Visitor(url, 250, "probe")
+    for candidate in heavy_candidates():
+        before = sum(probe.outcomes.values())
+        probe.ask(**candidate)
+        if probe.outcomes["answered"] and sum(probe.outcomes.values()) > before and probe.times:
+            return candidate
+        probe.outcomes.clear()
+    raise SystemExit("error: the app refused every heavy candidate")
+
+
+def memory_mb(pid: int) -> float:
+    try:
+        root = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
+    except psutil.Error:
+        return 0.0
+
+
+def run(app: App, visitors: int, seconds: float) -> dict:
+    url, pid = app.url, app.proc.pid if app.proc is not None else None
+    heavy = choose_heavy(url)
+    alone = Visitor(url, 240, "alone")
+    for i in range(5):
+        alone.ask(**request_of("short", 240, i, None))
+    crowd = [Visitor(url, n, kind) for n, kind in enumerate(plan(visitors))]
+    start_health, stop, peak = app.health(), threading.Event(), [0.0]
+
+    def loop(v: Visitor) -> None:
+        i = 0
+        while not stop.is_set():
+            v.ask(**request_of(v.kind, v.n, i, heavy))
+            i += 1
+            if v.kind == "link":
+                time.sleep(5)
+
+    def watch_memory() -> None:
+        while not stop.is_set() and pid is not None:
+            peak[0] = max(peak[0], memory_mb(pid))
+            time.sleep(1)
+
+    threads = [threading.Thread(target=loop, args=(v,), daemon=True) for v in crowd]
+    threads.append(threading.Thread(target=watch_memory, daemon=True))
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(600)
+    end_health = app.health()
+    return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds)
+
+
+def report(alone, crowd, heavy, start, end, peak_mb, seconds) -> dict:
+    short = sorted(t for v in crowd if v.kind == "short" for t in v.times)
+    solo = statistics.median(alone.times)
+    by_kind: dict = defaultdict(Counter)
+    for v in crowd:
+        by_kind[v.kind].update(v.outcomes)
+    lost = sum(n for c in by_kind.values() for k, n in c.items() if k.startswith("lost"))
+    p95 = short[min(len(short) - 1, int(0.95 * len(short)))] if short else None
+    return {"visitors": len(crowd), "seconds": seconds, "heavy": {k: v for k, v in heavy.items() if k != "prompt"}
+            | {"prompt_words": len(heavy["prompt"].split())},
+            "short_alone_s": round(solo, 3), "short_p50_s": round(statistics.median(short), 3) if short else None,
+            "short_p95_s": round(p95, 3) if p95 else None, "p95_over_alone": round(p95 / solo, 2) if p95 else None,
+            "requests_lost": lost, "engine_restarts": end["restarts"] - start["restarts"],
+            "timed_out": end["calls"]["timed_out"] - start["calls"]["timed_out"],
+            "by_kind": {k: dict(c) for k, c in by_kind.items()}, "memory_peak_mb": round(peak_mb)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--visitors", type=int, default=30)
+    parser.add_argument("--minutes", type=float, default=5.0)
+    args = parser.parse_args()
+    app = App(None, extra=["--trusted-proxies", "1"])
+    try:
+        out = run(app, args.visitors, args.minutes * 60)
+    finally:
+        app.close()
+    for key, value in out.items():
+        print(f"{key:>18}: {value}")
+    print(json.dumps(out))
+    return 0 if out["requests_lost"] == 0 and out["engine_restarts"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

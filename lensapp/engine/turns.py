@@ -1,0 +1,157 @@
+"""Fair turns: many clients, one engine; nobody waits behind one client's minutes of work.
+
+A client is whoever the web layer says is asking (`asking(address)` around a request: a visitor's
+address); None is the host itself (the command line, the front page's examples, a loopback caller),
+which no per-client bound applies to. The engine counts a request's admission in `Admission` (on the
+caller's thread) and runs each of its parts (one engine request: a prompt's forward, a generation)
+in a slot of `FairSlots` (on the engine's loop):
+
+- a client may have `per_client` requests admitted (running or waiting); one more is refused at once
+  with its place ("busy"), never silently delayed;
+- a client's parts hold at most `parts_per_client` slots at once, so a sweep of 13 readouts runs two
+  by two, and every other client's next part is granted between them: a free slot goes to the waiting
+  client that holds fewest, then to the one whose turn came longest ago (round-robin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import threading
+from collections import Counter, deque
+
+CLIENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("lensapp_client", default=None)
+
+
+@contextlib.contextmanager
+def asking(client: str | None):
+    """Within this block, engine calls made on this thread are `client`'s (None: the host's)."""
+    token = CLIENT.set(client)
+    try:
+        yield
+    finally:
+        CLIENT.reset(token)
+
+
+_NOBODY = object()
+
+
+class OverShare(RuntimeError):
+    """A client asked for more than its share; the message says where it stands, in one line."""
+
+
+class Admission:
+    """Requests admitted per client (thread-safe): at most `per_client` each; the host is not bounded."""
+
+    def __init__(self, per_client: int):
+        self.per_client = per_client
+        self._admitted: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def enter(self, client: str | None) -> None:
+        with self._lock:
+            if client is not None and self._admitted[client] >= self.per_client:
+                raise OverShare(f"you already have {self._admitted[client]} requests running or waiting here "
+                                f"(the most one visitor may have); run this again when one has finished")
+            self._admitted[client] += 1
+
+    def leave(self, client: str | None) -> None:
+        with self._lock:
+            self._admitted[client] -= 1
+            if self._admitted[client] <= 0:
+                del self._admitted[client]
+
+    def of(self, client: str | None) -> int:
+        with self._lock:
+            return self._admitted[client]
+
+
+class FairSlots:
+    """`size` slots granted round-robin over the clients waiting for one; a client (not the host) holds at
+    most `per_client` at once. Lives on one event loop; `hold(client)` is an async context manager."""
+
+    def __init__(self, size: int, per_client: int):
+        self.size, self.per_client = size, per_client
+        self.free = size
+        self.held: Counter = Counter()
+        self._waiting: dict[str | None, deque[asyncio.Future]] = {}
+        self._turns: deque[str | None] = deque()          # clients with waiters, whose turn is next first
+
+    @contextlib.asynccontextmanager
+    async def hold(self, client: str | None):
+        await self.acquire(client)
+        try:
+            yield
+        finally:
+            self.release(client)
+
+    async def acquire(self, client: str | None) -> None:
+        granted = asyncio.get_running_loop().create_future()
+        if client not in self._waiting:
+            self._waiting[client] = deque()
+            self._turns.append(client)
+        self._waiting[client].append(granted)
+        self._grant()
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release(client)                       # granted just as it was cancelled: give it back
+            else:
+                self._forget(client, granted)
+            raise
+
+    def release(self, client: str | None) -> None:
+        self.free += 1
+        self.held[client] -= 1
+        if self.held[client] <= 0:
+            del self.held[client]
+        self._grant()
+
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
+
+    def _may_hold(self, client: str | None) -> bool:
+        return client is None or self.held[client] < self.per_client
+
+    def _grant(self) -> None:
+        """Give free slots to waiting clients: the one holding fewest slots first, then the one whose turn came
+        longest ago; a client at its bound waits. Whoever is served goes to the back of the turns."""
+        while self.free > 0:
+            client = self._next()
+            if client is _NOBODY:
+                return
+            queue = self._waiting[client]
+            queue.popleft().set_result(None)
+            self.free -= 1
+            self.held[client] += 1
+            self._turns.remove(client)
+            if queue:
+                self._turns.append(client)
+            else:
+                del self._waiting[client]
+
+    def _next(self):
+        best, fewest = _NOBODY, None
+        for client in list(self._turns):
+            queue = self._waiting[client]
+            while queue and queue[0].done():               # cancelled while waiting: not a waiter any more
+                queue.popleft()
+            if not queue:
+                self._drop(client)
+                continue
+            if self._may_hold(client) and (fewest is None or self.held[client] < fewest):
+                best, fewest = client, self.held[client]
+        return best
+
+    def _forget(self, client: str | None, granted: asyncio.Future) -> None:
+        queue = self._waiting.get(client)
+        if queue is not None and granted in queue:
+            queue.remove(granted)
+            if not queue:
+                self._drop(client)
+
+    def _drop(self, client: str | None) -> None:
+        del self._waiting[client]
+        self._turns.remove(client)

@@ -1,0 +1,120 @@
+"""The steering fitter's own process: the model's float32 copy, its gradients and its threads, kept apart.
+
+A fitted steering vector needs backward passes, which vLLM does not have, so it is fitted on nnsight's
+TransformersModel (`steering.fit_steering`). Doing that in the web process would load a second copy of
+the model there and hold the interpreter through each step's tracing, slowing every visitor's page. So
+the fits run in one child process, started at the first fit and kept: it loads the model once, runs
+at most `threads` torch threads, and answers one job at a time over a pipe, sending each step's
+progress. A fit that overruns its clock (the loop checks it inside each step; this is the net under
+that) has its process killed; the next fit starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+START_GRACE = 120.0        # seconds a new process may take to load the model, beyond the fit's own bound
+
+
+class FitStopped(RuntimeError):
+    """The fitter's process overran its time or died; the message says which, in one line."""
+
+
+@dataclass(frozen=True)
+class FitJob:
+    ids: tuple[int, ...]
+    layer: int
+    target_id: int
+    steer: object                    # steering.SteerConfig (imported in the child, where torch is)
+
+
+class FitWorker:
+    """One child process that fits steering vectors for `cfg`'s model, one job at a time (not thread-safe:
+    its caller holds a lock)."""
+
+    def __init__(self, cfg, threads: int = 1):
+        self.cfg, self.threads = cfg, threads
+        self._process = None
+        self._conn = None
+
+    def fit(self, job: FitJob, seconds: float, progress=None):
+        """The SteeringVector of `job`, or FitStopped when it takes more than `seconds` (plus, for a process
+        that is just starting, the time to load the model) or the process dies."""
+        grace = 0.0
+        if self._process is None or not self._process.is_alive():
+            self._start()
+            grace = START_GRACE
+        self._conn.send(job)
+        deadline = time.monotonic() + seconds + grace + 10.0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise FitStopped(f"the fit took longer than its {seconds:.0f} s and was stopped")
+            if not self._conn.poll(min(left, 1.0)):
+                if not self._process.is_alive():
+                    self.close()
+                    raise FitStopped("the fitter's process died (out of memory?); try again")
+                continue
+            try:
+                kind, *rest = self._conn.recv()
+            except (EOFError, OSError):                    # the process died mid-fit: its pipe closed
+                self.close()
+                raise FitStopped("the fitter's process died (out of memory?); try again") from None
+            if kind == "progress" and progress is not None:
+                progress(*rest)
+            elif kind == "done":
+                return rest[0]
+            elif kind == "error":
+                raise FitStopped(rest[0])
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.join(10)
+        if self._conn is not None:
+            self._conn.close()
+        self._process = self._conn = None
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        self._process = context.Process(target=serve, args=(self.cfg, self.threads, child), daemon=True,
+                                        name="lensapp-fitter")
+        self._process.start()
+        child.close()
+        self._conn = parent
+        log.info("started the steering fitter's process (pid %s)", self._process.pid)
+
+
+def serve(cfg, threads: int, conn) -> None:
+    """The child: load the model once, then fit each job sent, sending ("progress", step, p, norm) messages and
+    one ("done", SteeringVector) or ("error", message)."""
+    from .. import config
+
+    config.prepare_process_environment()
+    import torch
+
+    torch.set_num_threads(threads)
+    from ..engine.loading import load_hf_model
+    from .estimator import FitError
+    from .steering import fit_steering
+
+    model, resolved = load_hf_model(cfg, device="cpu")
+    layout = resolved.family.layout("transformers")
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        try:
+            fit = fit_steering(model, layout, list(job.ids), job.layer, job.target_id, job.steer,
+                               progress=lambda step, p, norm: conn.send(("progress", step, p, norm)))
+            conn.send(("done", fit))
+        except FitError as e:
+            conn.send(("error", str(e)))

@@ -1,0 +1,101 @@
+"""What a request costs the engine, counted before the engine sees it: every forward it makes, every cell it reads.
+
+One cost model for every request kind (a lens, a comparison, a generation, an intervention's sweep, its
+generations before and after, its multi-token targets, a patch's source):
+
+    units = cells + tokens * token_weight
+
+- `cells`: lens readouts, one per position, layer and lens (an unembedding over the whole vocabulary: the
+  readout's main cost);
+- `tokens`: tokens pushed through the model, summed over every forward the request makes (a prompt's
+  forward, each part a large readout is cut into, each multi-token target's continuation, each readout
+  of a sweep, each generated token);
+- `token_weight`: what one token's forward costs in cells, from the model's shape: its blocks' ~12 d^2
+  multiply-adds per layer against the readout's d * vocab, at least 1 (4 for SmolLM2-135M, 13 for
+  Qwen3-8B). An estimate of arithmetic, not a clock: the bench measures seconds.
+
+`check` refuses a request whose units pass the budget (`max_work`) in one line that says what to reduce;
+`deadline` gives a request its time: `request_timeout` for a light one, up to five times that for the
+heaviest the budget allows, so a long legal request is never cancelled for being long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine import parts
+from .field import RequestError
+
+
+@dataclass(frozen=True)
+class Cost:
+    """forwards: separate engine requests (each a part with its own turn); tokens: tokens through the model;
+    cells: lens readouts."""
+
+    forwards: int = 0
+    tokens: int = 0
+    cells: int = 0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.forwards + other.forwards, self.tokens + other.tokens, self.cells + other.cells)
+
+    def __mul__(self, n: int) -> Cost:
+        return Cost(self.forwards * n, self.tokens * n, self.cells * n)
+
+    def units(self, token_weight: int) -> int:
+        return self.cells + self.tokens * token_weight
+
+
+NOTHING = Cost()
+
+
+def token_weight(n_layers: int, d_model: int, vocab_size: int) -> int:
+    """A token's forward through the blocks in cells (see the module docstring): 12 d^2 n_layers / (d vocab)."""
+    return max(1, round(12 * d_model * n_layers / max(1, vocab_size)))
+
+
+def forward(n_tokens: int, n_layers: int = 0, n_lenses: int = 0, read_positions: int | None = None) -> Cost:
+    """One forward over `n_tokens`, reading `read_positions` of them (all by default) at n_layers x n_lenses."""
+    positions = n_tokens if read_positions is None else read_positions
+    return Cost(1, n_tokens, positions * n_layers * n_lenses)
+
+
+def readout(n_prompt: int, n_layers: int, n_lenses: int, continuations: list[int], max_part_cells: int) -> Cost:
+    """A prompt's lens readout, in as many parts as the engine cuts it into (each re-runs the prompt's forward:
+    `engine/parts.py`), and one forward per multi-token target (`continuations`: each one's token count), which
+    reads log P(target | prompt) at its own positions."""
+    k = parts.n_parts(n_prompt, n_layers, n_lenses, max_part_cells)
+    cost = Cost(k, n_prompt * k, n_prompt * n_layers * n_lenses)
+    for m in continuations:
+        cost = cost + forward(n_prompt + m - 1, n_layers, n_lenses, read_positions=m)
+    return cost
+
+
+def generation(n_prompt: int, max_tokens: int, n_layers: int, n_lenses: int, max_part_cells: int) -> Cost:
+    """A generation read at every step: its prompt's positions (read apart, in parts, when that readout is larger
+    than a part), then each new token."""
+    steps = Cost(1, n_prompt + max_tokens, max_tokens * n_layers * n_lenses)
+    if n_prompt * n_layers * n_lenses <= max_part_cells:
+        return steps + Cost(0, 0, n_prompt * n_layers * n_lenses)
+    return steps + readout(n_prompt, n_layers, n_lenses, [], max_part_cells)
+
+
+def check(cost: Cost, weight: int, max_work: int, what: str) -> None:
+    """RequestError, in one line saying what to reduce, when `cost` passes the budget."""
+    units = cost.units(weight)
+    if units > max_work:
+        forwards = f" in {cost.forwards} forwards" if cost.forwards > 1 else ""
+        raise RequestError(f"{what} costs {units:,} units of work ({cost.cells:,} cells read and {cost.tokens:,} "
+                           f"tokens through the model{forwards}); the limit is {max_work:,}: choose fewer layers, "
+                           "one lens, fewer targets or changes, or a shorter prompt")
+
+
+DEADLINE_SPREAD = 4.0      # the heaviest request the budget allows gets 1 + this many request_timeouts
+
+
+def deadline(cost: Cost, weight: int, max_work: int, request_timeout: float) -> float:
+    """Seconds a request of this cost may take: request_timeout, and up to DEADLINE_SPREAD times as much again in
+    proportion to its share of the budget. Generous on purpose: a deadline cancels one request that runs away
+    (the watchdog restarts a stuck engine), and a crowded CPU stretches every legal request alike."""
+    share = min(1.0, cost.units(weight) / max(1, max_work))
+    return request_timeout * (1.0 + DEADLINE_SPREAD * share)

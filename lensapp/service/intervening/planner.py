@@ -1,0 +1,128 @@
+"""From a validated `InterveneRequest` to a plan: every rule checked, every forward counted, no engine call.
+
+`plan(request, inputs)` resolves what every kind shares (the lenses and layers read, the layers and
+positions changed, the prompt's ids, the plain readout's `LensSpec`), asks the request's kind for its own
+plan (`registry.py`), and counts the cost: the readout before and one per change (each with its targets'
+continuations), the forwards the kind makes besides (a patch's source, a mean ablation's reference), and the
+generations before and after. It takes what it needs explicitly (`Inputs`), never the service, so the CLI
+can ask it before an engine starts and a test without one.
+
+The rules decided here, once: both lenses (or the Jacobian lens) without a Jacobian lens are refused
+(`planning.lens_layers`: NO_JLENS); positions are counted in the prompt (negative from its end; 'all': None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...config import LENS_CHOICES, MAX_CONTINUATION_TOKENS
+from ...engine.protocol import LensSpec, ModelInfo
+from ...results import Target
+from .. import cost, planning
+from ..fits import FitDesk
+from ..prompts import Prompts
+from ..requests import InterveneRequest
+from ..selection import Selection
+from .directions import Jacobians
+from .registry import ChangePlan, kind_of
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The app's settings an intervention is planned and run under (config.Config; token_weight: cost.py)."""
+
+    part_cells: int
+    token_weight: int
+    max_work: int
+    request_timeout: float
+    max_fit_steps: int
+    max_fit_seconds: float
+
+    def check(self, work: cost.Cost) -> None:
+        cost.check(work, self.token_weight, self.max_work, "this intervention")
+
+    def deadline(self, work: cost.Cost) -> float:
+        return cost.deadline(work, self.token_weight, self.max_work, self.request_timeout)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What planning an intervention needs: the model's shape, its tokenizer, the Jacobian lens, the limits, and
+    the fitting desk (who may fit; a fitted vector comes from it)."""
+
+    info: ModelInfo
+    prompts: Prompts
+    jacobians: Jacobians
+    limits: Limits
+    fits: FitDesk
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What every kind shares: the lenses and layers read, the layers changed (`span`), the prompt's ids, and the
+    prompt positions the request names (None: all)."""
+
+    lenses: tuple[str, ...]
+    layers: list[int]
+    span: tuple[int, ...]
+    ids: tuple[int, ...]
+    positions: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A request resolved against the model and its prompt(s), before any engine call: its kind's own plan
+    (`change`), the targets read (the kind's words first), the plain readout's spec, and every forward."""
+
+    request: InterveneRequest
+    kind: str
+    reading: Reading
+    change: ChangePlan
+    targets: tuple[Target, ...]
+    base: LensSpec
+    cost: cost.Cost
+
+    def described(self) -> dict:
+        """What every kind's description shares (`results.InterventionDone`'s fields, the word aside)."""
+        return {"layers": self.reading.span, "positions": str(self.request.positions),
+                "changed_positions": self.change.positions, "lenses": self.reading.lenses}
+
+
+def plan(req: InterveneRequest, inputs: Inputs) -> Plan:
+    """Every check the request gets that needs no engine; RequestError in one line."""
+    info, prompts = inputs.info, inputs.prompts
+    kind = kind_of(req.intervention)
+    lenses = LENS_CHOICES[req.lens]
+    layers = planning.lens_layers(req.layers, lenses, info.n_layers, inputs.jacobians.layers)
+    span = tuple(req.layer.resolve(info.n_layers))
+    ids = tuple(prompts.ids(req.prompt, req.chat))
+    reading = Reading(lenses, layers, span, ids, prompt_positions(req.positions, len(ids)))
+    change = kind.plan(req, reading, inputs)
+    targets = tuple(prompts.target(t) for t in change.words + req.targets)
+    target_ids = [list(t.token_ids) for t in targets]
+    base = planning.lens_spec(list(ids), layers, req.k, lenses, info.n_layers, inputs.jacobians.layers, target_ids,
+                              req.raw)
+    work = cost_of(reading, change, target_ids, req.new_tokens, inputs.limits.part_cells)
+    inputs.limits.check(work)
+    return Plan(req, kind.name, reading, change, targets, base, work)
+
+
+def cost_of(reading: Reading, change: ChangePlan, target_ids: list[list[int]], new_tokens: int,
+            part_cells: int) -> cost.Cost:
+    """Every forward: the readout before and one per change (each with its targets' continuations), what the
+    kind makes besides, and the generations before and after (each reads only its new tokens' last layer)."""
+    n = len(reading.ids)
+    continuations = [len(t) for t in target_ids if 1 < len(t) <= MAX_CONTINUATION_TOKENS]
+    readouts = change.n_changes + 1
+    work = cost.readout(n, len(reading.layers), len(reading.lenses), continuations, part_cells) * readouts
+    work = work + change.extra
+    if new_tokens:
+        work = work + cost.forward(n + new_tokens, 1, 1, read_positions=new_tokens) * readouts
+    return work
+
+
+def prompt_positions(selection: Selection, n: int) -> tuple[int, ...] | None:
+    """Prompt positions a selection names ('all': None), negative counting from the end."""
+    if selection.is_all:
+        return None
+    return tuple(selection.resolve(n, "position"))

@@ -1,0 +1,84 @@
+"""The request kinds, by name: what each one asks (its request class), what runs it, and where it is published.
+
+Every surface is made from this registry: the API has one endpoint per kind (`ui/api.py`), the command line
+one command per kind that has one (`cli.py`), and a tab's link and inputs are its kind's fields
+(`ui/permalinks.py`). A new kind is a request class (`requests.py`), a method of the service, and an entry
+here; CONTRIBUTING.md has the recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import fields
+from .field import Field, fields_of
+from .requests import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
+
+
+@dataclass(frozen=True)
+class Kind:
+    """name: the API endpoint's (and the command's, where `command` is set).
+    run(service, request) -> a result (`to_json()`), or a list of them for `lens`.
+    one_prompt: the API and links give one `prompt` for the request's `prompts` (the answer: its one result).
+    summary, returns: the API's documentation; command: the CLI's help for it ("" : no command)."""
+
+    name: str
+    request: type
+    run: Callable[[Any, Any], Any]
+    summary: str
+    returns: str
+    command: str = ""
+    one_prompt: bool = False
+    answer: type = dict
+
+    def fields(self) -> tuple[Field, ...]:
+        """The request's fields in their published order, as the API and a link show them."""
+        declared = tuple(fields_of(self.request).values())
+        if self.one_prompt:
+            return tuple(fields.PROMPT if f is fields.PROMPTS else f for f in declared)
+        return declared
+
+    def request_of(self, values: dict):
+        """The request from the raw values of `fields()` (a one-prompt kind's `prompt` becomes its prompts)."""
+        values = dict(values)
+        if self.one_prompt and "prompt" in values:
+            prompt = values.pop("prompt")
+            values["prompts"] = None if prompt is None else [fields.PROMPT(prompt)]
+        return self.request.parse(**values)
+
+    def answer_of(self, result) -> Any:
+        """The JSON answer of a result (a one-prompt kind: the first of its results)."""
+        if self.one_prompt:
+            return result[0].to_json()
+        return result.to_json()
+
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("lens", LensRequest, lambda service, req: service.lens(req),
+         "Every layer's lens readout for one prompt.",
+         "The CLI's `lens --json` object: tokens, layers, and per lens top_tokens/top_probs [layer][pos][k], "
+         "entropy, kl_to_final, targets (with skip_punctuation also display_tokens, display_ranks and "
+         "display_probs [layer][pos]: rank 0 where no word was found).",
+         command="every layer's readout for one or more prompts, run together", one_prompt=True),
+    Kind("compare", LensRequest, lambda service, req: service.compare(req),
+         "2 to 4 prompts read the same way, in flight together (aligned at their last token).",
+         "One object per prompt: exactly what /lens returns for that prompt alone.", answer=list[dict]),
+    Kind("generate", GenerateRequest, lambda service, req: service.generate(req),
+         "Generate, reading the newest token at every step.",
+         "The CLI's `generate --json` object: text, tokens, and one readout per step.",
+         command="generate, with a readout of the newest position at every step"),
+    Kind("chat", ChatRequest, lambda service, req: service.chat(req),
+         "Answer a conversation; each generated token carries one lens's top-k at one layer.",
+         "text, tokens, lens, layer, dropped_turns, and readout: per generated token, its top-k {token, prob}."),
+    Kind("intervene", InterveneRequest, lambda service, req: service.intervene(req),
+         "Steer, ablate or patch a layer's output, and read every lens before and after.",
+         "The CLI's `intervene --json` object: before (a /lens object), after (one per alpha, or per layer of a "
+         "patch), labels, intervention (what was done), dose_response, and generated text when asked.",
+         command="steer, ablate or patch a layer's output, and read every lens before and after"),
+)}
+
+
+def of_request(request) -> Kind:
+    """The first kind that asks this request's class (for `LensRequest`: lens)."""
+    return next(k for k in KINDS.values() if isinstance(request, k.request))

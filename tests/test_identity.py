@@ -1,0 +1,102 @@
+"""A client's address, which no header it writes can change (service/identity.py), and the rate limit keyed by it."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from lensapp import config
+from lensapp.service.identity import UNIDENTIFIED, bucket, client_address, is_loopback
+from lensapp.service.limits import RateLimited, RateLimiter
+
+addresses = st.ip_addresses().map(str)
+# What a client (or a proxy nobody vouches for) may write: anything, names and commas included.
+junk = st.one_of(st.text(max_size=40), st.sampled_from(["localhost", "127.0.0.1", "::1", "unknown", "_hidden",
+                                                         "10.0.0.1:8080", "[::1]", " 127.0.0.1 ", "1.2.3.4, 5.6.7.8"]))
+written = st.lists(st.one_of(junk, addresses), max_size=5).map(", ".join)
+# What a trusted proxy writes: one entry, no comma (usually an address; it may be a name or empty).
+entry = st.one_of(addresses, junk.filter(lambda s: "," not in s))
+peers = st.one_of(addresses, st.none(), junk)
+
+
+def is_ip(text) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
+@given(peer=peers, lines=st.lists(st.one_of(written, st.none()), max_size=3), n=st.integers(0, 4))
+@example(peer="10.0.0.5", lines=["localhost"], n=1)
+@example(peer="10.0.0.5", lines=["evil.example, 127.0.0.1"], n=1)
+def test_any_header_yields_an_ip_address_or_nothing_never_a_name(peer, lines, n):
+    got = client_address(peer, lines, n)
+    assert got is None or is_ip(got)
+    assert got is None or got == client_address(got)         # normalised: the same text every time
+
+
+@given(peer=peers, client=st.lists(written, min_size=1, max_size=3), proxies=st.lists(entry, min_size=1, max_size=4),
+       one_line=st.booleans())
+def test_hops_the_client_writes_never_change_the_address(peer, client, proxies, one_line):
+    """The trusted proxies' entries are the last len(proxies): whatever the client wrote before them, in the same
+    line or in header lines of its own, the derived address is the same as without it."""
+    n = len(proxies)
+    appended = ", ".join(proxies)
+    forged = [", ".join([*client, appended])] if one_line else [*client, appended]
+    assert client_address(peer, forged, n) == client_address(peer, [appended], n)
+
+
+@given(peer=addresses, lines=st.lists(written, max_size=3))
+def test_with_no_trusted_proxy_the_header_is_ignored(peer, lines):
+    assert client_address(peer, lines, 0) == client_address(peer)
+
+
+def test_the_outermost_trusted_proxys_entry_is_the_client():
+    assert client_address("10.0.0.5", ["203.0.113.9"], 1) == "203.0.113.9"
+    assert client_address("10.0.0.5", ["1.1.1.1, 203.0.113.9"], 1) == "203.0.113.9"         # a forged first hop
+    assert client_address("10.0.0.5", ["198.51.100.7, 203.0.113.9, 10.0.0.9"], 2) == "203.0.113.9"
+    assert client_address("10.0.0.5", ["localhost"], 1) == "10.0.0.5"                       # a name: the peer
+    assert client_address("10.0.0.5", ["203.0.113.9"], 2) == "10.0.0.5"                     # fewer than trusted
+    assert client_address("10.0.0.5", [], 1) == "10.0.0.5"
+    assert client_address("8.8.8.8", ["1.2.3.4"], 0) == "8.8.8.8"
+    assert client_address("::ffff:203.0.113.9") == "203.0.113.9"                           # IPv4 mapped in IPv6
+    assert client_address("testclient") is None
+
+
+def test_no_name_is_loopback_and_ipv6_counts_by_its_64():
+    assert is_loopback("127.0.0.1") and is_loopback("127.8.0.1") and is_loopback("::1")
+    assert not any(map(is_loopback, ["localhost", "LOCALHOST", "127.0.0.1 ", "0x7f000001", "", None, "10.0.0.1"]))
+    assert bucket("2001:db8:1:2:aaaa::1") == bucket("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    assert bucket("2001:db8:1:3::1") != bucket("2001:db8:1:2::1")
+    assert bucket("203.0.113.9") == "203.0.113.9" and bucket("what") == bucket(None) == UNIDENTIFIED
+
+
+def test_the_limit_holds_for_names_and_a_whole_ipv6_64():
+    limiter = RateLimiter(per_minute=60, burst=2, clock=lambda: 0.0)
+    for client in ("localhost", "2001:db8::1", "unknown"):
+        with pytest.raises(RateLimited):
+            for _ in range(3):
+                limiter.check(client)
+    with pytest.raises(RateLimited):                          # another address of the same /64: the same bucket
+        limiter.check("2001:db8::ffff")
+    with pytest.raises(RateLimited):                          # every unidentified peer shares one bucket
+        limiter.check("something else")
+    for _ in range(10):
+        limiter.check("127.0.0.1")
+        limiter.check(None)                                   # a call from inside the app
+
+
+def test_trusted_proxies_is_1_on_a_space_and_0_elsewhere(monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert config.Config().resolved_trusted_proxies == 0
+    monkeypatch.setenv("SPACE_ID", "someone/lens-explorer")
+    assert config.Config().resolved_trusted_proxies == 1
+    assert config.from_args(environ={"LENSAPP_TRUSTED_PROXIES": "2"}).resolved_trusted_proxies == 2
+    assert config.Config(trusted_proxies="0").resolved_trusted_proxies == 0
+    for bad in ("-1", "many", "9", " 1"):
+        with pytest.raises(config.ConfigError, match="trusted_proxies"):
+            config.Config(trusted_proxies=bad)

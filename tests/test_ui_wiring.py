@@ -1,0 +1,85 @@
+"""The tabs' events wired by name, in Chromium, on the tiny app (seconds, where the vLLM app takes minutes):
+the front page draws each tab's example, the link box follows an input and the tab in view, a link restores
+its tab's inputs by name and runs it, and the handlers each tab's controls call answer on the page (a
+position's table, a generation's step, the chat, a patch's cell pick)."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from lensapp import config
+
+RUN = 120_000         # ms
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tiny_service):
+    from tiny_app import served
+
+    from lensapp.server import make_app
+
+    with served(make_app(tiny_service, config.Config(rate_limit=0))) as url:
+        yield url
+
+
+def box(page, elem_id: str):
+    return page.locator(f"#{elem_id} textarea, #{elem_id} input").first
+
+
+def query(page) -> dict:
+    return {k: v[0] for k, v in parse_qs(urlparse(page.url).query, keep_blank_values=True).items()}
+
+
+def wait_plot(page, elem_id: str) -> None:
+    page.wait_for_selector(f"#{elem_id} svg.marks g.role-mark path", timeout=RUN)
+
+
+def test_the_front_page_draws_every_tab_and_the_link_follows_by_name(page, tiny_url):
+    page.goto(tiny_url)
+    wait_plot(page, "logit-heatmap")
+    box(page, "logit-k").fill("3")
+    box(page, "logit-k").press("Tab")
+    page.wait_for_function("() => location.search.includes('k=3')", timeout=30_000)
+    assert query(page)["tab"] == "logit" and query(page)["prompt"] == "The capital of France is"
+    for tab, plot in (("Jacobian lens", "jacobian-heatmap"), ("Generation", "generate-heatmap"),
+                      ("Compare", "compare-heatmaps")):
+        page.get_by_role("tab", name=tab).first.click()
+        wait_plot(page, plot)
+    page.get_by_role("tab", name="Intervene").first.click()        # its example steers at -8: not a tiny model's
+    page.wait_for_function("() => location.search.includes('tab=intervene')", timeout=30_000)
+    assert query(page)["word"] == "Rome" and query(page)["layer"] == "-8"          # the tab's own link, by name
+    assert not page.errors
+
+
+def test_a_link_restores_its_tab_by_name_and_its_controls_answer(page, tiny_url):
+    page.goto(tiny_url + "?v=1&tab=generate&prompt=Once%20upon&max_tokens=3&temperature=0.8&seed=7&layers=1-3&k=2")
+    wait_plot(page, "generate-heatmap")
+    assert box(page, "generate-seed").input_value() == "7" and box(page, "generate-layers").input_value() == "1-3"
+    first = page.locator("#generate-text textarea").input_value()
+    page.locator("#generate-step input").click()
+    page.get_by_role("option").first.click()                         # the step's table, through pick_step
+    page.wait_for_selector("#generate-table [role=grid]", timeout=30_000)
+    page.get_by_role("tab", name="Chat").click()
+    box(page, "chat-message").fill("Hi")
+    box(page, "chat-message").press("Enter")
+    page.locator("#chat .lens-readout").first.wait_for(timeout=RUN)   # the reply and its readout, through send
+    page.get_by_role("tab", name="Step by step").click()
+    page.locator("#generate-run").click()
+    page.wait_for_function("t => document.querySelector('#generate-text textarea').value === t", arg=first,
+                           timeout=RUN)                              # the same seed, the same text
+    assert not page.errors
+
+
+def test_a_patch_link_runs_and_a_click_on_the_source_table_picks_its_cell(page, tiny_url):
+    page.goto(tiny_url + "?v=1&tab=intervene&prompt=The%20capital%20of%20France%20is&intervention=patch"
+                         "&source=The%20capital%20of%20Italy%20is&layer=1-2&positions=-1")
+    wait_plot(page, "intervene-pair")
+    table = page.locator("#intervene-source-table")
+    table.wait_for(timeout=RUN)
+    table.locator("[data-testid='cell-1-2']").click()             # row 1: layer 2; column 2: position 1
+    page.wait_for_function("() => document.querySelector('#intervene-source-positions textarea, "
+                           "#intervene-source-positions input').value === '1'", timeout=30_000)
+    assert box(page, "intervene-layer").input_value() == "2"
+    assert not page.errors
