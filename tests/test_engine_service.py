@@ -349,6 +349,9 @@ def test_the_engine_refuses_a_trace_without_its_key(engine, relay):
     with pytest.raises(StartFailed, match="refused this key"):
         Wire(engine.url, "wrong").post(b"not a trace")
     assert health(engine.url) == {"status": "ok"}          # /health stays open for probes
+    with pytest.raises(StartFailed, match="refused this key"):
+        Wire(engine.url, "wrong").progress()
+    assert Wire(engine.url, KEY).progress() > 0             # its vLLM processes' CPU time: a page's stall watch
 
 
 def test_the_engine_listens_on_loopback_unless_told(engine, relay, tmp_path):

@@ -12,7 +12,7 @@ import torch
 from conftest import _free_port
 
 from lensapp.engine.protocol import ModelInfo, StartFailed, Unreachable
-from lensapp.engine.served import RESULT, Wire, finished
+from lensapp.engine.served import PROGRESS_PATH, RESULT, ServeTrace, Wire, finished
 from lensapp.engine.service_checks import mismatch, stack_fingerprint
 
 
@@ -44,6 +44,10 @@ def stand_in():
             self._send(200, buffer.getvalue())
 
         def do_GET(self):  # noqa: N802
+            if self.path == PROGRESS_PATH:
+                if self.headers.get("ndif-api-key") != "k":
+                    return self._send(401, b'{"detail": "Invalid API key"}')
+                return self._send(answers["status"], b'{"cpu_seconds": 12.5}')
             self._send(answers["status"], b'{"status": "ok"}')
 
         def _send(self, status, body):
@@ -66,6 +70,27 @@ def test_an_answer_is_the_finished_output_with_the_saves_on_it(stand_in):
     out = finished(*Wire(url, "k").post(b"a trace"))
     assert out.outputs[0].token_ids == [5, 6] and out.saves == {"saved": {"x": 1}}
     Wire(url).health()                                      # /health needs no key
+
+
+def test_a_trace_is_awaited_or_iterated_as_the_async_engine_stream_and_sent_once(stand_in):
+    """What VLLMBackend._saved reads (`async for` over the backend, counting each output as a step): here one
+    output, the finished one; and the service's CPU time for the stall watch, behind the key."""
+    import asyncio
+
+    url, _ = stand_in
+    wire = Wire(url, "k")
+
+    async def stream():
+        async with wire.async_client() as client:
+            trace = ServeTrace(wire, client)
+            trace.blob = b"a trace"
+            outputs = [out async for out in trace]
+            return outputs, await trace                # sent once: awaiting again gives the same output
+    outputs, again = asyncio.run(stream())
+    assert len(outputs) == 1 and outputs[0] is again and outputs[0].outputs[0].token_ids == [5, 6]
+    assert wire.progress() == 12.5
+    with pytest.raises(StartFailed, match="refused this key"):
+        Wire(url, "wrong").progress()
 
 
 def test_a_wrong_key_is_refused_for_good(stand_in):
