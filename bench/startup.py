@@ -33,11 +33,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def one_start(cache_dir: str) -> dict:
+def one_start(cache_dir: str, extra: list[str] | tuple = ()) -> dict:
+    """One `lensapp serve` (with `extra` flags, e.g. --engine-url) from its start to its first readout."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "lensapp", "serve", "--port", str(port), "--cache-dir", cache_dir],
+    proc = subprocess.Popen([sys.executable, "-m", "lensapp", "serve", "--port", str(port), "--cache-dir", cache_dir,
+                             *extra],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
     out = {}

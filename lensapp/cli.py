@@ -1,5 +1,5 @@
-"""Command line: `lensapp lens | generate | intervene | components | describe | fit | serve | space`, on the
-service and results the app uses.
+"""Command line: `lensapp lens | generate | intervene | components | describe | fit | serve | engine | space`, on
+the service and results the app uses.
 
 Examples:
     lensapp lens "The capital of France is" --lens both --layers 20-29 --k 5 --target Paris
@@ -18,6 +18,9 @@ Examples:
         --jlens neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt
     lensapp fit --corpus my_texts/ --out my_lens.pt
     lensapp serve --port 7860                      # the web app (python app.py is the same)
+    lensapp engine --port 6677 --key "$KEY"        # the model as its own service (engine_service.py) ...
+    lensapp serve --engine-url http://127.0.0.1:6677 --engine-key "$KEY"     # ... and a page on it
+    lensapp lens "The capital of France is" --engine-url http://127.0.0.1:6677 --engine-key "$KEY"
     lensapp space push user/name --dry-run         # what a Hugging Face Space would get (lensapp/space.py)
 
 (`python -m lensapp ...` is the same command.) Bad input (unknown layers, k outside 1..100, an
@@ -50,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_fit_arguments(sub.add_parser("fit", help="fit a Jacobian lens (TransformersModel, backward passes)"))
     serve = sub.add_parser("serve", help="the web app (Gradio) on http://HOST:PORT")
     config.add_arguments(serve)
+    from .engine_service import add_engine_arguments
+
+    add_engine_arguments(sub.add_parser("engine", help="the model as its own service (nnsight-serve) for pages and "
+                                                       "commands given --engine-url"))
     space.add_arguments(sub.add_parser("space", help="deploy to a Hugging Face Space (docs/hosting.md)"))
     return parser
 
@@ -93,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         from .server import serve
 
         return serve(args)
+    if args.command == "engine":
+        from .engine_service import main as engine_main
+
+        return engine_main(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "fit":

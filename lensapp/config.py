@@ -148,6 +148,10 @@ class Config:
                                   "(`/data/lensapp` when a Space has persistent storage)")
     workshop: str = _setting("", "a workshop file (YAML: title, tabs, exercises; docs/workshop.md): an Exercises "
                                  "panel, only its tabs, and counts of what was run at /workshop")
+    engine_url: str = _setting("", "an engine service (`lensapp engine`) to run every readout on, e.g. "
+                                   "`http://gpu-box:6677`; empty = the model runs in this process")
+    engine_key: str = _setting("", "the engine service's key: `lensapp engine` requires one, pages and commands "
+                                   "send it")
     host: str = _setting("127.0.0.1", "interface to listen on")
     port: int = _setting(7860, "port to listen on")
 
@@ -180,6 +184,11 @@ class Config:
         if self.max_model_len and self.max_prompt_tokens + MAX_GENERATE_TOKENS > self.max_model_len:
             raise ConfigError(f"max_prompt_tokens ({self.max_prompt_tokens}) + {MAX_GENERATE_TOKENS} generated "
                               f"must fit max_model_len ({self.max_model_len})")
+        if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
+            raise ConfigError(f"engine_url must be an http:// or https:// address, got {self.engine_url!r}")
+        if self.engine_url and self.backend == "transformers":
+            raise ConfigError("engine_url runs every readout on vLLM's engine service; backend transformers runs "
+                              "them here: choose one")
         _ = self.auth_pairs       # raises ConfigError when malformed
 
     # -- derived -------------------------------------------------------------------
@@ -270,7 +279,7 @@ def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None
 ENGINE_SETTINGS = ("model", "backend", "device", "dtype", "max_model_len", "gpu_memory_utilization", "kv_cache_mb",
                    "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend", "jlens",
                    "jlens_layers", "max_prompt_tokens", "max_work", "cache_dir", "max_fit_steps", "max_fit_seconds",
-                   "fitting", "fit_threads")
+                   "fitting", "fit_threads", "engine_url", "engine_key")
 
 
 def from_args(args: argparse.Namespace | None = None, environ: dict | None = None) -> Config:

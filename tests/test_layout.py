@@ -71,7 +71,8 @@ def test_modules_stay_readable(path):
 # memory a backend needs, what a host must give it): these know backends by name. `stages.py` is vLLM's
 # workers' side of pipeline stages and the tensor-parallel head; traces reach it only through `trace.Site`.
 BACKEND_FILES = {"vllm_backend.py", "vllm_cpu.py", "hf_backend.py", "cpu_env.py", "loading.py", "embedded.py",
-                 "families.py", "memory.py", "preflight.py", "stages.py", "vllm_gpu.py"}
+                 "families.py", "memory.py", "preflight.py", "stages.py", "vllm_gpu.py", "remote_backend.py",
+                 "served.py"}
 
 
 @pytest.mark.parametrize("path", sorted(p for p in (PACKAGE / "engine").glob("*.py") if p.name not in BACKEND_FILES),
@@ -94,11 +95,12 @@ def test_the_engine_knows_backends_only_by_their_protocol(path):
 def test_both_backends_implement_the_protocol():
     from lensapp.engine.hf_backend import TransformersBackend
     from lensapp.engine.protocol import Backend
+    from lensapp.engine.remote_backend import RemoteBackend
     from lensapp.engine.vllm_backend import VLLMBackend
 
     methods = {n: m for n, m in vars(Backend).items() if inspect.isfunction(m) and not n.startswith("_")}
     assert set(methods) >= {"install_jlens", "run_lens", "run_generate", "run_chat", "failure", "close"}
-    for cls in (VLLMBackend, TransformersBackend):
+    for cls in (VLLMBackend, TransformersBackend, RemoteBackend):
         for name, proto in methods.items():
             impl = getattr(cls, name, None)
             assert impl is not None, f"{cls.__name__} lacks {name}"

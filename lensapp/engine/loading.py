@@ -4,7 +4,8 @@
 model's converted folder, a local folder, or a hub id). `describe_model` reads the model's
 config only (a second, no weights): its shape, its family and its context limit, so bad input
 and an unknown layout are caught before an engine spends a minute starting. `backend_factory`
-returns the function the engine calls to start (and restart) the backend.
+returns the function the engine calls to start (and restart) the backend. With `engine_url` the model
+runs on an engine service (`remote_backend`): this process reads only its config and tokenizer.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Callable
 from ..config import DEFAULT_MAX_MODEL_LEN, EMBEDDED, MAX_GENERATE_TOKENS, Config, ConfigError
 from .families import Family, detect
 from .protocol import Backend, ModelInfo
+
+SERVED = "vllm-serve"      # the backend of a page whose model runs on an engine service (`--engine-url`)
+ELSEWHERE = "remote"       # ... and its device: the engine's, not this process's
 
 
 class ModelError(ValueError):
@@ -70,8 +74,9 @@ def describe_model(cfg: Config) -> ResolvedModel:
     if prompt_limit < 1:
         raise ConfigError(f"the context ({max_len} positions) leaves no room for a prompt and {MAX_GENERATE_TOKENS} "
                           "generated tokens")
-    device = cfg.resolved_device
+    device = ELSEWHERE if cfg.engine_url else cfg.resolved_device
     backend = cfg.backend if cfg.backend == "transformers" else ("vllm-cpu" if device == "cpu" else "vllm")
+    backend = SERVED if cfg.engine_url else backend
     info = ModelInfo(name=name, n_layers=int(hf.num_hidden_layers), d_model=int(hf.hidden_size),
                      vocab_size=int(hf.vocab_size), backend=backend, device=device, dtype=cfg.resolved_dtype,
                      family=family.name, max_model_len=max_len)
@@ -89,6 +94,12 @@ def _context_limit(hf) -> int | None:
 
 def backend_factory(model: ResolvedModel, cfg: Config) -> Callable[[], Backend]:
     """A function that starts a fresh backend for `model` (the engine calls it again after a crash)."""
+    if model.info.backend == SERVED:
+        from .remote_backend import served_backend_factory
+        from .served import Wire
+
+        return served_backend_factory(model.path, model.info, model.family, Wire(cfg.engine_url, cfg.engine_key))
+
     def start() -> Backend:
         if model.info.backend == "transformers":
             from .hf_backend import TransformersBackend

@@ -32,7 +32,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # as a cgroup charges it (a shared library once), measured on the embedded model (bench/RESULTS.md,
 # "Memory"). vllm-cpu: the web process, vLLM's EngineCore and its worker; on a GPU the host side of
 # the same three; transformers: one process.
-RUNTIME_BYTES = {"vllm-cpu": int(2.0 * GiB), "vllm": int(2.5 * GiB), "transformers": int(1.0 * GiB)}
+RUNTIME_BYTES = {"vllm-cpu": int(2.0 * GiB), "vllm": int(2.5 * GiB), "transformers": int(1.0 * GiB),
+                 "vllm-serve": int(1.0 * GiB)}      # a page whose model runs on an engine service: the page only
 # The steering fitter's process (fitting/worker.py) beyond its float32 copy of the weights: Python, torch,
 # transformers and nnsight, and one prompt's activations for the backward pass.
 FITTER_RUNTIME_BYTES = int(0.85 * GiB)     # measured: 1.32 GiB in all for the embedded model
@@ -73,7 +74,7 @@ class Budget:
         parts = {"weights": self.weights, "KV cache": self.kv_cache, "Jacobian lens": self.jlens,
                  "readout": self.readout, "result cache": self.result_cache, "processes": self.runtime,
                  "fitter": self.fitter}
-        if self.device == "cuda":
+        if self.device != "cpu":                     # a GPU's, or an engine service's ("remote"): not this host's
             parts = {k: v for k, v in parts.items() if k in ("Jacobian lens", "result cache", "processes", "fitter")}
         return parts
 
@@ -91,12 +92,13 @@ def plan(cfg: Config, info, hf_config, path: str, jlens_layers: int, limit) -> B
     """The memory budget of serving `info` (a ModelInfo) with `cfg`, against `limit` (host.MemoryLimit)."""
     dtype_bytes = DTYPE_BYTES[info.dtype]
     longest = min(info.max_model_len, max_prompt_tokens(cfg, info) + MAX_GENERATE_TOKENS)
-    jlens_copies = 1 if info.device == "cuda" else 2       # the web process's; on CPU the worker's too
+    jlens_copies = 1 if info.device != "cpu" else 2        # the web process's; on CPU the worker's too
+    here = info.backend != "vllm-serve"                    # else weights, KV cache and readouts are the service's
     return Budget(
-        weights=param_count(hf_config, path) * dtype_bytes,
-        kv_cache=0 if info.backend == "transformers" else kv_cache_bytes(cfg, hf_config, info),
+        weights=param_count(hf_config, path) * dtype_bytes if here else 0,
+        kv_cache=0 if info.backend == "transformers" or not here else kv_cache_bytes(cfg, hf_config, info),
         jlens=jlens_layers * info.d_model ** 2 * 2 * jlens_copies,
-        readout=readout_bytes(info.vocab_size, longest, dtype_bytes),
+        readout=readout_bytes(info.vocab_size, longest, dtype_bytes) if here else 0,
         result_cache=cfg.cache_mb * MiB if cfg.cache_entries else 0,
         runtime=RUNTIME_BYTES.get(info.backend, RUNTIME_BYTES["vllm"]),
         limit=limit.bytes, limit_source=limit.source, device=info.device,

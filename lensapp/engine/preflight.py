@@ -13,7 +13,7 @@ import logging
 
 from ..config import Config, ConfigError
 from . import cpu_env, host, memory
-from .loading import ResolvedModel
+from .loading import SERVED, ResolvedModel
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def preflight(cfg: Config, model: ResolvedModel, jlens_layers: int) -> memory.Bu
     memory.check(budget)
     info = model.info
     ranks = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
-    if info.backend != "transformers":
+    if info.backend not in ("transformers", SERVED):     # an engine service checks its own (`lensapp engine`)
         problem = (parallel_problem(model.hf_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
                    or executor_problem(cfg.distributed_executor_backend))
         if info.backend == "vllm-cpu":

@@ -285,12 +285,25 @@ class StartFailed(RuntimeError):
         self.permanent = permanent
 
 
+class Unreachable(StartFailed):
+    """A backend whose model runs elsewhere (an engine service) does not answer. Neither a crash here nor
+    permanent: the engine waits for it as long as it is away, trying again every `retry_after` seconds,
+    and counts neither the wait as failed starts nor the loss as a restart (see `Backend.served`)."""
+
+    def __init__(self, message: str, retry_after: float = 2.0):
+        super().__init__(message, permanent=False)
+        self.retry_after = retry_after
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A loaded model the engine can run lenses and generations on. Coroutines run on the engine's thread.
 
     concurrent: whether several calls may be in flight at once (vLLM batches them; the transformers
     backend runs one at a time).
+    served (optional, False when absent): the model runs in a service elsewhere and this backend only talks
+    to it, so its death is the service going away: a restart reconnects, and is waited for (`Unreachable`)
+    rather than counted against the engine's restart budget.
     """
 
     info: ModelInfo

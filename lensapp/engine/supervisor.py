@@ -8,7 +8,9 @@ closed, a fresh one started, the Jacobian lens re-installed and the warm-up run.
 `EngineRestarted` ("please run again"); calls that were waiting run on the new backend. Restarts back
 off; after `max_restarts` within `restart_window` seconds the engine is `down` and says why. A start
 that fails for a reason that would repeat (`StartFailed` with `permanent`, or a wrong layout or value)
-is not retried: the engine is down at once, with it.
+is not retried: the engine is down at once, with it. A backend `served` from elsewhere (an engine
+service) is neither: while its service is away its start raises `Unreachable`, and the engine waits
+(state `restarting`, the reason saying so) as long as it takes, counting no restart.
 
 The engine (`core.py`) is a Supervisor: this holds the backend's life, that module the requests' path.
 """
@@ -20,7 +22,7 @@ import logging
 import time
 
 from .errors import EngineDown
-from .protocol import Backend, StartFailed
+from .protocol import Backend, StartFailed, Unreachable
 from .turns import FairSlots
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,9 @@ class Supervisor:
         old, self._backend = self._backend, None
         if old is not None:
             await asyncio.get_running_loop().run_in_executor(None, close_quietly, old)
+        if getattr(old, "served", False):            # its service went away: reconnect, however often it does
+            await self._start_with_retries("restarting")
+            return
         now = time.time()
         recent = [t for t in self.restart_times if now - t < self.restart_window]
         if len(recent) >= self.max_restarts:
@@ -80,7 +85,7 @@ class Supervisor:
         self.state = state
         for attempt in range(self.max_restarts):
             try:
-                await self._start_once()
+                await self._start_when_reachable()
                 return
             except Exception as e:  # noqa: BLE001 - a failure to start is retried (when it can pass), then reported
                 permanent = isinstance(e, PERMANENT) or getattr(e, "permanent", False)
@@ -94,6 +99,15 @@ class Supervisor:
                 await asyncio.sleep(RESTART_DELAYS[min(attempt + 1, len(RESTART_DELAYS) - 1)])
         self._go_down(self.reason)
 
+    async def _start_when_reachable(self) -> None:
+        """Start, waiting out a served backend's absence (`Unreachable`) however long it lasts."""
+        while True:
+            try:
+                return await self._start_once()
+            except Unreachable as e:
+                self.reason = str(e)
+                await asyncio.sleep(e.retry_after)
+
     async def _start_once(self) -> None:
         t = time.perf_counter()
         self._starting = self._builder.submit(self._start_backend)
@@ -105,7 +119,8 @@ class Supervisor:
             if self._warm_up is not None:
                 await self._warm_up(backend)
         except Exception as e:
-            reason = dead(e, backend)              # before closing: a closed backend says only that
+            # before closing (a closed backend says only that); a served one's service gone again: wait for it
+            reason = None if isinstance(e, Unreachable) else dead(e, backend)
             close_quietly(backend)
             if reason is not None:                       # it died on its first requests: so it would again
                 raise StartFailed(f"it died on its first request: {reason}") from e

@@ -14,8 +14,9 @@ def status_line(health: dict) -> str:
     state = health.get("state")
     reason = md_text(redact.paths(health.get("reason") or "unknown"))
     if state == "starting":
+        waiting = f" Meanwhile: {md_text(health['reason'])}." if health.get("reason") else ""   # e.g. its service
         return ("⏳ **The model is loading** (vLLM starts and warms up; about a minute on a small CPU). "
-                "The buttons wake up when it is ready; a readout asked for now runs then.")
+                f"The buttons wake up when it is ready; a readout asked for now runs then.{waiting}")
     if state == "restarting":
         return ("⚠️ **The model is restarting** after a failure "
                 f"({reason}). Requests in progress were stopped: run them again "

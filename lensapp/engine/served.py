@@ -1,0 +1,212 @@
+"""A model whose traces run on an nnsight-serve engine: the client half of `lensapp engine`.
+
+`ServedVLLM` is nnsight's VLLM built as a meta model (config and tokenizer; no weights, no engine) whose
+every trace goes to a running nnsight-serve (`POST /v1/nnsight/generate`) in the form nnsight's own
+`trace(..., serve=url)` and NDIF's remote path send: the block's source, the names it reads, and the
+tracer, with the model's modules as persistent ids the server resolves to its own. Functions the block
+calls (`trace.lens_trace`, ...) travel by reference, so the server imports them: it runs this package.
+
+Where nnsight's `serve=` backend sends at the `with` block's exit and waits there, `ServeTrace` sends
+when awaited or iterated, so many traces are in flight at once (the engine batches them), and what it
+gives is what nnsight's async engine gives (`await tracer.backend`, or `async for` over it): the
+finished `RequestOutput` with the trace's saves on `.saves` (iterated: that one output, the stream's last).
+nnsight-serve answers with saved values only, so the block is sent with one
+more statement, which saves `tracer.result` (that output) under `RESULT`.
+
+The wire (`Wire`) is nnsight's: its headers (the key as `ndif-api-key`), timeouts and error reading
+(`nnsight.modeling.vllm.serve.http`). A service that does not answer is `Unreachable`; a trace's own
+error comes back as nnsight re-raises it (a RuntimeError naming the worker's error type).
+
+This module knows nothing of lenses: it moves traces.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import io
+from dataclasses import dataclass
+
+import nnsight
+import torch
+from nnsight.intervention.errors import raise_deferred
+from nnsight.intervention.serialization import dumps, reduce_block
+from nnsight.modeling.vllm.serve import http
+from nnsight.tracing.backend import Backend as TraceBackend
+
+from .protocol import StartFailed, Unreachable
+from .vllm_cpu import CPUVLLM
+
+RESULT = "__lensapp_result__"      # the name the sent block saves `tracer.result` under
+_TRACER = "__lensapp_tracer__"     # the sent block's names for its tracer and for nnsight
+_NNSIGHT = "__lensapp_nnsight__"
+HEALTH_TIMEOUT_S = 5.0
+PROGRESS_PATH = "/lensapp/progress"    # the service's engine CPU time (engine_service.py adds it to nnsight-serve)
+ENGINE_DEAD = ("EngineDeadError",)   # vLLM's error for a request on an engine whose core has died
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One engine service: its address and key. Every request is one short exchange on nnsight's wire."""
+
+    url: str
+    key: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+
+    def progress(self) -> float:
+        """The CPU seconds the service's vLLM processes have spent (`lensapp engine`'s PROGRESS_PATH)."""
+        import httpx
+
+        try:
+            response = httpx.get(f"{self.url}{PROGRESS_PATH}", headers=http.headers(self.key),
+                                 timeout=HEALTH_TIMEOUT_S)
+        except httpx.HTTPError as e:
+            raise Unreachable(self._away(e)) from None
+        self._check(response)
+        return float(response.json()["cpu_seconds"])
+
+    def health(self) -> None:
+        """Unreachable unless the service answers `GET /health` (nnsight-serve: only once its engine is up)."""
+        import httpx
+
+        try:
+            response = httpx.get(f"{self.url}/health", timeout=HEALTH_TIMEOUT_S)
+        except httpx.HTTPError as e:
+            raise Unreachable(self._away(e)) from None
+        self._check(response)
+
+    def post(self, blob: bytes) -> tuple[dict, object]:
+        """Send a serialized trace and wait: (saves, deferred error or None)."""
+        import httpx
+
+        try:
+            with httpx.Client(timeout=http.timeout()) as client:
+                response = client.post(f"{self.url}/v1/nnsight/generate", content=blob,
+                                       headers=http.headers(self.key))
+        except httpx.HTTPError as e:
+            raise Unreachable(self._away(e)) from None
+        return self._answer(response)
+
+    async def apost(self, client, blob: bytes) -> tuple[dict, object]:
+        """`post` on an `httpx.AsyncClient` (its connections kept for the next request)."""
+        import httpx
+
+        try:
+            response = await client.post(f"{self.url}/v1/nnsight/generate", content=blob,
+                                         headers=http.headers(self.key))
+        except httpx.HTTPError as e:
+            raise Unreachable(self._away(e)) from None
+        return self._answer(response)
+
+    def async_client(self):
+        import httpx
+
+        return httpx.AsyncClient(timeout=http.timeout())
+
+    def _answer(self, response) -> tuple[dict, object]:
+        self._check(response)
+        result = torch.load(io.BytesIO(response.content), map_location="cpu", weights_only=False)
+        return result.get("saves", {}), result.get("error")
+
+    def _check(self, response) -> None:
+        if response.status_code == 401:
+            raise StartFailed(f"the engine service at {self.url} refused this key (give the page the key the "
+                              "engine was started with: --engine-key or LENSAPP_ENGINE_KEY)")
+        if response.status_code == 503:         # nnsight-serve is up, its engine not (yet)
+            raise Unreachable(f"the engine service at {self.url} is starting (its engine is not ready)")
+        try:
+            http.check(response)
+        except ConnectionError as e:
+            raise StartFailed(f"the engine service at {self.url}: {e}", permanent=False) from None
+
+    def _away(self, error: Exception) -> str:
+        text = str(error).strip().splitlines()
+        return f"the engine service at {self.url} does not answer ({type(error).__name__}" + \
+            (f": {text[0]})" if text else ")")
+
+
+class ServeTrace(TraceBackend):
+    """A trace's backend: serialized at the block's exit, sent when awaited (or at once, `sync`)."""
+
+    def __init__(self, wire: Wire, client=None, sync: bool = False):
+        self.wire, self.client, self.sync = wire, client, sync
+        self.blob: bytes | None = None
+        self.output = None
+
+    def __call__(self, tracer) -> None:
+        self.blob = serialize(tracer)
+        if self.sync:
+            self.output = finished(*self.wire.post(self.blob))
+
+    def __await__(self):
+        return self._send().__await__()
+
+    async def __aiter__(self):
+        """The async engine's stream, as the service gives it: one output, the finished one."""
+        yield await self._send()
+
+    async def _send(self):
+        if self.output is None:
+            self.output = finished(*await self.wire.apost(self.client, self.blob))
+            self.blob = None
+        return self.output
+
+
+def serialize(tracer) -> bytes:
+    """`RequestModel.serialize`, with the block's last statement saving `tracer.result` under RESULT.
+
+    The with-node is copied, not changed: nnsight memoizes it for every later trace at that site."""
+    node = copy.copy(tracer.node)
+    save = ast.parse(f"{RESULT} = {_NNSIGHT}.save({_TRACER}.result)").body[0]
+    last = node.body[-1]
+    ast.fix_missing_locations(ast.increment_lineno(save, (last.end_lineno or last.lineno)))
+    node.body = [*node.body, save]
+    variables = dict(tracer.info.frame.f_locals) | {_TRACER: tracer, _NNSIGHT: nnsight}
+    return dumps((tracer, reduce_block(node, tracer.info.frame.f_globals, variables)))
+
+
+def finished(saves: dict, error) -> object:
+    """The finished RequestOutput the block saved, carrying the trace's other saves on `.saves` (as nnsight's
+    async engine gives them). A trace's own error is raised here as nnsight raises it (a RuntimeError naming
+    its type); the service's vLLM engine dead under it is `Unreachable` (the service then exits, and is
+    waited for)."""
+    if error and error.get("type_name") in ENGINE_DEAD:
+        raise Unreachable(f"the engine service's vLLM engine died ({error.get('type_name')})")
+    raise_deferred(error)
+    saves = dict(saves)
+    output = saves.pop(RESULT, None)
+    if output is None:
+        raise RuntimeError(f"the engine service answered without the request's output (saves: {sorted(saves)})")
+    output.saves = saves
+    return output
+
+
+class ServedVLLM(CPUVLLM):
+    """nnsight's VLLM as a meta model (CPUVLLM: its meta tree builds on a CPU-only torch too) whose traces
+    run on the engine service at `wire`. It never starts an engine of its own."""
+
+    def __init__(self, *args, wire: Wire, **kwargs):
+        self.wire = wire
+        self.client = None        # an httpx.AsyncClient, made on the loop that awaits the traces
+        super().__init__(*args, **kwargs)
+
+    def trace(self, *inputs, sync: bool = False, **kwargs):
+        """A trace sent to the service: awaited (`await tracer.backend`), or, with `sync`, sent at the
+        block's exit and read from `tracer.backend.output`."""
+        if "backend" not in kwargs:
+            if self.client is None and not sync:
+                self.client = self.wire.async_client()
+            kwargs["backend"] = ServeTrace(self.wire, self.client, sync=sync)
+        return super().trace(*inputs, **kwargs)
+
+    def __getstate__(self) -> dict:
+        # A trace pickles the model's envoy tree (its modules as persistent ids); the wire stays here.
+        state = super().__getstate__()
+        state.pop("wire", None)
+        state.pop("client", None)
+        return state
+
+    def dispatch(self, *args, **kwargs):
+        raise RuntimeError("a served model runs on its engine service; it loads no weights here")
