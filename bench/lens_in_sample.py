@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lens_quality import report  # noqa: E402
 
 from lensapp import config, corpus, fitting, jlens  # noqa: E402
-from lensapp.engine.loading import ModelError, load_hf_model  # noqa: E402
+from lensapp.engine.start.loading import ModelError, load_hf_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -232,8 +232,8 @@ def run_fit(args: argparse.Namespace) -> int:
     import torch
 
     from . import corpus as corpora
-    from .engine.embedded import FORMAT_VERSION
-    from .engine.loading import load_hf_model
+    from .engine.start.embedded import FORMAT_VERSION
+    from .engine.start.loading import load_hf_model
     from .fitting import SAVE_DTYPES, fit, merge, snapshot
 
     dtype = SAVE_DTYPES[args.save_dtype]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import EMBEDDED
-from .engine.embedded import EMBEDDED_NAME
-from .engine.families import Family
+from .engine.run.families import Family
+from .engine.start.embedded import EMBEDDED_NAME
 from .results import AblateDone, InterventionDone, PatchDone, SteerDone
 
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -58,7 +58,8 @@ def lens_snippet(*, family: Family, model: str, prompt: str, layers: list[int], 
     layout = family.layout("vllm" if form == "vllm" else "transformers")
     note = f"  # {model_note}" if model_note else ""
     if form == "vllm":
-        imports = "from nnsight.modeling.vllm import VLLM   # on a CPU: from lensapp.engine.vllm_cpu import CPUVLLM\n"
+        imports = ("from nnsight.modeling.vllm import VLLM"
+                   "   # on a CPU: from lensapp.engine.start.vllm_cpu import CPUVLLM\n")
         head = (HEADER.format(what="the view as vLLM runs it", extra=" vllm", imports=imports, model=model,
                               model_note=note, prompt=prompt, layers=layers, k=k))
     else:

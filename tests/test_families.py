@@ -15,7 +15,7 @@ from conftest import random_jacobians
 from transformers import AutoModelForCausalLM
 
 from lensapp import cli, config, fitting, jlens
-from lensapp.engine.families import FAMILIES, detect, find
+from lensapp.engine.run.families import FAMILIES, detect, find
 from lensapp.service import LensRequest, LensService
 
 # Each family's own settings: grouped-query attention (one KV head) where it has it, and its logit arithmetic

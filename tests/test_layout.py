@@ -74,7 +74,7 @@ BACKEND_FILES = {"vllm_backend.py", "vllm_cpu.py", "hf_backend.py", "cpu_env.py"
                  "families.py", "memory.py", "preflight.py", "stages.py", "vllm_gpu.py"}
 
 
-@pytest.mark.parametrize("path", sorted(p for p in (PACKAGE / "engine").glob("*.py") if p.name not in BACKEND_FILES),
+@pytest.mark.parametrize("path", sorted(p for p in (PACKAGE / "engine").rglob("*.py") if p.name not in BACKEND_FILES),
                          ids=lambda p: p.name)
 def test_the_engine_knows_backends_only_by_their_protocol(path):
     """The engine's core and what it runs on (the protocol, traces, the pool, the host, the process log)
@@ -92,9 +92,9 @@ def test_the_engine_knows_backends_only_by_their_protocol(path):
 
 
 def test_both_backends_implement_the_protocol():
-    from lensapp.engine.hf_backend import TransformersBackend
-    from lensapp.engine.protocol import Backend
-    from lensapp.engine.vllm_backend import VLLMBackend
+    from lensapp.engine.run.hf_backend import TransformersBackend
+    from lensapp.engine.run.protocol import Backend
+    from lensapp.engine.run.vllm_backend import VLLMBackend
 
     methods = {n: m for n, m in vars(Backend).items() if inspect.isfunction(m) and not n.startswith("_")}
     assert set(methods) >= {"install_jlens", "run_lens", "run_generate", "run_chat", "failure", "close"}

@@ -1,4 +1,5 @@
-"""The memory plan (engine/memory.py) and what the host allows (engine/host.py), without starting anything."""
+"""The memory plan (engine/start/memory.py) and what the host allows (engine/start/host.py), without starting
+anything."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lensapp.config import Config, ConfigError
-from lensapp.engine import host, memory
-from lensapp.engine.protocol import ModelInfo
+from lensapp.engine.run.protocol import ModelInfo
+from lensapp.engine.start import host, memory
 
 SMOLLM2 = types.SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576,
                                 intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)

@@ -1,4 +1,4 @@
-"""Pipeline stages (engine/stages.py) without an engine: the residual of a block's output, the stand-ins for
+"""Pipeline stages (engine/run/stages.py) without an engine: the residual of a block's output, the stand-ins for
 other stages' modules, which stage a trace is on, and the relay on a two-stage split of a real torch model
 (the engine tests, tests/test_parallel.py, run it inside vLLM's workers)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lensapp.engine import stages
+from lensapp.engine.run import stages
 
 
 def test_a_blocks_residual_sums_vllms_pairs():

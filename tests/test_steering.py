@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lensapp.engine.families import detect, find
-from lensapp.engine.hf_backend import load_transformers_model
+from lensapp.engine.run.families import detect, find
+from lensapp.engine.run.hf_backend import load_transformers_model
 from lensapp.fitting import FitError
 from lensapp.fitting.steering import SteerConfig, fit_steering
 

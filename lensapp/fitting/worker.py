@@ -101,7 +101,7 @@ def serve(cfg, threads: int, conn) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    from ..engine.loading import load_hf_model
+    from ..engine.start.loading import load_hf_model
     from .estimator import FitError
     from .steering import fit_steering
 

@@ -20,12 +20,12 @@ import torch
 
 from .. import jlens as jlens_files
 from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, MAX_CONTINUATION_TOKENS, PUNCTUATION_WIDTH, Config
-from ..engine.core import Engine
-from ..engine.host import memory_in_use
-from ..engine.loading import ResolvedModel, backend_factory, describe_model
-from ..engine.memory import Budget, fitting_on
-from ..engine.preflight import preflight
-from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
+from ..engine.run.core import Engine
+from ..engine.run.protocol import GREEDY_BELOW, Backend, JStack, Sampling
+from ..engine.start.host import memory_in_use
+from ..engine.start.loading import ResolvedModel, backend_factory, describe_model
+from ..engine.start.memory import Budget, fitting_on
+from ..engine.start.preflight import preflight
 from ..results import ChatReply, Comparison, GenerationResult, InterventionResult, LensResult, Target
 from . import cost, planning
 from .cache import ResultCache
@@ -47,7 +47,7 @@ class LensService:
         self.jlens, self.jlens_error = jlens, jlens_error
         self._jlens_key = _fingerprint(jlens)
         self.cache = ResultCache(cfg.cache_entries, cfg.cache_mb << 20)
-        self.budget: Budget | None = None        # the memory plan checked at start (engine/memory.py)
+        self.budget: Budget | None = None        # the memory plan checked at start (engine/start/memory.py)
         self.token_weight = cost.token_weight(model.info.n_layers, model.info.d_model, model.info.vocab_size)
         self.fits = FitDesk(cfg)                 # fitted steering vectors: one at a time, in their own process
         self.intervener = Intervener(engine, model.path, model.family)

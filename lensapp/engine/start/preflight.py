@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from ..config import Config, ConfigError
+from ...config import Config, ConfigError
 from . import cpu_env, host, memory
 from .loading import ResolvedModel
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config import DEFAULT_MAX_MODEL_LEN, EMBEDDED, MAX_GENERATE_TOKENS, Config, ConfigError
-from .families import Family, detect
-from .protocol import Backend, ModelInfo
+from ...config import DEFAULT_MAX_MODEL_LEN, EMBEDDED, MAX_GENERATE_TOKENS, Config, ConfigError
+from ..run.families import Family, detect
+from ..run.protocol import Backend, ModelInfo
 
 
 class ModelError(ValueError):
@@ -91,11 +91,11 @@ def backend_factory(model: ResolvedModel, cfg: Config) -> Callable[[], Backend]:
     """A function that starts a fresh backend for `model` (the engine calls it again after a crash)."""
     def start() -> Backend:
         if model.info.backend == "transformers":
-            from .hf_backend import TransformersBackend
+            from ..run.hf_backend import TransformersBackend
 
             return TransformersBackend(model.path, model.info, model.family)
+        from ..run.vllm_backend import VLLMBackend
         from .memory import kv_cache_bytes
-        from .vllm_backend import VLLMBackend
 
         cpu = model.info.device == "cpu"
         # On CPU the KV cache is sized from the settings, unless the user asked for vLLM's share instead.
@@ -114,7 +114,7 @@ def load_hf_model(cfg: Config, device: str | None = None, dtype: str = "float32"
     resolution (the embedded model's converted folder is shared with it), loaded now."""
     import torch
 
-    from .hf_backend import load_transformers_model
+    from ..run.hf_backend import load_transformers_model
 
     model = describe_model(cfg)
     try:

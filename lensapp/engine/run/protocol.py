@@ -17,8 +17,8 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from ..config import GREEDY_BELOW
-from ..interventions import KINDS
+from ...config import GREEDY_BELOW
+from ...interventions import KINDS
 
 # `lenses.layer_readouts` fields: top_ids, top_probs [L, P, k], entropy [L, P], kl_to_final [L, P], ...
 Readout = dict[str, torch.Tensor]

@@ -40,8 +40,8 @@ from nnsight.modeling.vllm.workers.GPUWorker import NNsightGPUWorker
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from .stages import StageRunner
-from .trace import installed_layers
+from ..run.stages import StageRunner
+from ..run.trace import installed_layers
 
 
 class NNsightCPUModelRunner(StageRunner, NNsightGPUModelRunner, CPUModelRunner):

@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import MAX_GENERATE_TOKENS, Config, ConfigError
+from ...config import MAX_GENERATE_TOKENS, Config, ConfigError
 
 GiB = 1 << 30
 MiB = 1 << 20

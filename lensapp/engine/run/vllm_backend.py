@@ -18,9 +18,9 @@ import contextlib
 import functools
 import logging
 
-from . import cpu_env
+from ..start import cpu_env
+from ..start.process_log import LOG
 from .families import Family, find
-from .process_log import LOG
 from .protocol import (
     ChatOutput,
     GenerationOutput,
@@ -49,7 +49,7 @@ def vllm_head(layout, model, x):
 class VLLMBackend:
     """nnsight's VLLM in async mode. `cpu=True` swaps in the CPU worker adapter.
 
-    `kv_cache_bytes`: the KV cache vLLM gets (engine/memory.py sizes it on CPU); 0 lets vLLM size it
+    `kv_cache_bytes`: the KV cache vLLM gets (engine/start/memory.py sizes it on CPU); 0 lets vLLM size it
     from `gpu_memory_utilization` (on CPU, a share of the NUMA node's memory).
     """
 
@@ -62,9 +62,9 @@ class VLLMBackend:
 
         if cpu:
             cpu_env.prepare(tensor_parallel_size * pipeline_parallel_size)
-            from .vllm_cpu import CPUVLLM as VLLM
+            from ..start.vllm_cpu import CPUVLLM as VLLM
         elif pipeline_parallel_size > 1:
-            from .vllm_gpu import GPUVLLM as VLLM
+            from ..start.vllm_gpu import GPUVLLM as VLLM
         else:
             from nnsight.modeling.vllm import VLLM
         extra = {"distributed_executor_backend": distributed_executor_backend} if distributed_executor_backend else {}

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .. import interventions, lenses
+from ... import interventions, lenses
 from .families import Layout, final_norm, find, residual
 from .protocol import Edit, LensSpec
 from .unembed_pool import UnembedPool
