@@ -111,6 +111,7 @@ def main(argv=None) -> int:
     import torch
 
     from lensapp.engine.run.protocol import JStack
+    from lensapp.engine.start.backend_kinds import kind_of
     from lensapp.engine.start.loading import backend_factory, describe_model
     from lensapp.results import LensResult
     from lensapp.service import planning
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
 
     cfg = config.from_args(args)
     model = describe_model(cfg)
-    info, layout = model.info, model.family.layout(model.info.backend)
+    info, layout = model.info, kind_of(model.info).layout(model.family)
     prompts = Prompts(load_tokenizer(model.path), model.max_prompt_tokens)
     long_ids = prompts.tokenizer(LONG_PARAGRAPH * 8)["input_ids"][:256]
     texts = {"short": SHORT, "long": prompts.tokenizer.decode(long_ids, skip_special_tokens=True)}

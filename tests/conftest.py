@@ -118,7 +118,7 @@ def make_tiny_model(tmp_path_factory, embedded_dir):
                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                    **(TINY | settings))
         model = AutoModelForCausalLM.from_config(cfg)
-        norm = find(model, detect(cfg).layout("transformers").norm)
+        norm = find(model, detect(cfg).hf.norm)
         with torch.no_grad():
             if model_type.startswith("gemma"):       # Gemma's norms multiply by (1 + weight)
                 norm.weight.add_(1).mul_(8).sub_(1)

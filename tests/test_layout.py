@@ -67,28 +67,47 @@ def test_modules_stay_readable(path):
     assert len(path.read_text().splitlines()) <= 420, f"{module_name(path)} has outgrown one noun"
 
 
-# The backends themselves, and the files that choose, size or start one (a family's layout per backend, the
-# memory a backend needs, what a host must give it): these know backends by name. `stages.py` is vLLM's
-# workers' side of pipeline stages and the tensor-parallel head; traces reach it only through `trace.Site`.
-BACKEND_FILES = {"vllm_backend.py", "vllm_cpu.py", "hf_backend.py", "cpu_env.py", "loading.py", "embedded.py",
-                 "families.py", "memory.py", "preflight.py", "stages.py", "vllm_gpu.py"}
+# The backends themselves and the loader that picks one (with the kinds it declares): the only files that know
+# a backend by its name. What differs between backends is a value or a method the backend hands out
+# (`trace.Site.logits`, `backend_kinds.BackendKind`). `snippets.py` and the lens tab compare "Show the code"s forms,
+# which are published link values ("transformers", "vllm"), not backends.
+BACKEND_FILES = {"engine/run/vllm_backend.py", "engine/run/hf_backend.py", "engine/start/vllm_cpu.py",
+                 "engine/start/vllm_gpu.py", "engine/start/loading.py", "engine/start/backend_kinds.py"}
+NAMES_FORMS = {"snippets.py", "ui/lens_tab.py"}
+# Besides those, what runs inside vLLM's workers (`stages.py`: the pipeline relay and the tensor-parallel head)
+# and what asks vLLM's platform before a start (`preflight.py`) import vLLM itself.
+VLLM_IMPORTERS = BACKEND_FILES | {"engine/run/stages.py", "engine/start/preflight.py"}
 
 
-@pytest.mark.parametrize("path", sorted(p for p in (PACKAGE / "engine").rglob("*.py") if p.name not in BACKEND_FILES),
-                         ids=lambda p: p.name)
-def test_the_engine_knows_backends_only_by_their_protocol(path):
-    """The engine's core and what it runs on (the protocol, traces, the pool, the host, the process log)
-    import no backend and compare no backend names: what a backend can do comes from the protocol
-    (`concurrent`, `is_dead`, `failure`)."""
+def relative(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if relative(p) not in BACKEND_FILES | NAMES_FORMS],
+                         ids=relative)
+def test_only_the_backends_and_the_loader_know_backends_by_name(path):
+    """Nothing outside the backends and the loader compares or branches on a backend's name: what a backend
+    can do comes from the protocol (`concurrent`, `is_dead`, `failure`), its `Site` and its `BackendKind`."""
     tree = ast.parse(path.read_text())
-    mods = imported(path)
-    assert not {m for m in mods if m.split(".")[0] in ("vllm", "nnsight")
-                or m.rsplit(".", 1)[-1] in ("vllm_backend", "hf_backend", "vllm_cpu")}, path.name
-    compared = {n.value for c in ast.walk(tree) if isinstance(c, ast.Compare)
+    compared = {n.value for c in ast.walk(tree) if isinstance(c, (ast.Compare, ast.MatchValue))
                 for n in ast.walk(c) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     calls = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args
              and isinstance(n.args[0], ast.Constant) and getattr(n.func, "attr", "") == "startswith"}
-    assert not {"vllm", "vllm-cpu", "transformers"} & (compared | calls), path.name
+    assert not {"vllm", "vllm-cpu", "transformers"} & (compared | calls), relative(path)
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if relative(p).startswith("engine/")
+                                  and relative(p) not in VLLM_IMPORTERS], ids=relative)
+def test_the_engine_imports_its_backends_only_in_the_backends_and_the_loader(path):
+    """The engine's core and what it runs on (the protocol, traces, the pool, the host, the process log)
+    import no backend, nor vLLM or nnsight."""
+    mods = imported(path)
+    assert not {m for m in mods if m.split(".")[0] in ("vllm", "nnsight")
+                or m.rsplit(".", 1)[-1] in ("vllm_backend", "hf_backend", "vllm_cpu", "vllm_gpu")}, relative(path)
+
+
+def test_the_backend_exemptions_name_files_that_exist():
+    assert all((PACKAGE / name).is_file() for name in VLLM_IMPORTERS | NAMES_FORMS)
 
 
 def test_both_backends_implement_the_protocol():

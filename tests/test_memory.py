@@ -112,3 +112,15 @@ def test_the_machine_reads():
     assert host.allowed_cores()
     now = host.memory_in_use()
     assert now["processes_rss_mb"] > 0
+
+
+def test_every_backend_kind_is_chosen_by_the_settings_and_names_only_known_libraries():
+    """The loader's kinds: `--backend` and the device choose one, and the releases a lens file is read under
+    are libraries a lens file records (jlens.LIBRARIES); a transformers-only host is not asked for vLLM's."""
+    from lensapp import jlens
+    from lensapp.engine.start import backend_kinds as kinds
+
+    chosen = {kinds.kind_for(backend, device) for backend in ("vllm", "transformers") for device in ("cpu", "cuda")}
+    assert chosen == set(kinds.KINDS.values())
+    assert all(set(kind.libraries) <= set(jlens.LIBRARIES) for kind in chosen)
+    assert "vllm" not in kinds.FITTING.libraries and not kinds.FITTING.kv_cache and not kinds.FITTING.ranks

@@ -17,7 +17,7 @@ def check_weights(folder, ids=(0, 1, 17, 1000)):
     family = detect(hf.config)
     w = CheckpointWeights(folder, family)
     assert torch.equal(w.unembedding_rows(list(ids)), hf.get_output_embeddings().weight[list(ids)].detach())
-    norm = find(hf, family.layout("transformers").norm)
+    norm = find(hf, family.hf.norm)
     assert torch.equal(w.final_norm_weight(), norm.weight.detach())
     want = norm.weight.detach() + (1 if family.norm_plus_one else 0)
     assert torch.equal(w.final_norm_scale(), want)

@@ -106,7 +106,7 @@ def serve(cfg, threads: int, conn) -> None:
     from .steering import fit_steering
 
     model, resolved = load_hf_model(cfg, device="cpu")
-    layout = resolved.family.layout("transformers")
+    layout = resolved.family.hf
     while True:
         try:
             job = conn.recv()

@@ -38,12 +38,18 @@ def every_block(block) -> bool:
     return True
 
 
+def head_output_logits(model, layout: Layout):
+    """The head's output at the last position [vocab] (before soft-capping or scaling, which change no argmax)."""
+    return find(model, layout.head).output[0, -1]
+
+
 @dataclass(frozen=True)
 class Site:
     """How a trace body reaches one backend's model. It travels into vLLM's worker with every request,
     so it holds no tensors: `head` is a module-level function (or a partial of one).
 
-    vllm: the model's own logits are `model.logits` (vLLM's sampler input), not the head's output.
+    logits: (model, layout) -> the model's own logits at the last position [vocab], as this backend has them:
+        the head's output (`head_output_logits`), or vLLM's sampler input (`model.logits`).
     gather: raw logits (`h @ W_U.T`) from this worker's head -> the whole vocab (vLLM splits the head by
         vocab rows across tensor-parallel ranks, padded); None where the head is whole.
     last_stage / runs_here: whether this worker holds the pipeline's last stage (the head), and whether a
@@ -53,7 +59,7 @@ class Site:
     layout: Layout
     head: Callable
     d_model: int
-    vllm: bool = False
+    logits: Callable = head_output_logits
     gather: Callable | None = None
     last_stage: Callable[[], bool] = one_worker
     runs_here: Callable[[object], bool] = every_block
@@ -70,9 +76,8 @@ def installed_layers(module) -> list[int]:
 
 
 def model_logits(model, site: Site) -> torch.Tensor:
-    """The model's own logits at the last position [vocab] (HF: the head's output, before soft-capping
-    or scaling, which change no argmax)."""
-    return model.logits[-1] if site.vllm else find(model, site.layout.head).output[0, -1]
+    """The model's own logits at the last position [vocab], read the way this site's backend has them."""
+    return site.logits(model, site.layout)
 
 
 def lens_trace(model, site: Site, spec: LensSpec) -> dict:

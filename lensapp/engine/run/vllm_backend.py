@@ -46,6 +46,11 @@ def vllm_head(layout, model, x):
     return model.logits_processor(find(model, layout.head), x)
 
 
+def sampler_logits(model, layout):
+    """The logits vLLM's sampler reads, at the last position [vocab] (the family's arithmetic applied)."""
+    return model.logits[-1]
+
+
 class VLLMBackend:
     """nnsight's VLLM in async mode. `cpu=True` swaps in the CPU worker adapter.
 
@@ -82,9 +87,9 @@ class VLLMBackend:
             # With a cause printed, the same start would meet it again; without one (a process killed), retry.
             raise StartFailed(cause or _first_line(e), permanent=cause is not None) from e
         self.info = info
-        self.layout = family.layout("vllm")
+        self.layout = family.vllm_layout()
         self.head = functools.partial(vllm_head, self.layout)
-        self.site = Site(self.layout, self.head, info.d_model, vllm=True, gather=gather_head_shards,
+        self.site = Site(self.layout, self.head, info.d_model, logits=sampler_logits, gather=gather_head_shards,
                          last_stage=is_last_stage, runs_here=runs_here)
         self.jlens_layers: list[int] = []
         self.steps = 0                    # outputs streamed back, one per engine step of each request (`progress`)

@@ -16,6 +16,7 @@ from typing import Callable
 from ...config import DEFAULT_MAX_MODEL_LEN, EMBEDDED, MAX_GENERATE_TOKENS, Config, ConfigError
 from ..run.families import Family, detect
 from ..run.protocol import Backend, ModelInfo
+from .backend_kinds import kind_for, kind_of
 
 
 class ModelError(ValueError):
@@ -71,11 +72,11 @@ def describe_model(cfg: Config) -> ResolvedModel:
         raise ConfigError(f"the context ({max_len} positions) leaves no room for a prompt and {MAX_GENERATE_TOKENS} "
                           "generated tokens")
     device = cfg.resolved_device
-    backend = cfg.backend if cfg.backend == "transformers" else ("vllm-cpu" if device == "cpu" else "vllm")
+    kind = kind_for(cfg.backend, device)
     info = ModelInfo(name=name, n_layers=int(hf.num_hidden_layers), d_model=int(hf.hidden_size),
-                     vocab_size=int(hf.vocab_size), backend=backend, device=device, dtype=cfg.resolved_dtype,
+                     vocab_size=int(hf.vocab_size), backend=kind.name, device=device, dtype=cfg.resolved_dtype,
                      family=family.name, max_model_len=max_len)
-    family.layout(backend)                       # raises when this family cannot run on this backend
+    kind.layout(family)                          # raises when this family cannot run on this backend
     return ResolvedModel(path=path, name=name, info=info, family=family, hf_config=hf, max_prompt_tokens=prompt_limit)
 
 
@@ -90,7 +91,7 @@ def _context_limit(hf) -> int | None:
 def backend_factory(model: ResolvedModel, cfg: Config) -> Callable[[], Backend]:
     """A function that starts a fresh backend for `model` (the engine calls it again after a crash)."""
     def start() -> Backend:
-        if model.info.backend == "transformers":
+        if not kind_of(model.info).ranks:            # one process, no vLLM
             from ..run.hf_backend import TransformersBackend
 
             return TransformersBackend(model.path, model.info, model.family)
