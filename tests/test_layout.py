@@ -169,3 +169,48 @@ def test_config_is_the_only_reader_of_the_users_settings_in_the_environment():
         ours = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
                 and n.value.startswith("LENSAPP_")}
         assert ours <= {cpu_env.WORKER_HANDOFF}, f"{name} reads a setting: {ours}"
+
+
+def layout_block(lines: list[str], folder: tuple[str, ...]) -> list[str]:
+    """The lines of CONTRIBUTING's layout under `folder` (parts below lensapp/): its header line (which may name
+    files too), and every line indented deeper, up to the next entry at its own depth or shallower."""
+    start, depth = next((i, 0) for i, line in enumerate(lines) if line.startswith("lensapp/"))
+    for part in folder:
+        block = layout_block_at(lines, start, depth)
+        start = next(start + 1 + i for i, line in enumerate(block[1:]) if line.strip().startswith(part + "/"))
+        depth = len(lines[start]) - len(lines[start].lstrip())
+    return layout_block_at(lines, start, depth)
+
+
+def layout_block_at(lines: list[str], start: int, depth: int) -> list[str]:
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line.strip() or line.startswith("```") or len(line) - len(line.lstrip()) <= depth:
+            break
+        block.append(line)
+    return block
+
+
+def named_files(block: list[str]) -> set[str]:
+    return {word.strip(",:;()`'\"") for line in block for word in line.split() if word.strip(",:;()`").endswith(".py")}
+
+
+def is_a_face(path: Path) -> bool:
+    """An __init__.py that defines nothing (it hands names on): the layout names its folder, not it."""
+    tree = ast.parse(path.read_text())
+    return path.name == "__init__.py" and not any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in tree.body)
+
+
+def test_the_contributing_layout_names_every_module_and_only_modules_that_exist():
+    """CONTRIBUTING's layout is the tree: every module is named in its folder's block (a package's face
+    aside), and every file a folder's block names is a module under that folder."""
+    lines = (PACKAGE.parent / "CONTRIBUTING.md").read_text().splitlines()
+    folders = {p.parent.relative_to(PACKAGE).parts for p in MODULES}
+    unnamed = [relative(p) for p in MODULES if not is_a_face(p)
+               and p.name not in named_files(layout_block(lines, p.parent.relative_to(PACKAGE).parts))]
+    assert not unnamed, f"CONTRIBUTING's layout does not name {unnamed}"
+    for folder in folders:
+        there = {p.name for p in (PACKAGE.joinpath(*folder)).rglob("*.py")}
+        missing = {name for name in named_files(layout_block(lines, folder))
+                   if (not (PACKAGE / name).is_file() if "/" in name else name not in there)}
+        assert not missing, f"CONTRIBUTING's layout names {sorted(missing)} under lensapp/{'/'.join(folder)}: none such"
