@@ -52,7 +52,7 @@ RUN --mount=type=bind,from=pip-local,target=/tmp/pip-local \
 # Convert the embedded model now, into the user cache dir (~/.cache/lensapp), so a start only starts vLLM (ready
 # in 95-99 s on two busy cores: bench/RESULTS.md). A Space with persistent storage caches under /data/lensapp
 # instead (config.py) and converts there once, on its first start.
-RUN .venv/bin/python -c "from lensapp import config; from lensapp.engine.embedded import embedded_model_dir; \
+RUN .venv/bin/python -c "from lensapp import config; from lensapp.engine.start.embedded import embedded_model_dir; \
 embedded_model_dir(config.Config().resolved_cache_dir / 'models')"
 EXPOSE 7860
 CMD [".venv/bin/python", "app.py"]

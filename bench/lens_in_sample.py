@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lens_quality import report  # noqa: E402
 
 from lensapp import config, corpus, fitting, jlens  # noqa: E402
-from lensapp.engine.loading import ModelError, load_hf_model  # noqa: E402
+from lensapp.engine.start.loading import ModelError, load_hf_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +55,7 @@ def in_sample(args) -> int:
         raise corpus.CorpusError(f"corpus {args.corpus!r} has no held-out chunk")
     model, resolved = load_hf_model(config.replace(config.from_args(None), model=args.model or config.EMBEDDED),
                                     device="cpu")
-    layout, tokenizer = resolved.family.layout("transformers"), model.tokenizer
+    layout, tokenizer = resolved.family.hf, model.tokenizer
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out or Path(tmp) / "in_sample_jlens.pt")
         cfg = fitting.FitConfig(tokens=args.tokens, skip=args.skip, min_prompts=len(chunks), max_prompts=len(chunks),

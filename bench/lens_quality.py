@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 DEFAULT_CORPORA = ("general", "fortunes")
 
 from lensapp import config, corpus, fitting, jlens  # noqa: E402
-from lensapp.engine.families import Layout, find, hf_logits  # noqa: E402
-from lensapp.engine.loading import ModelError, load_hf_model  # noqa: E402
-from lensapp.engine.trace import read_residuals  # noqa: E402
+from lensapp.engine.run.families import Layout, find, hf_logits  # noqa: E402
+from lensapp.engine.run.trace import read_residuals  # noqa: E402
+from lensapp.engine.start.loading import ModelError, load_hf_model  # noqa: E402
 from lensapp.lenses import FinalDistribution, layer_readouts  # noqa: E402
 
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, resolved = load_hf_model(config.replace(config.from_args(None), model=args.model or config.EMBEDDED),
                                         device="cpu")
-        layout, tokenizer = resolved.family.layout("transformers"), model.tokenizer
+        layout, tokenizer = resolved.family.hf, model.tokenizer
         n_layers = resolved.info.n_layers
         lens = jlens.load(args.lens, d_model=resolved.info.d_model, n_layers=n_layers, dtype=torch.float32)
         held = {name: corpus.split_holdout(corpus.load_corpus(name))[1] for name in (args.corpus or DEFAULT_CORPORA)}

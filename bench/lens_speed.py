@@ -62,15 +62,15 @@ class Runner:
 
 def plain_body(model, layout):
     """Only the model's own next token: the forward and nnsight's round trip."""
-    from lensapp.engine.families import find
+    from lensapp.engine.run.families import find
 
     return model.logits.argmax(-1) if hasattr(model, "logits_processor") else find(model, layout.head).output.argmax(-1)
 
 
 def floor_body(model, layout, head, n, d, k):
     """The last layer's residual repeated for every layer, through the head in ROW_CHUNK rows, with top-k."""
-    from lensapp.engine.families import final_norm
-    from lensapp.engine.trace import read_residuals
+    from lensapp.engine.run.families import final_norm
+    from lensapp.engine.run.trace import read_residuals
     from lensapp.lenses import ROW_CHUNK
 
     x = final_norm(model, layout)(read_residuals(model, layout, [n - 1], d)[0]).repeat(n, 1)
@@ -79,8 +79,8 @@ def floor_body(model, layout, head, n, d, k):
 
 def naive_body(model, layout, head, n, d):
     """Every layer's full-vocab probabilities, shipped to the host."""
-    from lensapp.engine.families import final_norm
-    from lensapp.engine.trace import read_residuals
+    from lensapp.engine.run.families import final_norm
+    from lensapp.engine.run.trace import read_residuals
 
     h = read_residuals(model, layout, range(n), d)
     return [head(model, final_norm(model, layout)(h[i])).float().softmax(-1) for i in range(n)]
@@ -110,8 +110,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from lensapp.engine.loading import backend_factory, describe_model
-    from lensapp.engine.protocol import JStack
+    from lensapp.engine.run.protocol import JStack
+    from lensapp.engine.start.backend_kinds import kind_of
+    from lensapp.engine.start.loading import backend_factory, describe_model
     from lensapp.results import LensResult
     from lensapp.service import planning
     from lensapp.service.prompts import Prompts, load_tokenizer
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
 
     cfg = config.from_args(args)
     model = describe_model(cfg)
-    info, layout = model.info, model.family.layout(model.info.backend)
+    info, layout = model.info, kind_of(model.info).layout(model.family)
     prompts = Prompts(load_tokenizer(model.path), model.max_prompt_tokens)
     long_ids = prompts.tokenizer(LONG_PARAGRAPH * 8)["input_ids"][:256]
     texts = {"short": SHORT, "long": prompts.tokenizer.decode(long_ids, skip_special_tokens=True)}

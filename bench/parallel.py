@@ -35,7 +35,7 @@ def random_llama(folder: Path, layers: int, d_model: int) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from lensapp.engine.embedded import embedded_model_dir
+    from lensapp.engine.start.embedded import embedded_model_dir
 
     tok = AutoTokenizer.from_pretrained(embedded_model_dir(config.Config().resolved_cache_dir / "models"))
     torch.manual_seed(0)

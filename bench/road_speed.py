@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     config.prepare_process_environment()
 
-    from lensapp.engine.protocol import Sampling
+    from lensapp.engine.run.protocol import Sampling
     from lensapp.service import DescribeRequest, GenerateRequest, LensService
 
     # A long deadline: the bench measures a busy machine's time, it does not cut it short.

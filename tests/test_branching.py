@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lensapp.config import MAX_FORCES
-from lensapp.engine.protocol import Sampling
+from lensapp.engine.run.protocol import Sampling
 from lensapp.results import GenerationResult
 from lensapp.results.branching import changed_layers, parting
 from lensapp.service import ChatRequest, GenerateRequest

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lensapp import config
-from lensapp.engine.turns import asking
+from lensapp.engine.run.turns import asking
 from lensapp.service import (
     ComponentsRequest,
     DescribeRequest,

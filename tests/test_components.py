@@ -205,7 +205,7 @@ def test_the_code_snippet_reproduces_the_apps_components(service, family, tmp_pa
     import runpy
 
     from lensapp import snippets
-    from lensapp.engine.anatomy import anatomy_of
+    from lensapp.engine.run.anatomy import anatomy_of
     from lensapp.service.components import model_shape
 
     model_type, folder, _ = family
@@ -225,7 +225,7 @@ def test_the_code_snippet_reproduces_the_apps_components(service, family, tmp_pa
 
 
 def test_the_lens_between_attention_and_mlp_read_in_parts_is_the_same(tiny_service, monkeypatch):
-    """A readout larger than a part is cut by layers (engine/parts.py); the rows between attention and MLP are cut
+    """A readout larger than a part is cut by layers (engine/run/parts.py); the rows between attention and MLP are cut
     and merged with the others."""
     whole = tiny_service.lens(LensRequest(prompts=(PROMPT,), k=3, sublayers=True))[0]
     monkeypatch.setattr(tiny_service.engine, "max_part_cells", 12)

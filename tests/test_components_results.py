@@ -8,7 +8,7 @@ import orjson
 import pytest
 import torch
 
-from lensapp.engine.protocol import ComponentsOutput
+from lensapp.engine.run.protocol import ComponentsOutput
 from lensapp.results import ComponentsResult, Target
 
 TOKENS = ["The", " capital", " of", " France", " is"]

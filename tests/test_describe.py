@@ -69,8 +69,8 @@ def test_requests_with_edits_are_salted_should_prefix_caching_ever_be_on(monkeyp
     it on, each request with edits gets a salt of its own, and a plain one none."""
     import torch
 
-    from lensapp.engine import vllm_backend
-    from lensapp.engine.protocol import Edit
+    from lensapp.engine.run import vllm_backend
+    from lensapp.engine.run.protocol import Edit
 
     edit = (Edit(3, "replace", torch.zeros(1, 8), positions=(2,)),)
     assert vllm_backend.PREFIX_CACHING is False and vllm_backend._prompt((1, 2, 3), edit) == [1, 2, 3]

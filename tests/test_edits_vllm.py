@@ -10,10 +10,10 @@ import torch
 
 from lensapp import interventions as iv
 from lensapp import jlens
-from lensapp.engine.families import detect
-from lensapp.engine.hf_backend import load_transformers_model
-from lensapp.engine.protocol import Edit, Sampling
-from lensapp.engine.weights import CheckpointWeights
+from lensapp.engine.run.families import detect
+from lensapp.engine.run.hf_backend import load_transformers_model
+from lensapp.engine.run.protocol import Edit, Sampling
+from lensapp.engine.run.weights import CheckpointWeights
 from lensapp.fitting.steering import SteerConfig, fit_steering
 from lensapp.service import planning
 
@@ -239,7 +239,7 @@ def test_a_fitted_vector_steers_vllm_as_it_did_the_transformers_model(eng, hf_mo
     rome = token(eng, " Rome")
     ids = eng.prompts.ids(FRANCE)
     cfg = SteerConfig(objective=objective, max_steps=100)
-    fit = fit_steering(hf_model, detect(hf_model._module.config).layout("transformers"), ids, layer, rome, cfg)
+    fit = fit_steering(hf_model, detect(hf_model._module.config).hf, ids, layer, rome, cfg)
     assert fit.reached and fit.steps <= cfg.max_steps and fit.p >= cfg.threshold, fit
     plain = spec(eng, FRANCE, [layer, n - 1], targets=(rome,))
     steered = dataclasses.replace(plain, edits=(Edit(layer=layer, kind="add", vector=fit.vector,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lensapp import cli
-from lensapp.engine import embedded
+from lensapp.engine.start import embedded
 
 GGUF_BYTES = b"GGUF fake model bytes " * 100
 

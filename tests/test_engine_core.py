@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from lensapp.engine.core import Engine
-from lensapp.engine.protocol import ModelInfo, Progress
-from lensapp.engine.turns import asking
+from lensapp.engine.run.core import Engine
+from lensapp.engine.run.protocol import ModelInfo, Progress
+from lensapp.engine.run.turns import asking
 
 INFO = ModelInfo(name="stand-in", n_layers=2, d_model=4, vocab_size=8, backend="vllm-cpu", device="cpu",
                  dtype="float32")

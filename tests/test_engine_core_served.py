@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from lensapp.engine.core import Engine
-from lensapp.engine.protocol import ModelInfo, Progress, Unreachable
+from lensapp.engine.run.core import Engine
+from lensapp.engine.run.protocol import ModelInfo, Progress, Unreachable
 
 INFO = ModelInfo(name="stand-in", n_layers=2, d_model=4, vocab_size=8, backend="vllm-serve", device="remote",
                  dtype="float32")

@@ -45,7 +45,7 @@ INTERVENE = InterveneRequest.parse(prompt="The capital of France is", interventi
 
 def start_engine(port: int, lens_file, log_path, *more: str) -> subprocess.Popen:
     """`lensapp engine` in its own process group (so the extended test can kill all of it), starting. Without
-    the core binding this process's own engine chose (engine/cpu_env.py): the service chooses its own."""
+    the core binding this process's own engine chose (engine/start/cpu_env.py): the service chooses its own."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
     return subprocess.Popen([sys.executable, "-m", "lensapp", "engine", "--port", str(port), "--key", KEY,
                              "--jlens", str(lens_file), "--max-batch", "8", "--cache-dir", str(CACHE), *more],
@@ -282,7 +282,7 @@ def test_every_readout_on_the_engine_service_is_the_in_process_one(engine, refer
 def test_one_engine_holds_one_jacobian_lens_and_refuses_another(page, reference):
     import torch
 
-    from lensapp.engine.protocol import JStack, StartFailed
+    from lensapp.engine.run.protocol import JStack, StartFailed
 
     d, last = page.info.d_model, page.info.n_layers - 1
     other = JStack(layers=(4, last), J=torch.stack([2 * torch.eye(d), torch.eye(d)]).to(torch.bfloat16))
@@ -341,8 +341,8 @@ def test_the_command_line_on_the_engine_service_prints_the_in_process_json(relay
 # -- the door -------------------------------------------------------------------------------------------------
 
 def test_the_engine_refuses_a_trace_without_its_key(engine, relay):
-    from lensapp.engine.protocol import StartFailed
-    from lensapp.engine.served import Wire
+    from lensapp.engine.run.protocol import StartFailed
+    from lensapp.engine.run.served import Wire
 
     assert post(engine.url, None) == 401 and post(engine.url, "wrong") == 401
     assert post(engine.url, KEY) == 200                     # let in: the bad trace comes back as its own error

@@ -166,7 +166,7 @@ async def _pool_counts(backend) -> tuple[int, int]:
     """(matmuls, requests served) of the worker's unembedding pool, read in a trace of its own."""
     import nnsight
 
-    from lensapp.engine.unembed_pool import worker_pool
+    from lensapp.engine.run.unembed_pool import worker_pool
 
     model = backend.model
     with model.trace([0], temperature=0.0, max_tokens=1, edits=[]) as tracer:
@@ -204,7 +204,7 @@ def test_concurrent_generations_share_each_steps_unembedding_and_read_as_they_wo
 
 
 def test_the_workers_readouts_land_on_huge_pages(vllm_service):
-    """What `engine.cpu_env.prepare` sets reaches vLLM's worker process: where the kernel
+    """What `engine.start.cpu_env.prepare` sets reaches vLLM's worker process: where the kernel
     offers transparent huge pages only on request ("madvise", the common default), a big readout's
     memory is on them. (The worker's environment cannot be read back: vLLM's process title overwrites
     it in /proc.)"""

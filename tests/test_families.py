@@ -15,7 +15,7 @@ from conftest import random_jacobians
 from transformers import AutoModelForCausalLM
 
 from lensapp import cli, config, fitting, jlens
-from lensapp.engine.families import FAMILIES, detect, find
+from lensapp.engine.run.families import FAMILIES, detect, find
 from lensapp.service import LensRequest, LensService
 
 # Each family's own settings: grouped-query attention (one KV head) where it has it, and its logit arithmetic
@@ -73,7 +73,7 @@ def service(family):
 def references(hf, ids: list[int], J: dict[int, torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Per layer, the readout's logits [P, vocab] from HF's own hidden states (hidden_states[l + 1] is block
     l's output): norm(h @ J.T) with J where given, else norm(h); the last layer is the model's own logits."""
-    layout = detect(hf.config).layout("transformers")
+    layout = detect(hf.config).hf
     norm, head = find(hf, layout.norm), hf.get_output_embeddings()
     with torch.no_grad():
         out = hf(torch.tensor([ids]), output_hidden_states=True)
@@ -101,7 +101,7 @@ def test_logit_lens_reads_the_models_own_hidden_states(family, service):
     r = service.lens(LensRequest(prompts=(PROMPT,), k=5))[0]
     refs = references(hf, r.input_ids)
     # The test's own arithmetic is the model's: norm and head on the last block's output give its logits.
-    layout = detect(hf.config).layout("transformers")
+    layout = detect(hf.config).hf
     with torch.no_grad():
         last = []
         find(hf, layout.blocks)[-1].register_forward_hook(lambda m, a, o: last.append(o))
@@ -173,7 +173,7 @@ def test_fit_matches_brute_force_jacobian(family, tmp_path):
     model_type, folder, hf = family
     model = TransformersModel(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval(),
                               tokenizer=AutoTokenizer.from_pretrained(folder))
-    layout = detect(hf.config).layout("transformers")
+    layout = detect(hf.config).hf
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 1000, (T,), generator=g).tolist() for _ in range(2)]
     cfg = fitting.FitConfig(tokens=T, skip=SKIP, dim_batch=16, min_prompts=1, max_prompts=2, threshold=0.0,

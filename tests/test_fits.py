@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lensapp.config import Config
-from lensapp.engine.turns import asking
+from lensapp.engine.run.turns import asking
 from lensapp.fitting.steering import SteerConfig
 from lensapp.service.fields import RequestError
 from lensapp.service.fits import FitDesk

@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from lensapp import cli, corpus, fitting, jlens
-from lensapp.engine.families import LLAMA_HF
+from lensapp.engine.run.families import LLAMA_HF
 from lensapp.fitting import FitConfig, FitError
 
 N_LAYERS, D_MODEL, T, SKIP = 4, 32, 24, 4

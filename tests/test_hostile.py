@@ -303,7 +303,7 @@ def test_decode_any_query_and_reencode_it(query):
 def cli_starts(embedded_dir):
     """`cli.main` as it is, on the embedded model, but the tokenizer and lens load once per module and an
     engine start is recorded (and stopped) instead of run. Yields the list of starts."""
-    from lensapp.engine.core import Engine
+    from lensapp.engine.run.core import Engine
     from lensapp.service import service as svc
 
     starts, lenses, real_lens = Starts(), {}, svc.load_configured_jlens

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lensapp.engine.embedded import PACKAGE as EMBEDDED_PACKAGE
+from lensapp.engine.start.embedded import PACKAGE as EMBEDDED_PACKAGE
 
 tomllib = pytest.importorskip("tomllib")
 

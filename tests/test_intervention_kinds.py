@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import pytest
 
-from lensapp.engine.protocol import Edit
+from lensapp.engine.run.protocol import Edit
 from lensapp.results import InterventionDone
 from lensapp.service import InterveneRequest, cost, fields, kinds
 from lensapp.service.intervening import KINDS, plan, registry

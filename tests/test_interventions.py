@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lensapp import interventions as iv
-from lensapp.engine.protocol import Edit, LensSpec
+from lensapp.engine.run.protocol import Edit, LensSpec
 
 H = torch.tensor([[3.0, 4.0], [1.0, 0.0]])          # two rows of a 2-d stream
 V = torch.tensor([0.0, 2.0])                         # u = (0, 1)

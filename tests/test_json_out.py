@@ -9,7 +9,7 @@ import json
 import orjson
 import pytest
 
-from lensapp.engine.turns import asking
+from lensapp.engine.run.turns import asking
 from lensapp.service import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
 
 FRANCE = "The capital of France is"

@@ -67,36 +67,55 @@ def test_modules_stay_readable(path):
     assert len(path.read_text().splitlines()) <= 420, f"{module_name(path)} has outgrown one noun"
 
 
-# The backends themselves, and the files that choose, size or start one (a family's layout per backend, the
-# memory a backend needs, what a host must give it): these know backends by name. `stages.py` is vLLM's
-# workers' side of pipeline stages and the tensor-parallel head; traces reach it only through `trace.Site`.
-BACKEND_FILES = {"vllm_backend.py", "vllm_cpu.py", "hf_backend.py", "cpu_env.py", "loading.py", "embedded.py",
-                 "families.py", "memory.py", "preflight.py", "stages.py", "vllm_gpu.py", "remote_backend.py",
-                 "served.py"}
+# The backends themselves and the loader that picks one (with the kinds it declares): the only files that know
+# a backend by its name. What differs between backends is a value or a method the backend hands out
+# (`trace.Site.logits`, `backend_kinds.BackendKind`). `snippets.py` and the lens tab compare "Show the code"s forms,
+# which are published link values ("transformers", "vllm"), not backends.
+BACKEND_FILES = {"engine/run/vllm_backend.py", "engine/run/hf_backend.py", "engine/start/vllm_cpu.py",
+                 "engine/start/vllm_gpu.py", "engine/start/loading.py", "engine/start/backend_kinds.py",
+                 "engine/run/remote_backend.py", "engine/run/served.py"}
+NAMES_FORMS = {"snippets.py", "ui/lens_tab.py"}
+# Besides those, what runs inside vLLM's workers (`stages.py`: the pipeline relay and the tensor-parallel head)
+# and what asks vLLM's platform before a start (`preflight.py`) import vLLM itself.
+VLLM_IMPORTERS = BACKEND_FILES | {"engine/run/stages.py", "engine/start/preflight.py"}
 
 
-@pytest.mark.parametrize("path", sorted(p for p in (PACKAGE / "engine").glob("*.py") if p.name not in BACKEND_FILES),
-                         ids=lambda p: p.name)
-def test_the_engine_knows_backends_only_by_their_protocol(path):
-    """The engine's core and what it runs on (the protocol, traces, the pool, the host, the process log)
-    import no backend and compare no backend names: what a backend can do comes from the protocol
-    (`concurrent`, `is_dead`, `failure`)."""
+def relative(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if relative(p) not in BACKEND_FILES | NAMES_FORMS],
+                         ids=relative)
+def test_only_the_backends_and_the_loader_know_backends_by_name(path):
+    """Nothing outside the backends and the loader compares or branches on a backend's name: what a backend
+    can do comes from the protocol (`concurrent`, `is_dead`, `failure`), its `Site` and its `BackendKind`."""
     tree = ast.parse(path.read_text())
-    mods = imported(path)
-    assert not {m for m in mods if m.split(".")[0] in ("vllm", "nnsight")
-                or m.rsplit(".", 1)[-1] in ("vllm_backend", "hf_backend", "vllm_cpu")}, path.name
-    compared = {n.value for c in ast.walk(tree) if isinstance(c, ast.Compare)
+    compared = {n.value for c in ast.walk(tree) if isinstance(c, (ast.Compare, ast.MatchValue))
                 for n in ast.walk(c) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     calls = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args
              and isinstance(n.args[0], ast.Constant) and getattr(n.func, "attr", "") == "startswith"}
-    assert not {"vllm", "vllm-cpu", "transformers"} & (compared | calls), path.name
+    assert not {"vllm", "vllm-cpu", "transformers"} & (compared | calls), relative(path)
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if relative(p).startswith("engine/")
+                                  and relative(p) not in VLLM_IMPORTERS], ids=relative)
+def test_the_engine_imports_its_backends_only_in_the_backends_and_the_loader(path):
+    """The engine's core and what it runs on (the protocol, traces, the pool, the host, the process log)
+    import no backend, nor vLLM or nnsight."""
+    mods = imported(path)
+    assert not {m for m in mods if m.split(".")[0] in ("vllm", "nnsight")
+                or m.rsplit(".", 1)[-1] in ("vllm_backend", "hf_backend", "vllm_cpu", "vllm_gpu")}, relative(path)
+
+
+def test_the_backend_exemptions_name_files_that_exist():
+    assert all((PACKAGE / name).is_file() for name in VLLM_IMPORTERS | NAMES_FORMS)
 
 
 def test_both_backends_implement_the_protocol():
-    from lensapp.engine.hf_backend import TransformersBackend
-    from lensapp.engine.protocol import Backend
-    from lensapp.engine.remote_backend import RemoteBackend
-    from lensapp.engine.vllm_backend import VLLMBackend
+    from lensapp.engine.run.hf_backend import TransformersBackend
+    from lensapp.engine.run.protocol import Backend
+    from lensapp.engine.run.remote_backend import RemoteBackend
+    from lensapp.engine.run.vllm_backend import VLLMBackend
 
     methods = {n: m for n, m in vars(Backend).items() if inspect.isfunction(m) and not n.startswith("_")}
     assert set(methods) >= {"install_jlens", "run_lens", "run_generate", "run_chat", "failure", "close"}
@@ -125,3 +144,75 @@ def test_the_contributing_layout_names_every_module_of_a_listed_folder(folder):
     named = {word for line in block for word in line.replace(",", " ").replace(":", " ").split()
              if word.endswith(".py")}
     assert named == {p.name for p in (PACKAGE / folder).glob("*.py")}, f"CONTRIBUTING's {folder}/ is not the tree"
+
+
+# Besides config.py (the only reader of the user's settings), the two files that start vllm-cpu's processes set
+# the variables vLLM's own processes read, and hand the worker one value of ours (`cpu_env.WORKER_HANDOFF`).
+SETS_VLLMS_ENVIRONMENT = {"engine/start/cpu_env.py", "engine/start/vllm_cpu.py"}
+
+
+def environment_uses(path: Path) -> set[str]:
+    """How `path` reaches the process environment: `os.environ`, `os.getenv`, `os.putenv` or a name imported."""
+    tree = ast.parse(path.read_text())
+    names = ("environ", "getenv", "putenv")
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in names}
+    used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "os" for a in n.names
+             if a.name in names}
+    return used
+
+
+def test_config_is_the_only_reader_of_the_users_settings_in_the_environment():
+    readers = {relative(p) for p in MODULES if environment_uses(p)}
+    assert readers == {"config.py"} | SETS_VLLMS_ENVIRONMENT, "CONTRIBUTING: config.py is the only reader of os.environ"
+    from lensapp.engine.start import cpu_env
+
+    for name in SETS_VLLMS_ENVIRONMENT:       # they touch vLLM's variables and our hand-off to the worker, no setting
+        tree = ast.parse((PACKAGE / name).read_text())
+        ours = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                and n.value.startswith("LENSAPP_")}
+        assert ours <= {cpu_env.WORKER_HANDOFF}, f"{name} reads a setting: {ours}"
+
+
+def layout_block(lines: list[str], folder: tuple[str, ...]) -> list[str]:
+    """The lines of CONTRIBUTING's layout under `folder` (parts below lensapp/): its header line (which may name
+    files too), and every line indented deeper, up to the next entry at its own depth or shallower."""
+    start, depth = next((i, 0) for i, line in enumerate(lines) if line.startswith("lensapp/"))
+    for part in folder:
+        block = layout_block_at(lines, start, depth)
+        start = next(start + 1 + i for i, line in enumerate(block[1:]) if line.strip().startswith(part + "/"))
+        depth = len(lines[start]) - len(lines[start].lstrip())
+    return layout_block_at(lines, start, depth)
+
+
+def layout_block_at(lines: list[str], start: int, depth: int) -> list[str]:
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line.strip() or line.startswith("```") or len(line) - len(line.lstrip()) <= depth:
+            break
+        block.append(line)
+    return block
+
+
+def named_files(block: list[str]) -> set[str]:
+    return {word.strip(",:;()`'\"") for line in block for word in line.split() if word.strip(",:;()`").endswith(".py")}
+
+
+def is_a_face(path: Path) -> bool:
+    """An __init__.py that defines nothing (it hands names on): the layout names its folder, not it."""
+    tree = ast.parse(path.read_text())
+    return path.name == "__init__.py" and not any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in tree.body)
+
+
+def test_the_contributing_layout_names_every_module_and_only_modules_that_exist():
+    """CONTRIBUTING's layout is the tree: every module is named in its folder's block (a package's face
+    aside), and every file a folder's block names is a module under that folder."""
+    lines = (PACKAGE.parent / "CONTRIBUTING.md").read_text().splitlines()
+    folders = {p.parent.relative_to(PACKAGE).parts for p in MODULES}
+    unnamed = [relative(p) for p in MODULES if not is_a_face(p)
+               and p.name not in named_files(layout_block(lines, p.parent.relative_to(PACKAGE).parts))]
+    assert not unnamed, f"CONTRIBUTING's layout does not name {unnamed}"
+    for folder in folders:
+        there = {p.name for p in (PACKAGE.joinpath(*folder)).rglob("*.py")}
+        missing = {name for name in named_files(layout_block(lines, folder))
+                   if (not (PACKAGE / name).is_file() if "/" in name else name not in there)}
+        assert not missing, f"CONTRIBUTING's layout names {sorted(missing)} under lensapp/{'/'.join(folder)}: none such"

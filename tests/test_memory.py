@@ -1,4 +1,5 @@
-"""The memory plan (engine/memory.py) and what the host allows (engine/host.py), without starting anything."""
+"""The memory plan (engine/start/memory.py) and what the host allows (engine/start/host.py), without starting
+anything."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lensapp.config import Config, ConfigError
-from lensapp.engine import host, memory
-from lensapp.engine.protocol import ModelInfo
+from lensapp.engine.run.protocol import ModelInfo
+from lensapp.engine.start import host, memory
 
 SMOLLM2 = types.SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576,
                                 intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
@@ -111,3 +112,19 @@ def test_the_machine_reads():
     assert host.allowed_cores()
     now = host.memory_in_use()
     assert now["processes_rss_mb"] > 0
+
+
+def test_every_backend_kind_is_chosen_by_the_settings_and_names_only_known_libraries():
+    """The loader's kinds: `--backend` and the device choose one, and the releases a lens file is read under
+    are libraries a lens file records (jlens.LIBRARIES); a transformers-only host is not asked for vLLM's."""
+    from lensapp import jlens
+    from lensapp.engine.start import backend_kinds as kinds
+
+    chosen = {kinds.kind_for(backend, device) for backend in ("vllm", "transformers") for device in ("cpu", "cuda")}
+    chosen.add(kinds.kind_for("vllm", "remote", engine_url="http://127.0.0.1:6677"))
+    assert chosen == set(kinds.KINDS.values())
+    assert not kinds.SERVED.holds_model and not kinds.SERVED.kv_cache and not kinds.SERVED.ranks
+    with pytest.raises(ConfigError, match="choose one"):
+        kinds.kind_for("transformers", "remote", engine_url="http://127.0.0.1:6677")
+    assert all(set(kind.libraries) <= set(jlens.LIBRARIES) for kind in chosen)
+    assert "vllm" not in kinds.FITTING.libraries and not kinds.FITTING.kv_cache and not kinds.FITTING.ranks

@@ -181,7 +181,7 @@ def test_ray_pipeline_across_two_local_nodes_equals_one_worker(readouts, monkeyp
 
 def test_the_jacobian_stack_is_on_every_rank_that_reads_it(readouts):
     """TP: every rank runs the readout (on its vocab shard), so every rank holds the whole stack. PP: the
-    readout runs on the last stage (engine/stages.py), which holds it; earlier stages hold none."""
+    readout runs on the last stage (engine/run/stages.py), which holds it; earlier stages hold none."""
     layers = [0, 1, 2, 3]                   # the lens's layers and the last (J = I there)
     assert readouts["tp1"]["ranks"] == [layers]
     assert readouts["tp2"]["ranks"] == [layers, layers]

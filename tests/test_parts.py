@@ -1,4 +1,4 @@
-"""A request cut into parts (engine/parts.py) reads exactly what it reads whole: on the tiny random Llama, a
+"""A request cut into parts (engine/run/parts.py) reads exactly what it reads whole: on the tiny random Llama, a
 lens (both lenses, targets, a continuation, an edit) and a generation, cut into one-layer parts, equal the
 same request uncut; and the cut is what the cost model counts."""
 
@@ -9,7 +9,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from lensapp.engine import parts
+from lensapp.engine.run import parts
 from lensapp.service import GenerateRequest, InterveneRequest, LensRequest, cost
 
 
@@ -66,7 +66,7 @@ def test_a_generation_reads_its_prompt_apart_and_the_same(tiny_service):
 @pytest.mark.parametrize("positions, layers, lenses, max_cells", [(6, 4, 2, 8), (512, 30, 1, 4096), (17, 30, 2, 4096),
                                                                   (1, 1, 1, 1), (100, 7, 1, 250)])
 def test_the_cost_counts_the_parts_the_engine_makes(positions, layers, lenses, max_cells):
-    from lensapp.engine.protocol import LensSpec
+    from lensapp.engine.run.protocol import LensSpec
 
     spec = LensSpec(input_ids=tuple(range(positions)), read_layers=tuple(range(layers)),
                     rows=tuple(range(layers)), k=1, lenses=("logit", "jacobian")[:lenses],

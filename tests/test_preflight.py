@@ -1,4 +1,4 @@
-"""Start-up checks (engine/preflight.py): what vLLM would refuse, refused first, in one line."""
+"""Start-up checks (engine/start/preflight.py): what vLLM would refuse, refused first, in one line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from lensapp.engine import preflight
+from lensapp.engine.start import preflight
 
 NINE_HEADS = types.SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=30,
                                    hidden_size=576)

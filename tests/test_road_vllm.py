@@ -12,7 +12,7 @@ from patchscope_reference import describe as reference
 from patchscope_reference import load
 
 from lensapp import config
-from lensapp.engine.protocol import Sampling
+from lensapp.engine.run.protocol import Sampling
 from lensapp.results import GenerationResult, dumps
 from lensapp.service import DescribeRequest, GenerateRequest, LensRequest
 from lensapp.service.describing import IDENTITY_PROMPT

@@ -1,4 +1,4 @@
-"""The page's side of the wire (engine/served.py) without an engine: how each answer of a service is read.
+"""The page's side of the wire (engine/run/served.py) without an engine: how each answer of a service is read.
 
 A stand-in HTTP server on loopback answers as nnsight-serve does (401 without the key, 503 before its engine
 is up, a torch.save'd {"saves", "error"} otherwise); a closed port is a service that is gone."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import _free_port
 
-from lensapp.engine.protocol import ModelInfo, StartFailed, Unreachable
-from lensapp.engine.served import PROGRESS_PATH, RESULT, ServeTrace, Wire, finished
-from lensapp.engine.service_checks import mismatch, stack_fingerprint
+from lensapp.engine.run.protocol import ModelInfo, StartFailed, Unreachable
+from lensapp.engine.run.served import PROGRESS_PATH, RESULT, ServeTrace, Wire, finished
+from lensapp.engine.run.service_checks import mismatch, stack_fingerprint
 
 
 class Completion:

@@ -11,7 +11,7 @@ from lensapp.service import LensRequest
 def test_shipped_lens_is_the_default_and_fits_the_embedded_model(embedded_dir):
     assert config.Config().resolved_jlens == str(config.SHIPPED_JLENS)
     hf = AutoConfig.from_pretrained(embedded_dir)
-    from lensapp.engine.embedded import EMBEDDED_NAME
+    from lensapp.engine.start.embedded import EMBEDDED_NAME
 
     lens = jlens.load(config.SHIPPED_JLENS, d_model=hf.hidden_size, n_layers=hf.num_hidden_layers,
                       model_name=EMBEDDED_NAME, unembedding=jlens.model_unembedding_fingerprint(embedded_dir))

@@ -1,4 +1,4 @@
-"""Pipeline stages (engine/stages.py) without an engine: the residual of a block's output, the stand-ins for
+"""Pipeline stages (engine/run/stages.py) without an engine: the residual of a block's output, the stand-ins for
 other stages' modules, which stage a trace is on, and the relay on a two-stage split of a real torch model
 (the engine tests, tests/test_parallel.py, run it inside vLLM's workers)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lensapp.engine import stages
+from lensapp.engine.run import stages
 
 
 def test_a_blocks_residual_sums_vllms_pairs():
@@ -65,3 +65,38 @@ def test_the_relay_carries_each_earlier_layer_to_the_last_stage_in_order():
     assert set(kept) == {"hidden_states"}                 # what vLLM copies into its buffers
     receiver.before_forward(3, paired=False)
     assert len(seen) == 2 and all(torch.equal(s, w) for s, w in zip(seen, want))
+
+
+def test_the_reporting_shim_answers_collects_rank_for_one_call_only():
+    """nnsight 0.8.1 has no hook for who reports a trace's saves: the shim stands in for its rank check during
+    one collect, and puts nnsight's own `get_pp_group` back after it, even when the collect raised."""
+    from nnsight.modeling.vllm.model_runners import GPUModelRunner as runner_module  # noqa: N813
+
+    real = runner_module.get_pp_group
+    for reports, rank in ((True, 0), (False, 1)):
+        with pytest.raises(RuntimeError), stages.reporting_shim(reports):
+            assert runner_module.get_pp_group().rank == rank
+            raise RuntimeError("a collect that failed")
+        assert runner_module.get_pp_group is real
+
+
+def test_the_upstream_hook_patch_applies_to_the_installed_nnsight(tmp_path):
+    """docs/upstream/nnsight-reports-saves.patch is a diff against the nnsight this project runs: it still
+    applies, and with it applied the runner's own `_reports_saves` is the hook (no shim needed)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import nnsight
+
+    if shutil.which("patch") is None:
+        pytest.skip("no `patch` program on this machine")
+    target = tmp_path / "nnsight/modeling/vllm/model_runners/GPUModelRunner.py"
+    target.parent.mkdir(parents=True)
+    shutil.copy(Path(nnsight.__file__).parent / "modeling/vllm/model_runners/GPUModelRunner.py", target)
+    diff = Path(__file__).resolve().parents[1] / "docs/upstream/nnsight-reports-saves.patch"
+    done = subprocess.run(["patch", "-p1", "-d", str(tmp_path), "-i", str(diff)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = target.read_text()
+    assert "reporting = self._reports_saves()" in text and "def _reports_saves(self)" in text
+    assert not stages.nnsight_has_reports_hook()            # the installed one is unpatched: the shim is in use

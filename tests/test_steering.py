@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lensapp.engine.families import detect, find
-from lensapp.engine.hf_backend import load_transformers_model
+from lensapp.engine.run.families import detect, find
+from lensapp.engine.run.hf_backend import load_transformers_model
 from lensapp.fitting import FitError
 from lensapp.fitting.steering import SteerConfig, fit_steering
 
@@ -20,7 +20,7 @@ def model(embedded_dir):
     m = load_transformers_model(str(embedded_dir), device="cpu", dtype=torch.float32)
     ids = m.tokenizer(PROMPT)["input_ids"]
     rome = m.tokenizer(" Rome", add_special_tokens=False)["input_ids"][0]
-    return m, detect(m._module.config).layout("transformers"), ids, rome
+    return m, detect(m._module.config).hf, ids, rome
 
 
 def p_with(m, layout, ids, layer, v, rows, target, lens: bool) -> float:

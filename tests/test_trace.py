@@ -9,7 +9,7 @@ known logit matrix and a fake all-gather concatenates them, as NCCL/gloo would.
 import pytest
 import torch
 
-from lensapp.engine.stages import gather_vocab
+from lensapp.engine.run.stages import gather_vocab
 
 VOCAB, PADDED, WORLD = 10, 16, 2        # 10 real tokens, padded to 16: 8 columns per rank, the last 6 padding
 

@@ -1,4 +1,4 @@
-"""Fair turns (engine/turns.py) as a simulation on one event loop: whatever the arrivals, no client holds more
+"""Fair turns (engine/run/turns.py) as a simulation on one event loop: whatever the arrivals, no client holds more
 than its bound, no slot is lost, every waiter is served, and a cancelled waiter takes nothing with it."""
 
 import asyncio
@@ -6,7 +6,7 @@ import asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lensapp.engine.turns import Admission, FairSlots, OverShare
+from lensapp.engine.run.turns import Admission, FairSlots, OverShare
 
 arrivals = st.lists(st.tuples(st.sampled_from([None, "a", "b", "c"]), st.floats(0, 0.01), st.floats(0, 0.01),
                               st.booleans()), min_size=1, max_size=40)

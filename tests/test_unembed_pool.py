@@ -4,7 +4,7 @@ before any take) is nnsight's; the real-engine test in `test_engine_vllm.py` che
 
 import torch
 
-from lensapp.engine.unembed_pool import UnembedPool
+from lensapp.engine.run.unembed_pool import UnembedPool
 
 D, VOCAB = 8, 50
 

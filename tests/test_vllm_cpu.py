@@ -12,7 +12,7 @@ pytestmark = pytest.mark.engine
 def test_seeded_samples_are_the_same_when_prompts_are_prefilled_in_chunks(embedded_dir):
     from vllm import SamplingParams
 
-    from lensapp.engine.vllm_cpu import CPUVLLM
+    from lensapp.engine.start.vllm_cpu import CPUVLLM
 
     # A 32-token step budget with chunked prefill on: each ~40-token prompt is prefilled over two steps,
     # and the token sampled after the first chunk is thrown away (vLLM's "discard" path).

@@ -1,4 +1,4 @@
-"""`engine.weights`: unembedding rows and the final norm read off disk, against the loaded model's own weights
+"""`engine.run.weights`: unembedding rows and the final norm read off disk, against the loaded model's own weights
 (the embedded model, and tiny models of the families whose files differ: untied heads, GPT-2's and GPT-NeoX's
 names, Gemma's (1 + weight) norm, Cohere's LayerNorm)."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lensapp.engine.families import detect, find
-from lensapp.engine.weights import CheckpointWeights, WeightsNotFound
+from lensapp.engine.run.families import detect, find
+from lensapp.engine.run.weights import CheckpointWeights, WeightsNotFound
 
 
 def check_weights(folder, ids=(0, 1, 17, 1000)):
@@ -17,7 +17,7 @@ def check_weights(folder, ids=(0, 1, 17, 1000)):
     family = detect(hf.config)
     w = CheckpointWeights(folder, family)
     assert torch.equal(w.unembedding_rows(list(ids)), hf.get_output_embeddings().weight[list(ids)].detach())
-    norm = find(hf, family.layout("transformers").norm)
+    norm = find(hf, family.hf.norm)
     assert torch.equal(w.final_norm_weight(), norm.weight.detach())
     want = norm.weight.detach() + (1 if family.norm_plus_one else 0)
     assert torch.equal(w.final_norm_scale(), want)

@@ -11,7 +11,7 @@ line is `lensapp fit` (cli.py); lenses are written only through `jlens.save`.
 
 from __future__ import annotations
 
-import importlib
+from ..lazy import lazy_names
 
 # Names are imported on first use (torch with them), so the command line's parser reads FitConfig
 # (settings.py, plain Python) without loading torch.
@@ -20,10 +20,4 @@ _WHERE = {"merge": "checkpoints", "snapshot": "checkpoints", "decoder_layers": "
           "FitConfig": "settings", "FitError": "settings"}
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from ..engine.families import Layout, find, residual
+from ..engine.run.families import Layout, find, residual
 from .settings import FitError
 
 

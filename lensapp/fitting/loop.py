@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from .. import jlens
-from ..engine.families import Layout
+from ..engine.run.families import Layout
 from .checkpoints import (
     FitState,
     checkpoint_path,

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from ..engine.families import Layout, find, hf_logits, residual
+from ..engine.run.families import Layout, find, hf_logits, residual
 from ..interventions import typical_norm
 from .estimator import FitError, frozen
 

@@ -101,12 +101,12 @@ def serve(cfg, threads: int, conn) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    from ..engine.loading import load_hf_model
+    from ..engine.start.loading import load_hf_model
     from .estimator import FitError
     from .steering import fit_steering
 
     model, resolved = load_hf_model(cfg, device="cpu")
-    layout = resolved.family.layout("transformers")
+    layout = resolved.family.hf
     while True:
         try:
             job = conn.recv()

@@ -20,7 +20,7 @@ from .export import dumps
 from .lens import Target
 
 if TYPE_CHECKING:
-    from ..engine.protocol import ComponentsOutput
+    from ..engine.run.protocol import ComponentsOutput
 
 Decode = Callable[[list[int]], list[str]]
 

@@ -12,7 +12,7 @@ from .export import dumps
 from .lens import Decode, LensReadout, LensResult, in_context
 
 if TYPE_CHECKING:
-    from ..engine.protocol import ChatOutput, GenerationOutput
+    from ..engine.run.protocol import ChatOutput, GenerationOutput
 
 
 @dataclass

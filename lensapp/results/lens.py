@@ -20,7 +20,7 @@ from .export import dumps, round_floats
 from .punctuation import pick_display
 
 if TYPE_CHECKING:
-    from ..engine.protocol import LensOutput, Readout
+    from ..engine.run.protocol import LensOutput, Readout
 
 Decode = Callable[[list[int]], list[str]]
 

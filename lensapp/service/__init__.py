@@ -9,7 +9,7 @@ request fields (`service.fields`, plain Python) and answers its first page befor
 
 from __future__ import annotations
 
-import importlib
+from ..lazy import lazy_names
 
 _WHERE = {"ChatRequest": "requests", "GenerateRequest": "requests", "InterveneRequest": "requests",
           "LensRequest": "requests", "RequestError": "field", "LensService": "service",
@@ -18,10 +18,4 @@ __all__ = ["ChatRequest", "ComponentsRequest", "DescribeRequest", "GenerateReque
            "LensService",
            "RequestError"]
 
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)

@@ -20,7 +20,7 @@ import dataclasses
 from typing import NamedTuple
 
 from ..config import GREEDY_BELOW, LENS_CHOICES
-from ..engine.protocol import Sampling
+from ..engine.run.protocol import Sampling
 from ..results import ChatReply, GenerationResult
 from ..results.branching import graft, graft_chat
 from . import cost, planning
@@ -74,8 +74,8 @@ class Brancher:
         n_new = 0 if token in s.prompts.stop_ids else trunk.max_tokens - step - 1
         continuation = None
         if n_new > 0:
-            # Prefix caching is off in this app (engine/vllm_backend.py): the prefix's forward is recomputed, not its
-            # readouts. Were it on, this request could reuse the parent's KV cache for the prefix, as it should.
+            # Prefix caching is off in this app (engine/run/vllm_backend.py): the prefix's forward is recomputed,
+            # not its readouts. Were it on, this request could reuse the parent's KV cache for the prefix, as it should.
             spec = dataclasses.replace(plan.specs[0], input_ids=tuple(prefix), read_from=len(prefix) - 1)
             work = cost.branch(len(prefix), n_new, len(plan.layers), len(plan.lenses))
             out = s.engine.generate(spec, Sampling(n_new, float(trunk.temperature), trunk.seed), s.deadline(work))

@@ -1,18 +1,18 @@
 """Who wrote the answer: a `ComponentsRequest` planned, run and made a `ComponentsResult`.
 
 The plan needs no engine (the CLI asks it before vLLM starts): the family must be one whose blocks are
-known (`engine/anatomy.py`: one line otherwise), the position and the patterns' layer must fit, the target
+known (`engine/run/anatomy.py`: one line otherwise), the position and the patterns' layer must fit, the target
 and foil are the first tokens of their words as they would follow the prompt, and the cost (one forward,
 and a layer's heads x positions^2 attention weights when asked: `cost.components`) must fit the budget.
-The engine reads everything in one trace of the prompt (`engine/components.py`).
+The engine reads everything in one trace of the prompt (`engine/run/components.py`).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..engine.anatomy import anatomy_of, refusal
-from ..engine.protocol import ComponentsSpec
+from ..engine.run.anatomy import anatomy_of, refusal
+from ..engine.run.protocol import ComponentsSpec
 from ..results import ComponentsResult, Target
 from . import cost
 from .field import RequestError, show

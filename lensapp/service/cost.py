@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine import parts
+from ..engine.run import parts
 from .field import RequestError
 
 
@@ -62,7 +62,7 @@ def forward(n_tokens: int, n_layers: int = 0, n_lenses: int = 0, read_positions:
 
 def readout(n_prompt: int, n_layers: int, n_lenses: int, continuations: list[int], max_part_cells: int) -> Cost:
     """A prompt's lens readout, in as many parts as the engine cuts it into (each re-runs the prompt's forward:
-    `engine/parts.py`), and one forward per multi-token target (`continuations`: each one's token count), which
+    `engine/run/parts.py`), and one forward per multi-token target (`continuations`: each one's token count), which
     reads log P(target | prompt) at its own positions."""
     k = parts.n_parts(n_prompt, n_layers, n_lenses, max_part_cells)
     cost = Cost(k, n_prompt * k, n_prompt * n_layers * n_lenses)

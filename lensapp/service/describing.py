@@ -10,7 +10,7 @@ what the state stands for. `inspect_layer` is L itself unless asked otherwise.
 A sweep over layers (`--layer all`) reads the prompt once and sends one generation per layer as the parts of
 one engine request, in flight together (bench/describe_speed.py: against one request per layer).
 
-Prefix caching is off in this app (engine/vllm_backend.py: `PREFIX_CACHING`). It matters here: every
+Prefix caching is off in this app (engine/run/vllm_backend.py: `PREFIX_CACHING`). It matters here: every
 generation of a sweep has the same inspection prompt, and a prefix cache would serve the second one the
 first one's cached keys and values, computed with another state at the placeholder (or none). Were it
 turned on, the backend salts every request that carries edits (`cache_salt`), these among them.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from ..engine.protocol import Edit, LensSpec, Sampling
+from ..engine.run.protocol import Edit, LensSpec, Sampling
 from ..results.description import Description, Descriptions
 from ..results.lens import in_context
 from . import cost, planning

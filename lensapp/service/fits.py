@@ -16,7 +16,7 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable
 
-from ..engine.turns import CLIENT
+from ..engine.run.turns import CLIENT
 from ..fitting.worker import FitJob, FitStopped, FitWorker
 from .field import RequestError
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..config import MAX_CONTINUATION_TOKENS
-from ..engine.protocol import Continuation, LensSpec
+from ..engine.run.protocol import Continuation, LensSpec
 from .field import RequestError
 from .selection import Selection, span
 

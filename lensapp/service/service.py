@@ -21,12 +21,13 @@ import torch
 
 from .. import jlens as jlens_files
 from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, MAX_CONTINUATION_TOKENS, PUNCTUATION_WIDTH, Config
-from ..engine.core import Engine
-from ..engine.host import memory_in_use
-from ..engine.loading import ResolvedModel, backend_factory, describe_model
-from ..engine.memory import Budget, fitting_on
-from ..engine.preflight import preflight
-from ..engine.protocol import GREEDY_BELOW, Backend, JStack, Sampling
+from ..engine.run.core import Engine
+from ..engine.run.protocol import GREEDY_BELOW, Backend, JStack, Sampling
+from ..engine.start.backend_kinds import kind_of
+from ..engine.start.host import memory_in_use
+from ..engine.start.loading import ResolvedModel, backend_factory, describe_model
+from ..engine.start.memory import Budget, fitting_on
+from ..engine.start.preflight import preflight
 from ..results import ChatReply, Comparison, ComponentsResult, GenerationResult, InterventionResult, LensResult, Target
 from ..results.decided import WIDTH as DECIDED_WIDTH
 from ..results.description import Descriptions
@@ -52,7 +53,7 @@ class LensService:
         self.jlens, self.jlens_error = jlens, jlens_error
         self._jlens_key = _fingerprint(jlens)
         self.cache = ResultCache(cfg.cache_entries, cfg.cache_mb << 20)
-        self.budget: Budget | None = None        # the memory plan checked at start (engine/memory.py)
+        self.budget: Budget | None = None        # the memory plan checked at start (engine/start/memory.py)
         self.token_weight = cost.token_weight(model.info.n_layers, model.info.d_model, model.info.vocab_size)
         self.fits = FitDesk(cfg)                 # fitted steering vectors: one at a time, in their own process
         self.intervener = Intervener(engine, model.path, model.family)
@@ -364,8 +365,8 @@ def load_configured_jlens(cfg: Config, model: ResolvedModel) -> tuple[jlens_file
 def load_jlens(spec: str, model: ResolvedModel, cfg: Config) -> jlens_files.JacobianLens:
     info = model.info
     fingerprint = jlens_files.model_unembedding_fingerprint(model.path, model.family.weights)
-    # The releases this process reads the lens under: vLLM's only where it serves.
-    libraries = [name for name in jlens_files.LIBRARIES if name != "vllm" or info.backend != "transformers"]
+    # The releases this process reads the lens under: those its backend kind runs on.
+    libraries = list(kind_of(info).libraries)
     lens = jlens_files.load(spec, d_model=info.d_model, n_layers=info.n_layers, layers=cfg.jlens_layer_list,
                             dtype=torch.bfloat16, cache_dir=cfg.resolved_cache_dir / "hub", model_name=info.name,
                             unembedding=fingerprint, versions=jlens_files.library_versions(libraries),

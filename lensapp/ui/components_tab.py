@@ -16,7 +16,7 @@ import numpy as np
 
 from ..charts import DisplaySettings, show_token
 from ..charts import components as chart
-from ..engine.anatomy import anatomy_of
+from ..engine.run.anatomy import anatomy_of
 from ..service.components import model_shape, unavailable
 from ..service.kinds import KINDS
 from ..snippets import components_snippet, model_reference

@@ -22,7 +22,7 @@ import gradio as gr
 
 from .. import redact
 from ..engine import EngineBusy, EngineError
-from ..engine.turns import asking
+from ..engine.run.turns import asking
 from ..service import identity
 from ..service.field import RequestError
 from ..service.limits import RateLimited, RateLimiter
@@ -64,7 +64,7 @@ class Guard:
             client = client_address(request, self.trusted_proxies)
             self.limiter.check(client)
             turn = None if client is None or identity.is_loopback(client) else identity.bucket(client)
-            with asking(turn):                   # whose turn (engine/turns): the host's (None), or a visitor's
+            with asking(turn):                   # whose turn (engine/run/turns): the host's (None), or a visitor's
                 return fn(*args, **kwargs)
         except gr.Error:
             raise

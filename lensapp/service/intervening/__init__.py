@@ -9,7 +9,7 @@
     directions.py  a word's direction: the checkpoint's rows, the Jacobian lens's J
     norms.py       each layer's typical residual norm (the unit of alpha), measured once
 
-The tensor math is `lensapp.interventions` (pure); the engine applies the edits (`engine.protocol.Edit`).
+The tensor math is `lensapp.interventions` (pure); the engine applies the edits (`engine.run.protocol.Edit`).
 """
 
 from __future__ import annotations

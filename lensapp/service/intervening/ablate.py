@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ... import interventions as iv
-from ...engine.protocol import Edit
+from ...engine.run.protocol import Edit
 from ...results import AblateDone
 from .. import cost
 from ..field import RequestError

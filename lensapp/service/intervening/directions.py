@@ -3,7 +3,7 @@
 The lens reads logits = W_U norm(h), so a word's logit moves with w . h where w = g * W_U[word] (its
 unembedding row through the final norm's scale: the logit-lens direction); what the Jacobian lens reads at
 layer l moves with (J_l^T w) . h (the Jacobian-lens direction). The math is `lensapp.interventions`; here
-are where its inputs come from: the rows off disk (`engine/weights.py`, read on demand, never from the
+are where its inputs come from: the rows off disk (`engine/run/weights.py`, read on demand, never from the
 worker), and each layer's J from the loaded lens (`Jacobians`, which also says which layers it covers, so a
 request for a J the lens lacks is refused when it is planned).
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from ... import interventions as iv
-from ...engine.families import Family
-from ...engine.weights import CheckpointWeights, WeightsNotFound
+from ...engine.run.families import Family
+from ...engine.run.weights import CheckpointWeights, WeightsNotFound
 from ...jlens import JacobianLens
 from ..field import RequestError
 from ..planning import NO_JLENS

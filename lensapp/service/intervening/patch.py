@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ...config import MAX_SWEEP
-from ...engine.protocol import Edit
+from ...engine.run.protocol import Edit
 from ...results import PatchDone
 from .. import cost
 from ..field import RequestError

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...config import LENS_CHOICES, MAX_CONTINUATION_TOKENS
-from ...engine.protocol import LensSpec, ModelInfo
+from ...engine.run.protocol import LensSpec, ModelInfo
 from ...results import Target
 from .. import cost, planning
 from ..fits import FitDesk

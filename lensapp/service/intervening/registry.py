@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from ...engine.protocol import Edit
+from ...engine.run.protocol import Edit
 from ...results import InterventionDone, LensResult
 from .. import cost
 from ..field import RequestError

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ...engine.families import Family
-from ...engine.protocol import LensSpec, Sampling
+from ...engine.run.families import Family
+from ...engine.run.protocol import LensSpec, Sampling
 from ...results import InterventionResult, LensResult
 from .. import planning
 from ..requests import InterveneRequest

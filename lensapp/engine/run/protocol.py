@@ -17,8 +17,8 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from ..config import GREEDY_BELOW
-from ..interventions import KINDS
+from ...config import GREEDY_BELOW
+from ...interventions import KINDS
 
 # `lenses.layer_readouts` fields: top_ids, top_probs [L, P, k], entropy [L, P], kl_to_final [L, P], ...
 Readout = dict[str, torch.Tensor]
@@ -218,7 +218,7 @@ class ChatOutput:
 
 @dataclass(frozen=True)
 class ComponentsSpec:
-    """One prompt's components readout (`engine/components.py`): who wrote the logit of `target_id` (minus
+    """One prompt's components readout (`engine/run/components.py`): who wrote the logit of `target_id` (minus
     `foil_id`'s) at `position`, and the attention there.
 
     model_type: picks where the parts are read (`anatomy`); head_dim: the attention's head size;

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .. import interventions, lenses
+from ... import interventions, lenses
 from .components import mid_reader
 from .families import Layout, final_norm, find, residual
 from .protocol import Edit, LensSpec
@@ -39,6 +39,11 @@ def every_block(block) -> bool:
     return True
 
 
+def head_output_logits(model, layout: Layout):
+    """The head's output at the last position [vocab] (before soft-capping or scaling, which change no argmax)."""
+    return find(model, layout.head).output[0, -1]
+
+
 def first_rank() -> int:
     """One worker holds every head: rank 0 (the default for a Site)."""
     return 0
@@ -49,7 +54,8 @@ class Site:
     """How a trace body reaches one backend's model. It travels into vLLM's worker with every request,
     so it holds no tensors: `head` is a module-level function (or a partial of one).
 
-    vllm: the model's own logits are `model.logits` (vLLM's sampler input), not the head's output.
+    logits: (model, layout) -> the model's own logits at the last position [vocab], as this backend has them:
+        the head's output (`head_output_logits`), or vLLM's sampler input (`model.logits`).
     gather: raw logits (`h @ W_U.T`) from this worker's head -> the whole vocab (vLLM splits the head by
         vocab rows across tensor-parallel ranks, padded); None where the head is whole.
     last_stage / runs_here: whether this worker holds the pipeline's last stage (the head), and whether a
@@ -61,12 +67,14 @@ class Site:
     project: (linear module, x) -> x through this rank's slice of its weight, no bias and no sum over ranks;
         None where the weight is a plain tensor (`components`).
     rank: this worker's tensor-parallel rank (`components`: which heads are its own).
+    recompute_attention: the attention kernel forms no weights (vLLM's): `components` recomputes them from the
+        rotated queries and keys it receives; otherwise it reads the attention module's own (eager) weights.
     """
 
     layout: Layout
     head: Callable
     d_model: int
-    vllm: bool = False
+    logits: Callable = head_output_logits
     gather: Callable | None = None
     last_stage: Callable[[], bool] = one_worker
     runs_here: Callable[[object], bool] = every_block
@@ -74,6 +82,7 @@ class Site:
     gather_heads: Callable | None = None
     project: Callable | None = None
     rank: Callable[[], int] = first_rank
+    recompute_attention: bool = False
 
 
 def installed_jlens(model, spec: LensSpec) -> dict | None:
@@ -87,9 +96,8 @@ def installed_layers(module) -> list[int]:
 
 
 def model_logits(model, site: Site) -> torch.Tensor:
-    """The model's own logits at the last position [vocab] (HF: the head's output, before soft-capping
-    or scaling, which change no argmax)."""
-    return model.logits[-1] if site.vllm else find(model, site.layout.head).output[0, -1]
+    """The model's own logits at the last position [vocab], read the way this site's backend has them."""
+    return site.logits(model, site.layout)
 
 
 def lens_trace(model, site: Site, spec: LensSpec) -> dict:

@@ -40,8 +40,9 @@ from nnsight.modeling.vllm.workers.GPUWorker import NNsightGPUWorker
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from .stages import StageRunner
-from .trace import installed_layers
+from ..run.stages import StageRunner
+from ..run.trace import installed_layers
+from .cpu_env import WORKER_HANDOFF
 
 
 class NNsightCPUModelRunner(StageRunner, NNsightGPUModelRunner, CPUModelRunner):
@@ -134,5 +135,5 @@ def _fit_message_queues(chunk_mb: int) -> None:
     MessageQueue.__init__.__defaults__ = tuple(defaults)
 
 
-if os.environ.get("LENSAPP_MQ_CHUNK_MB"):
-    _fit_message_queues(int(os.environ["LENSAPP_MQ_CHUNK_MB"]))
+if os.environ.get(WORKER_HANDOFF):           # set for this worker process by cpu_env.prepare in its parent
+    _fit_message_queues(int(os.environ[WORKER_HANDOFF]))

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from ..config import Config, ConfigError
+from ...config import Config, ConfigError
 from . import cpu_env, host, memory
-from .loading import SERVED, ResolvedModel
+from .backend_kinds import kind_of
+from .loading import ResolvedModel
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,11 @@ def preflight(cfg: Config, model: ResolvedModel, jlens_layers: int) -> memory.Bu
     memory.check(budget)
     info = model.info
     ranks = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
-    if info.backend not in ("transformers", SERVED):     # an engine service checks its own (`lensapp engine`)
+    kind = kind_of(info)
+    if kind.ranks:
         problem = (parallel_problem(model.hf_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
                    or executor_problem(cfg.distributed_executor_backend))
-        if info.backend == "vllm-cpu":
+        if kind.cpu_workers:
             problem = (problem or cpu_kernel_problem(head_dim(model.hf_config), host.cpu_isa())
                        or cpu_cores_problem(ranks, len(host.allowed_cores()))
                        or cpu_env.shm_problem(host.shm_free(), ranks))

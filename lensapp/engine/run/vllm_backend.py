@@ -18,10 +18,10 @@ import contextlib
 import functools
 import logging
 
-from . import cpu_env
+from ..start import cpu_env
+from ..start.process_log import LOG
 from .components import components_trace
 from .families import Family, find
-from .process_log import LOG
 from .protocol import (
     ChatOutput,
     ComponentsOutput,
@@ -62,10 +62,24 @@ def vllm_head(layout, model, x):
     return model.logits_processor(find(model, layout.head), x)
 
 
+def sampler_logits(model, layout):
+    """The logits vLLM's sampler reads, at the last position [vocab] (the family's arithmetic applied)."""
+    return model.logits[-1]
+
+
+def vllm_site(layout, head, d_model: int) -> Site:
+    """How a trace reaches a vLLM worker's model: the sampler's logits, the head split by vocab rows and the
+    heads by rank under tensor parallelism, pipeline stages, weights packed for the CPU, attention weights
+    recomputed (vLLM's kernels never form them). The engine service's page side uses the same."""
+    return Site(layout, head, d_model, logits=sampler_logits, gather=gather_head_shards, last_stage=is_last_stage,
+                runs_here=runs_here, rows=unembedding_rows, gather_heads=gather_heads, project=project_local,
+                rank=tp_rank, recompute_attention=True)
+
+
 class VLLMBackend:
     """nnsight's VLLM in async mode. `cpu=True` swaps in the CPU worker adapter.
 
-    `kv_cache_bytes`: the KV cache vLLM gets (engine/memory.py sizes it on CPU); 0 lets vLLM size it
+    `kv_cache_bytes`: the KV cache vLLM gets (engine/start/memory.py sizes it on CPU); 0 lets vLLM size it
     from `gpu_memory_utilization` (on CPU, a share of the NUMA node's memory).
     """
 
@@ -78,9 +92,9 @@ class VLLMBackend:
 
         if cpu:
             cpu_env.prepare(tensor_parallel_size * pipeline_parallel_size)
-            from .vllm_cpu import CPUVLLM as VLLM
+            from ..start.vllm_cpu import CPUVLLM as VLLM
         elif pipeline_parallel_size > 1:
-            from .vllm_gpu import GPUVLLM as VLLM
+            from ..start.vllm_gpu import GPUVLLM as VLLM
         else:
             from nnsight.modeling.vllm import VLLM
         extra = {"distributed_executor_backend": distributed_executor_backend} if distributed_executor_backend else {}
@@ -98,11 +112,9 @@ class VLLMBackend:
             # With a cause printed, the same start would meet it again; without one (a process killed), retry.
             raise StartFailed(cause or _first_line(e), permanent=cause is not None) from e
         self.info = info
-        self.layout = family.layout("vllm")
+        self.layout = family.vllm_layout()
         self.head = functools.partial(vllm_head, self.layout)
-        self.site = Site(self.layout, self.head, info.d_model, vllm=True, gather=gather_head_shards,
-                         last_stage=is_last_stage, runs_here=runs_here, rows=unembedding_rows,
-                         gather_heads=gather_heads, project=project_local, rank=tp_rank)
+        self.site = vllm_site(self.layout, self.head, info.d_model)
         self.jlens_layers: list[int] = []
         self.steps = 0                    # outputs streamed back, one per engine step of each request (`progress`)
 

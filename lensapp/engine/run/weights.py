@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from ..interventions import norm_scale
+from ...interventions import norm_scale
 from .families import Family
 
 

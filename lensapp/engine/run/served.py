@@ -34,8 +34,8 @@ from nnsight.intervention.serialization import dumps, reduce_block
 from nnsight.modeling.vllm.serve import http
 from nnsight.tracing.backend import Backend as TraceBackend
 
+from ..start.vllm_cpu import CPUVLLM
 from .protocol import StartFailed, Unreachable
-from .vllm_cpu import CPUVLLM
 
 RESULT = "__lensapp_result__"      # the name the sent block saves `tracer.result` under
 _TRACER = "__lensapp_tracer__"     # the sent block's names for its tracer and for nnsight

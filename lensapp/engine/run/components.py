@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import attribution
+from ... import attribution
 from .anatomy import Anatomy, anatomy_of, norm_affine, weight_o
 from .families import final_norm, find, residual
 from .protocol import ComponentsSpec
@@ -66,12 +66,12 @@ def read_block(block, anatomy: Anatomy, site, spec: ComponentsSpec, layer: int) 
     outputs "z", the attention's raw output and its part, the MLP's part, and the stream after the block."""
     p, full = spec.position, layer == spec.patterns_layer
     out = {}
-    if site.vllm:
+    if site.recompute_attention:
         args = find(block, anatomy.kernel).inputs[0]                          # (query, key, value, ...)
         weights = kernel_weights(find(block, anatomy.kernel)._module, rows(args[0]), rows(args[1]), p, full)
     out["z"] = rows(find(block, anatomy.o_proj).input)[p].detach().clone()     # in the model's dtype
     attn = find(block, anatomy.attn).output
-    if not site.vllm:
+    if not site.recompute_attention:
         if not isinstance(attn, tuple) or attn[1] is None:
             raise RuntimeError("the attention returned no weights: the trace needs its eager path")
         weights = keep(attn[1][0, :, :p + 1, :p + 1]) if full else keep(attn[1][0, :, p, :p + 1])

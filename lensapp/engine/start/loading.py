@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config import DEFAULT_MAX_MODEL_LEN, EMBEDDED, MAX_GENERATE_TOKENS, Config, ConfigError
-from .families import Family, detect
-from .protocol import Backend, ModelInfo
+from ...config import DEFAULT_MAX_MODEL_LEN, EMBEDDED, MAX_GENERATE_TOKENS, Config, ConfigError
+from ..run.families import Family, detect
+from ..run.protocol import Backend, ModelInfo
+from .backend_kinds import kind_for, kind_of
 
-SERVED = "vllm-serve"      # the backend of a page whose model runs on an engine service (`--engine-url`)
-ELSEWHERE = "remote"       # ... and its device: the engine's, not this process's
+ELSEWHERE = "remote"       # the device of a page whose model runs on an engine service: the engine's, not ours
 
 
 class ModelError(ValueError):
@@ -75,12 +75,11 @@ def describe_model(cfg: Config) -> ResolvedModel:
         raise ConfigError(f"the context ({max_len} positions) leaves no room for a prompt and {MAX_GENERATE_TOKENS} "
                           "generated tokens")
     device = ELSEWHERE if cfg.engine_url else cfg.resolved_device
-    backend = cfg.backend if cfg.backend == "transformers" else ("vllm-cpu" if device == "cpu" else "vllm")
-    backend = SERVED if cfg.engine_url else backend
+    kind = kind_for(cfg.backend, device, cfg.engine_url)
     info = ModelInfo(name=name, n_layers=int(hf.num_hidden_layers), d_model=int(hf.hidden_size),
-                     vocab_size=int(hf.vocab_size), backend=backend, device=device, dtype=cfg.resolved_dtype,
+                     vocab_size=int(hf.vocab_size), backend=kind.name, device=device, dtype=cfg.resolved_dtype,
                      family=family.name, max_model_len=max_len)
-    family.layout(backend)                       # raises when this family cannot run on this backend
+    kind.layout(family)                          # raises when this family cannot run on this backend
     return ResolvedModel(path=path, name=name, info=info, family=family, hf_config=hf, max_prompt_tokens=prompt_limit)
 
 
@@ -94,19 +93,19 @@ def _context_limit(hf) -> int | None:
 
 def backend_factory(model: ResolvedModel, cfg: Config) -> Callable[[], Backend]:
     """A function that starts a fresh backend for `model` (the engine calls it again after a crash)."""
-    if model.info.backend == SERVED:
-        from .remote_backend import served_backend_factory
-        from .served import Wire
+    if not kind_of(model.info).holds_model:      # an engine service's (`--engine-url`)
+        from ..run.remote_backend import served_backend_factory
+        from ..run.served import Wire
 
         return served_backend_factory(model.path, model.info, model.family, Wire(cfg.engine_url, cfg.engine_key))
 
     def start() -> Backend:
-        if model.info.backend == "transformers":
-            from .hf_backend import TransformersBackend
+        if not kind_of(model.info).ranks:            # one process, no vLLM
+            from ..run.hf_backend import TransformersBackend
 
             return TransformersBackend(model.path, model.info, model.family)
+        from ..run.vllm_backend import VLLMBackend
         from .memory import kv_cache_bytes
-        from .vllm_backend import VLLMBackend
 
         cpu = model.info.device == "cpu"
         # On CPU the KV cache is sized from the settings, unless the user asked for vLLM's share instead.
@@ -125,7 +124,7 @@ def load_hf_model(cfg: Config, device: str | None = None, dtype: str = "float32"
     resolution (the embedded model's converted folder is shared with it), loaded now."""
     import torch
 
-    from .hf_backend import load_transformers_model
+    from ..run.hf_backend import load_transformers_model
 
     model = describe_model(cfg)
     try:

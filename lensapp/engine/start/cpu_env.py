@@ -37,6 +37,9 @@ MQ_CHUNKS = 10                    # vLLM's ring length (shm_broadcast.MessageQue
 MQ_DEFAULT_MB = (16, 24)          # scheduler -> workers, each worker -> scheduler
 MQ_MIN_CHUNK_MB = 1
 SHM_HEADROOM = 0.5                # of /dev/shm left to torch and others
+# The message-queue chunk the worker process must fit its queues to (`vllm_cpu._fit_message_queues`): set
+# here for the child, read there at import (the worker has no Config of its own).
+WORKER_HANDOFF = "LENSAPP_MQ_CHUNK_MB"
 _OURS: dict[str, str] = {}        # variables this module set, and to what: those are not the user's
 
 
@@ -59,7 +62,7 @@ def prepare(ranks: int) -> None:
     chunk = mq_chunk_mb(host.shm_free(), ranks)
     if chunk is not None and "VLLM_MQ_MAX_CHUNK_BYTES_MB" not in os.environ:
         os.environ["VLLM_MQ_MAX_CHUNK_BYTES_MB"] = str(chunk)
-        os.environ["LENSAPP_MQ_CHUNK_MB"] = str(chunk)
+        os.environ[WORKER_HANDOFF] = str(chunk)
 
 
 def thread_binding(cores: list[int], ranks: int) -> str:

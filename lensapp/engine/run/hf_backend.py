@@ -48,7 +48,7 @@ class TransformersBackend:
         """`model`: an nnsight TransformersModel already built (a bench's random model); else loaded from `path`."""
         self.model = model or load_transformers_model(path, device=info.device, dtype=getattr(torch, info.dtype))
         self.info = info
-        self.layout = family.layout("transformers")
+        self.layout = family.hf
         self.tokenizer = self.model.tokenizer
         self.site = Site(self.layout, self.head, info.d_model)
         self.steps = 0               # traces and generated tokens finished (`progress`)

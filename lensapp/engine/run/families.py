@@ -60,12 +60,11 @@ class Family:
     weights: tuple[str, ...] = LLAMA_WEIGHTS
     norm_plus_one: bool = False  # the final norm multiplies by (1 + weight), not weight (Gemma)
 
-    def layout(self, backend: str) -> Layout:
-        if backend.startswith("vllm"):
-            if self.vllm is None:
-                raise UnknownFamily(f"the {self.name} family is not supported on vLLM here; use --backend transformers")
-            return self.vllm
-        return self.hf
+    def vllm_layout(self) -> Layout:
+        """Its layout in vLLM's own module tree; UnknownFamily where vLLM is not supported for it here."""
+        if self.vllm is None:
+            raise UnknownFamily(f"the {self.name} family is not supported on vLLM here; use --backend transformers")
+        return self.vllm
 
 
 LLAMA_HF = Layout("model.layers", "model.norm", "lm_head")

@@ -18,8 +18,8 @@ from nnsight.modeling.vllm.model_runners.GPUModelRunner import NNsightGPUModelRu
 from nnsight.modeling.vllm.vllm import VLLM
 from nnsight.modeling.vllm.workers.GPUWorker import NNsightGPUWorker
 
-from .stages import StageRunner
-from .trace import installed_layers
+from ..run.stages import StageRunner
+from ..run.trace import installed_layers
 
 
 class NNsightGPUStageRunner(StageRunner, NNsightGPUModelRunner):

@@ -33,9 +33,9 @@ from .families import Family
 from .protocol import JStack, ModelInfo, Progress, StartFailed, Unreachable
 from .served import ServedVLLM, Wire
 from .service_checks import engine_facts, mismatch, stack_fingerprint
-from .stages import gather_head_shards, is_last_stage, runs_here
-from .trace import SAVED, Site
-from .vllm_backend import VLLMBackend, vllm_head
+from .stages import is_last_stage
+from .trace import SAVED
+from .vllm_backend import VLLMBackend, vllm_head, vllm_site
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,9 @@ class RemoteBackend(VLLMBackend):
     def __init__(self, model: ServedVLLM, info: ModelInfo, family: Family):
         # What VLLMBackend's traces read (its __init__ would start an engine here).
         self.model, self.info = model, info
-        self.layout = family.layout("vllm")
+        self.layout = family.vllm_layout()
         self.head = functools.partial(vllm_head, self.layout)
-        self.site = Site(self.layout, self.head, info.d_model, vllm=True, gather=gather_head_shards,
-                         last_stage=is_last_stage, runs_here=runs_here)
+        self.site = vllm_site(self.layout, self.head, info.d_model)
         self.jlens_layers: list[int] = []
         self.steps = 0                                # answers received (`progress`)
         model.wire.health()                           # Unreachable while the service is away

