@@ -333,7 +333,7 @@ def components_snippet(*, family: Family, anatomy, model: str, prompt: str, targ
                        model_note: str = "") -> str:
     """A runnable script printing the components readout of the view ({logit, parts, sum, patterns}, as the CLI's
     JSON) from nnsight's TransformersModel with eager attention; the last lines set `components` to it."""
-    layout = family.layout("transformers")
+    layout = family.hf
     what = f"logit({target!r})" + (f" - logit({foil!r})" if foil else "")
     input_code = "PROMPT" if not chat else ("model.tokenizer.apply_chat_template([{\"role\": \"user\", \"content\": "
                                             "PROMPT}], add_generation_prompt=True, tokenize=False)")
