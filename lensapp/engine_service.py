@@ -92,8 +92,8 @@ def main(args) -> int:
 def start_engine(cfg: config.Config):
     """The vLLM backend, started as the app would start it in-process, and the coroutine that readies it
     (the Jacobian lens installed, the warm-up run) on the loop that will serve it."""
-    from .engine.loading import backend_factory, describe_model
-    from .engine.preflight import preflight
+    from .engine.start.loading import backend_factory, describe_model
+    from .engine.start.preflight import preflight
     from .service.prompts import Prompts, load_tokenizer
     from .service.service import _stack, load_configured_jlens, warm_up
 
@@ -144,7 +144,7 @@ def add_progress_route(app) -> None:
     """GET PROGRESS_PATH (behind the key): the CPU time this service's vLLM processes have spent, which a
     page's supervisor reads as the engine working (`RemoteBackend.progress`) while it waits for answers."""
     from .engine.run.served import PROGRESS_PATH
-    from .engine.vllm_backend import engine_cpu_seconds
+    from .engine.run.vllm_backend import engine_cpu_seconds
 
     if any(getattr(route, "path", None) == PROGRESS_PATH for route in app.routes):
         return

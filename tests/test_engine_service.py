@@ -324,6 +324,7 @@ def test_two_web_processes_read_the_same_at_once(page, second_page, reference):
         time.sleep(1)
 
 
+@pytest.mark.extended      # the page's readouts are tested equal in CI; the command line is the same service
 def test_the_command_line_on_the_engine_service_prints_the_in_process_json(relay, reference, lens_file, capsys):
     from lensapp import cli
 

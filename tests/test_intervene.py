@@ -131,6 +131,7 @@ def test_bad_interventions_are_one_line(service):
         assert "\n" not in str(e.value)
 
 
+@pytest.mark.extended      # CI's 25 minutes: tests/test_api.py compares every intervention's API answer with this JSON
 def test_the_cli_prints_before_after_and_the_intervention(embedded_dir, capsys):
     from lensapp import cli
 

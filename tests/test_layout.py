@@ -216,3 +216,15 @@ def test_the_contributing_layout_names_every_module_and_only_modules_that_exist(
         missing = {name for name in named_files(layout_block(lines, folder))
                    if (not (PACKAGE / name).is_file() if "/" in name else name not in there)}
         assert not missing, f"CONTRIBUTING's layout names {sorted(missing)} under lensapp/{'/'.join(folder)}: none such"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_every_lensapp_import_names_a_module_that_exists(path):
+    """Imports made inside functions too (a command's lazy ones): a moved module leaves none dangling."""
+    def exists(name: str) -> bool:
+        base = PACKAGE.parent.joinpath(*name.split("."))
+        return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+    mods = {m for m in imported(path) if m == "lensapp" or m.startswith("lensapp.")}
+    missing = sorted(m for m in mods if not exists(m))       # `from X import n`: X itself is a module or package
+    assert not missing, f"{module_name(path)} imports {missing}"

@@ -119,6 +119,7 @@ def test_a_4_gb_container_on_a_big_host_serves_a_long_lens_and_eight_generations
         assert box.oom_kills() == 0
 
 
+@pytest.mark.extended      # CI's 25 minutes: the 4 GB container above keeps the memory plan honest in CI
 def test_a_node_that_reports_8_gb_and_dockers_64_mb_dev_shm_serve():
     """A freshly booted machine's node file can say far less than the machine has (it is not read), and
     Docker gives /dev/shm 64 MB (vLLM's message queues are sized to it): one start meets both at once."""

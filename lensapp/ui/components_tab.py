@@ -63,7 +63,7 @@ def build_components_tab(service, guard, downloads: Downloads,
     parts = {**form.inputs, **outputs}
     run_fn = partial(run, view, service, guard)
     on([run_button.click, form.inputs["prompt"].submit], run_fn, parts, form.inputs, outputs)
-    on(outputs["state"].change, partial(show_code, service), parts, ["state"], ["code"])
+    on(outputs["state"].change, partial(show_code, service, guard), parts, ["state"], ["code"])
     return TabParts(view, form.inputs, {k: v for k, v in outputs.items() if k != "code"}, run_fn,
                     run_button=run_button)
 
@@ -120,9 +120,9 @@ def read_components(service, values: dict, view: TabView = TAB_VIEWS["components
     }
 
 
-def show_code(service, values: dict, request: gr.Request = None) -> dict:
+def show_code(service, guard, values: dict, request: gr.Request = None) -> dict:
     result = values["state"]
-    return {} if result is None else {"code": code_for(service, result)}
+    return {} if result is None else guard.ui(request, lambda: {"code": code_for(service, result)})
 
 
 def _blank(value):

@@ -150,7 +150,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     asked_cell = ["state", "position", "chat", *(name for name in more if name.startswith("describe_"))]
     for button, every_layer in (("describe_one", False), ("describe_column", True)):
         on(parts[button].click, partial(describe, service, guard, every_layer), parts, asked_cell, ["describe_table"])
-    on([parts["state"].change, parts["code_form"].change], partial(show_code, tab, service), parts,
+    on([parts["state"].change, parts["code_form"].change], partial(show_code, tab, service, guard), parts,
        ["state", "code_form", "chat"], ["code"])
     return TabParts(tab.view, form.inputs, outputs, run_fn, reads, run_button)
 
@@ -294,11 +294,12 @@ def move_window(tab: LensTab, guard, values: dict, request: gr.Request = None) -
     return guard.ui(request, redraw)
 
 
-def show_code(tab: LensTab, service, values: dict, request: gr.Request = None) -> dict:
+def show_code(tab: LensTab, service, guard, values: dict, request: gr.Request = None) -> dict:
     result = values["state"]
     if result is None:
         return {}
-    return {"code": code_for(service, result, tab.lens, values["code_form"], bool(values["chat"]))}
+    return guard.ui(request, lambda: {"code": code_for(service, result, tab.lens, values["code_form"],
+                                                       bool(values["chat"]))})
 
 
 def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
