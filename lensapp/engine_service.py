@@ -94,8 +94,9 @@ def start_engine(cfg: config.Config):
     (the Jacobian lens installed, the warm-up run) on the loop that will serve it."""
     from .engine.start.loading import backend_factory, describe_model
     from .engine.start.preflight import preflight
+    from .service.app_jlens import engine_stack, load_configured_jlens
     from .service.prompts import Prompts, load_tokenizer
-    from .service.service import _stack, load_configured_jlens, warm_up
+    from .service.service import warm_up
 
     model = describe_model(cfg)
     prompts = Prompts(load_tokenizer(model.path), model.max_prompt_tokens)
@@ -104,7 +105,7 @@ def start_engine(cfg: config.Config):
     t = time.perf_counter()
     backend = backend_factory(model, cfg)()
     log.info("vLLM started in %.1f s", time.perf_counter() - t)
-    stack = _stack(lens, model)
+    stack = engine_stack(lens, model)
 
     async def ready() -> None:
         if stack is not None:

@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
 from .. import jlens as jlens_files
 from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, MAX_CONTINUATION_TOKENS, PUNCTUATION_WIDTH, Config
 from ..engine.run.core import Engine
-from ..engine.run.protocol import GREEDY_BELOW, Backend, JStack, Sampling
-from ..engine.start.backend_kinds import kind_of
+from ..engine.run.protocol import GREEDY_BELOW, Backend, Sampling
 from ..engine.start.host import memory_in_use
 from ..engine.start.loading import ResolvedModel, backend_factory, describe_model
 from ..engine.start.memory import Budget, fitting_on
@@ -32,6 +28,7 @@ from ..results import ChatReply, Comparison, ComponentsResult, GenerationResult,
 from ..results.decided import WIDTH as DECIDED_WIDTH
 from ..results.description import Descriptions
 from . import components, cost, planning
+from .app_jlens import engine_stack, lens_key, load_configured_jlens, load_jlens
 from .branching import Brancher
 from .cache import ResultCache
 from .describing import Describer
@@ -51,7 +48,7 @@ class LensService:
         self.model, self.engine, self.prompts, self.cfg = model, engine, prompts, cfg
         self.info = model.info
         self.jlens, self.jlens_error = jlens, jlens_error
-        self._jlens_key = _fingerprint(jlens)
+        self._jlens_key = lens_key(jlens)
         self.cache = ResultCache(cfg.cache_entries, cfg.cache_mb << 20)
         self.budget: Budget | None = None        # the memory plan checked at start (engine/start/memory.py)
         self.token_weight = cost.token_weight(model.info.n_layers, model.info.d_model, model.info.vocab_size)
@@ -73,7 +70,7 @@ class LensService:
         lens, error = load_configured_jlens(cfg, model)
         budget = preflight(cfg, model, 0 if lens is None else len(lens.layers))
         engine = Engine(backend_factory(model, cfg), model.info,
-                        warm_up=functools.partial(warm_up, prompts, model.info), jlens=_stack(lens, model),
+                        warm_up=functools.partial(warm_up, prompts, model.info), jlens=engine_stack(lens, model),
                         max_batch=cfg.max_batch, queue_size=cfg.queue_size, request_timeout=cfg.request_timeout,
                         stall_timeout=cfg.stall_timeout, per_client=cfg.client_requests,
                         parts_per_client=cfg.client_parts, max_part_cells=cfg.part_cells)
@@ -100,8 +97,8 @@ class LensService:
 
     def install_jlens(self, lens: jlens_files.JacobianLens | None) -> None:
         """Use `lens` from now on (None: none). Cached results of another lens are never served for it."""
-        self.jlens, self._jlens_key = lens, _fingerprint(lens)
-        stack = _stack(lens, self.model)
+        self.jlens, self._jlens_key = lens, lens_key(lens)
+        stack = engine_stack(lens, self.model)
         if stack is not None:
             self.engine.set_jlens(stack)
 
@@ -344,57 +341,6 @@ class _Plan:
     cost: cost.Cost
     targets: list[Target] = field(default_factory=list)
     continuation_of: list[int | None] = field(default_factory=list)
-
-
-def load_configured_jlens(cfg: Config, model: ResolvedModel) -> tuple[jlens_files.JacobianLens | None, str | None]:
-    """The lens the settings ask for, checked against the model. A lens asked for by name that does not
-    load is an error (LensFileError); the model's default lens that does not load (a hub lens while
-    offline) leaves the app on the logit lens, with the reason."""
-    spec = cfg.resolved_jlens
-    if not spec:
-        return None, None
-    try:
-        return load_jlens(spec, model, cfg), None
-    except jlens_files.LensFileError as e:
-        if cfg.jlens != "default":
-            raise
-        log.warning("serving without a Jacobian lens: %s", e)
-        return None, str(e)
-
-
-def load_jlens(spec: str, model: ResolvedModel, cfg: Config) -> jlens_files.JacobianLens:
-    info = model.info
-    fingerprint = jlens_files.model_unembedding_fingerprint(model.path, model.family.weights)
-    # The releases this process reads the lens under: those its backend kind runs on.
-    libraries = list(kind_of(info).libraries)
-    lens = jlens_files.load(spec, d_model=info.d_model, n_layers=info.n_layers, layers=cfg.jlens_layer_list,
-                            dtype=torch.bfloat16, cache_dir=cfg.resolved_cache_dir / "hub", model_name=info.name,
-                            unembedding=fingerprint, versions=jlens_files.library_versions(libraries),
-                            revision=getattr(model.hf_config, "_commit_hash", None))
-    for warning in lens.warnings:
-        log.warning("lens %s: %s", spec, warning)
-    return lens
-
-
-def _stack(lens: jlens_files.JacobianLens | None, model: ResolvedModel) -> JStack | None:
-    """The lens as the engine holds it: its layers, then the last layer reading J = I."""
-    if lens is None:
-        return None
-    d, last = model.info.d_model, model.info.n_layers - 1
-    J = torch.stack([lens.J[layer] for layer in lens.layers] + [torch.eye(d, dtype=torch.bfloat16)])
-    for i, layer in enumerate(lens.layers):       # one copy in this process: the lens reads the stack's rows
-        lens.J[layer] = J[i]
-    return JStack(layers=tuple(lens.layers + [last]), J=J)
-
-
-def _fingerprint(lens: jlens_files.JacobianLens | None) -> str:
-    if lens is None:
-        return ""
-    h = hashlib.sha256()
-    for layer in lens.layers:
-        h.update(layer.to_bytes(4, "little"))
-        h.update(lens.J[layer].to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def _reproducible(temperature: float, seed: int | None) -> bool:
