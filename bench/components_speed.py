@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timing import median_time  # noqa: E402
 
 from lensapp import config  # noqa: E402
 
@@ -32,15 +32,6 @@ LONG_PARAGRAPH = ("The history of science is the study of the development of sci
                   "and practical knowledge about the natural world, produced by scientists who emphasize the "
                   "observation, explanation, and prediction of real-world phenomena. ")
 
-
-def median_time(fn, repeats: int) -> float:
-    fn()                                                    # untimed: compiles, warms the caches
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main(argv=None) -> int:

@@ -17,26 +17,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timing import median_time  # noqa: E402
 
 from lensapp import config  # noqa: E402
 
 PROMPT = "The Eiffel Tower is located in the city of Paris, which is the capital of"
 
-
-def median_time(fn, repeats: int) -> float:
-    fn()                                                    # untimed: compiles, warms the caches
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main(argv=None) -> int:

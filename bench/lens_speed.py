@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timing import median_time  # noqa: E402
 
 from lensapp import config  # noqa: E402
 
@@ -89,15 +90,6 @@ def naive_body(model, layout, head, n, d):
 async def _saves(tracer):
     return (await tracer.backend).saves
 
-
-def median_time(fn, repeats: int) -> float:
-    fn()                                   # warm-up (allocations, caches)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main(argv=None) -> int:
