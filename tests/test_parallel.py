@@ -28,6 +28,9 @@ TOL = 1e-4
 KL_RTOL = 1e-5
 PROMPTS = ("The capital of France is a city on the river", "Water boils at one hundred degrees")
 SPLITS = {"tp2": (2, 1), "pp2": (1, 2)}
+# CI's 25 minutes: TP=2 (its engine start and every readout, ~90 s) under `extended`; PP=2, through the
+# pipeline relay's shim, stays in CI. Splits are served when first asked for, so CI starts no TP=2 engine.
+SPLIT_CASES = [pytest.param("tp2", marks=pytest.mark.extended), "pp2"]
 
 
 @pytest.fixture(scope="module")
@@ -104,17 +107,17 @@ def assert_same_results(got: list, want: list, what: str):
             assert_same_readout(g.lenses[name], w.lenses[name], f"{what}, {name} lens, {g.prompt!r}")
 
 
-@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("split", SPLIT_CASES)
 def test_logit_and_jacobian_lens_equal_one_worker(readouts, split):
     assert_same_results(readouts[split]["lens"], readouts["tp1"]["lens"], split)
 
 
-@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("split", SPLIT_CASES)
 def test_the_raw_path_equals_one_worker(readouts, split):
     assert_same_results(readouts[split]["raw"], readouts["tp1"]["raw"], f"{split} raw")
 
 
-@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("split", SPLIT_CASES)
 def test_generation_equals_one_worker(readouts, split):
     got, want = readouts[split]["generate"], readouts["tp1"]["generate"]
     assert got.token_ids == want.token_ids
@@ -123,7 +126,7 @@ def test_generation_equals_one_worker(readouts, split):
             assert_same_readout(g.readout.lenses[name], w.readout.lenses[name], f"{split} step {i} {name}")
 
 
-@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("split", SPLIT_CASES)
 def test_chat_equals_one_worker(readouts, split):
     got, want = readouts[split]["chat"], readouts["tp1"]["chat"]
     assert got.token_ids == want.token_ids
@@ -179,6 +182,7 @@ def test_ray_pipeline_across_two_local_nodes_equals_one_worker(readouts, monkeyp
     assert_same_results(got, readouts["tp1"]["lens"], "ray pp2")
 
 
+@pytest.mark.extended
 def test_the_jacobian_stack_is_on_every_rank_that_reads_it(readouts):
     """TP: every rank runs the readout (on its vocab shard), so every rank holds the whole stack. PP: the
     readout runs on the last stage (engine/run/stages.py), which holds it; earlier stages hold none."""

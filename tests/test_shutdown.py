@@ -64,6 +64,7 @@ def answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.extended      # CI's 25 minutes: the handler-first rule stays in CI (SIGTERM before the engine starts)
 def test_sigterm_as_the_engine_starts_stops_it_and_leaves_no_process(tmp_path):
     """Signalled as the memory plan is logged: the engine starts right after it, and the page is built
     for seconds more. (Before the handler came first, the signal killed the process then, orphaning any
