@@ -3,7 +3,8 @@
 Starts `lensapp serve` on a free loopback port behind what a Space's proxy would send: each visitor's
 requests carry their own address in X-Forwarded-For (10.77.0.N, private, made up here) and the app trusts
 one proxy hop (`--trusted-proxies 1`), so the app sees thirty clients, as it would on a Space. Nothing
-leaves this machine. The visitors, each on its own gradio_client:
+leaves this machine. The visitors, each on its own gradio_client in its own process (as thirty browsers
+are: one visitor reading a 30 MB answer does not hold up the others' clocks):
 
   link      16 open the same shared link, then read it again now and then (the result cache's case)
   short     4 read a short prompt with the logit lens at every layer, over and over (the measured one)
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ProcessPoolExecutor
 
 import psutil
 from load import App, fresh
@@ -127,32 +129,35 @@ def run(app: App, visitors: int, seconds: float) -> dict:
     alone = Visitor(url, 240, "alone")
     for i in range(5):
         alone.ask(**request_of("short", 240, i, None))
-    crowd = [Visitor(url, n, kind) for n, kind in enumerate(plan(visitors))]
     start_health, stop, peak = app.health(), threading.Event(), [0.0]
-
-    def loop(v: Visitor) -> None:
-        i = 0
-        while not stop.is_set():
-            v.ask(**request_of(v.kind, v.n, i, heavy))
-            i += 1
-            if v.kind == "link":
-                time.sleep(5)
 
     def watch_memory() -> None:
         while not stop.is_set() and pid is not None:
             peak[0] = max(peak[0], memory_mb(pid))
             time.sleep(1)
 
-    threads = [threading.Thread(target=loop, args=(v,), daemon=True) for v in crowd]
-    threads.append(threading.Thread(target=watch_memory, daemon=True))
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
+    watcher = threading.Thread(target=watch_memory, daemon=True)
+    watcher.start()
+    kinds = plan(visitors)
+    until = time.time() + seconds
+    with ProcessPoolExecutor(len(kinds)) as pool:
+        crowd = list(pool.map(visit, [url] * len(kinds), range(len(kinds)), kinds, [heavy] * len(kinds),
+                              [until] * len(kinds)))
     stop.set()
-    for t in threads:
-        t.join(600)
     end_health = app.health()
     return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds)
+
+
+def visit(url: str, n: int, kind: str, heavy: dict, until: float) -> Visitor:
+    """One visitor, in a process of its own, asking until `until` (the epoch's seconds); its record comes back."""
+    v, i = Visitor(url, n, kind), 0
+    while time.time() < until:
+        v.ask(**request_of(kind, n, i, heavy))
+        i += 1
+        if kind == "link":
+            time.sleep(5)
+    v.client = None                     # what comes back is the record, not the connection
+    return v
 
 
 def report(alone, crowd, heavy, start, end, peak_mb, seconds) -> dict:

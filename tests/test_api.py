@@ -167,3 +167,24 @@ def test_a_branch_and_a_description_answer_what_the_cli_prints(client, service):
                                         "x -> x; ?"]))
     lens = client.predict(FRANCE, "logit", "0,1,2", 3, "", api_name="/lens")["lenses"]["logit"]
     assert len(lens["decided_at"]) == len(lens["top_ids"][0]) and None in lens["decided_at"]
+
+
+def test_the_rest_route_answers_the_same_json(client, app_url):
+    """Gradio's REST route (`/gradio_api/call/<name>`, the "Use via API" page's curl) writes answers with the
+    standard library's json, which cannot embed the queue's ready-made JSON (ui/api.py): it gets the dict,
+    and both routes answer the same."""
+    import httpx
+
+    from lensapp.service.kinds import KINDS
+    from lensapp.ui import api
+
+    given = {"prompt": FRANCE, "lens": "logit", "layers": "20,24", "k": 3, "targets": "Paris"}
+    args = [given.get(field.name, api.api_form(field)[1]) for field in KINDS["lens"].fields()]   # REST: every one
+    with httpx.Client(base_url=app_url, timeout=120) as http:
+        event = http.post("gradio_api/call/lens", json={"data": args}).json()["event_id"]
+        stream = http.get(f"gradio_api/call/lens/{event}").text
+    lines = stream.splitlines()
+    assert "event: complete" in lines, stream[:300]
+    data = lines[lines.index("event: complete") + 1]
+    rest = json.loads(data.removeprefix("data:"))[0]
+    assert_same(rest, client.predict(**given, api_name="/lens"))

@@ -13,6 +13,14 @@ signatures, defaults, type hints and the descriptions on the app's "Use via API"
 read by its field's parser, as a link's and the command line's are. The answer is the result's JSON,
 exactly what the CLI's `--json` prints (string keys only: Gradio serializes it with orjson).
 
+An answer can be large (a long prompt read at every layer with k 100 is ~1M top-k entries, ~30 MB of JSON),
+and Gradio walks every answer three times on its event loop looking for files (postprocess, the move to its
+cache, the root URL: ~2 s each for that answer, measured), during which the app accepts no request and
+answers no page. So an answer for Gradio's queue (gradio_client, the "Use via API" page's Python and
+JavaScript) leaves the handler's thread already serialized, as an `orjson.Fragment` that Gradio's walks skip
+and its orjson writes out verbatim: the client reads the same JSON. Gradio's REST route (`/call/...`, the
+curl example) writes answers with the standard library's json, which cannot embed one: it gets the dict.
+
 Bad input raises gr.Error with the service's one-line message, as plain text (the client sees an
 AppError). `/health` (plain JSON over GET, not a Gradio endpoint) is added by the server.
 """
@@ -23,6 +31,7 @@ import inspect
 from typing import Any, Callable
 
 import gradio as gr
+import orjson
 
 from ..service.field import REQUIRED, Field
 from ..service.kinds import KINDS, Kind
@@ -50,7 +59,7 @@ def endpoint_function(kind: Kind, service, guard) -> Callable:
     def fn(*args, **kwargs):
         values = dict(zip([*names, "request"], args), **kwargs)
         request = values.pop("request", None)
-        return guard.api(request, answer, values)
+        return wire_form(guard.api(request, answer, values), request)
 
     signature = [inspect.Parameter(field.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=api_form(field)[1],
                                    annotation=api_form(field)[0]) for field in params]
@@ -62,6 +71,15 @@ def endpoint_function(kind: Kind, service, guard) -> Callable:
     fn.__doc__ = "\n".join([kind.summary, "", "Args:", *(f"    {field.name}: {field.help}." for field in params),
                             "Returns:", f"    {kind.returns}"])
     return fn
+
+
+def wire_form(answer: dict, request) -> dict | orjson.Fragment:
+    """`answer` as it leaves the handler: JSON already made for Gradio's queue; the dict itself for its REST
+    route and for a call made inside the app (no request)."""
+    path = getattr(getattr(request, "url", None), "path", None)
+    if path is None or "/call/" in path:
+        return answer
+    return orjson.Fragment(orjson.dumps(answer))
 
 
 def api_form(field: Field) -> tuple[Any, Any]:
