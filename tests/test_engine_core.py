@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from lensapp.engine.run.core import Engine
+from lensapp.engine.run.core import Engine, Part
 from lensapp.engine.run.protocol import ModelInfo, Progress
 from lensapp.engine.run.turns import asking
 
@@ -234,7 +234,7 @@ def test_parts_take_turns_round_robin_over_clients():
 
         def sweep():
             with asking("10.0.0.1"):
-                e.run("lens", [part(f"sweep{i}") for i in range(8)])
+                e.run("lens", [Part(part(f"sweep{i}")) for i in range(8)])
 
         t = threading.Thread(target=sweep)
         t.start()

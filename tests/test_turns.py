@@ -9,32 +9,38 @@ from hypothesis import strategies as st
 from lensapp.engine.run.turns import Admission, FairSlots, OverShare
 
 arrivals = st.lists(st.tuples(st.sampled_from([None, "a", "b", "c"]), st.floats(0, 0.01), st.floats(0, 0.01),
-                              st.booleans()), min_size=1, max_size=40)
+                              st.booleans(), st.sampled_from([0, 10, 100, 4000])), min_size=1, max_size=40)
 
 
 @given(arrivals, st.integers(1, 4), st.integers(1, 3))
 def test_slots_are_bounded_and_every_waiter_is_served(plan, size, per_client):
+    """...and at most one big part (100 cells or more here) holds a slot at any time."""
     async def main():
-        slots = FairSlots(size, per_client)
-        most, served, cancelled = {}, [], 0
+        slots = FairSlots(size, per_client, big_cells=100)
+        most, served, cancelled, big = {}, [], 0, [0]
 
-        async def part(i, client, hold):
-            async with slots.hold(client):
-                assert slots.free >= 0
-                if client is not None:
-                    most[client] = max(most.get(client, 0), slots.held[client])
-                await asyncio.sleep(hold)
+        async def part(i, client, hold, cells):
+            async with slots.hold(client, cells):
+                assert slots.free >= 0 and slots.big <= 1
+                big[0] += cells >= 100
+                try:
+                    assert big[0] <= 1
+                    if client is not None:
+                        most[client] = max(most.get(client, 0), slots.held[client])
+                    await asyncio.sleep(hold)
+                finally:
+                    big[0] -= cells >= 100
                 served.append(i)
 
         tasks = []
-        for i, (client, gap, hold, cancel) in enumerate(plan):
-            tasks.append(asyncio.ensure_future(part(i, client, hold)))
+        for i, (client, gap, hold, cancel, cells) in enumerate(plan):
+            tasks.append(asyncio.ensure_future(part(i, client, hold, cells)))
             await asyncio.sleep(gap)
             if cancel and i % 3 == 0:
                 tasks[-1].cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         cancelled = sum(isinstance(r, asyncio.CancelledError) for r in results)
-        assert slots.free == size and not slots.held and slots.waiting() == 0      # nothing lost
+        assert slots.free == size and not slots.held and slots.waiting() == 0 and slots.big == 0   # nothing lost
         assert all(n <= per_client for n in most.values()), most
         assert len(served) + cancelled == len(plan)
 
@@ -55,3 +61,34 @@ def test_admission_refuses_a_client_over_its_share_and_not_the_host():
     a.leave("x")
     a.enter("x")
     assert a.of("x") == 2 and a.of(None) == 10
+
+
+def test_small_parts_pass_a_big_one_waiting_for_its_turn():
+    """Two big parts from one client and a small one from another, on three slots: the second big part waits for
+    the first; the small one, asked for after both, runs beside the first at once."""
+    async def main():
+        slots, order = FairSlots(3, 2, big_cells=100), []
+        first_done = asyncio.Event()
+
+        async def part(name, client, cells, hold):
+            async with slots.hold(client, cells):
+                order.append(name)
+                if isinstance(hold, asyncio.Event):
+                    await hold.wait()
+                else:
+                    await asyncio.sleep(hold)
+            if name == "big0":
+                first_done.set()
+
+        gate = asyncio.Event()
+        tasks = [asyncio.ensure_future(part("big0", "a", 4000, gate)),
+                 asyncio.ensure_future(part("big1", "a", 4000, 0))]
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.ensure_future(part("small", "b", 10, 0)))
+        await asyncio.sleep(0.01)
+        assert order == ["big0", "small"], order
+        gate.set()
+        await asyncio.gather(*tasks)
+        assert order == ["big0", "small", "big1"]
+
+    asyncio.run(main())

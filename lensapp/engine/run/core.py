@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Awaitable, Callable, Sequence, TypeVar
+from typing import Awaitable, Callable, NamedTuple, Sequence, TypeVar
 
 from . import parts
 from .errors import EngineBusy, EngineDown, EngineError, EngineRestarted, EngineTimeout
@@ -145,13 +145,12 @@ class Engine(Supervisor):
             raise EngineDown(f"the model is down: {self.reason}")
 
     def call(self, kind: str, fn: Callable[[Backend], Awaitable[T]], timeout: float | None = None) -> T:
-        """Run `fn(backend)` on the engine's thread and wait for it: a request of one part."""
-        return self.run(kind, [fn], timeout)[0]
+        """Run `fn(backend)` on the engine's thread and wait for it: a request of one (small) part."""
+        return self.run(kind, [Part(fn)], timeout)[0]
 
-    def run(self, kind: str, parts: Sequence[Callable[[Backend], Awaitable[T]]],
-            timeout: float | None = None) -> list[T]:
-        """One request of `parts` (each `fn(backend)`, one engine request), for the client asking (`turns.CLIENT`):
-        the one door into the backend. `timeout`: the request's deadline in seconds (`request_timeout`)."""
+    def run(self, kind: str, parts: Sequence[Part], timeout: float | None = None) -> list[T]:
+        """One request of `parts` (each one engine request), for the client asking (`turns.CLIENT`): the one door
+        into the backend. `timeout`: the request's deadline in seconds (`request_timeout`)."""
         self.start()
         client, timeout = CLIENT.get(), timeout or self.request_timeout
         with self._lock:
@@ -247,7 +246,7 @@ class Engine(Supervisor):
         deadline = loop.time() + timeout
         outcome = "failed"
         try:
-            results = await asyncio.wait_for(asyncio.gather(*(self._part(kind, fn, client) for fn in parts)),
+            results = await asyncio.wait_for(asyncio.gather(*(self._part(kind, part, client) for part in parts)),
                                              max(0.0, deadline - loop.time()))
             outcome = "served"
             return results
@@ -263,17 +262,17 @@ class Engine(Supervisor):
         finally:
             self.counts[outcome] += 1
 
-    async def _part(self, kind: str, fn, client: str | None):
+    async def _part(self, kind: str, part: Part, client: str | None):
         """One part of a request: its turn for a slot, then its run on the backend that is up then."""
         await self._until_ready()
-        async with self._slots.hold(client):
+        async with self._slots.hold(client, part.cells):
             while True:
                 await self._until_ready()
                 reason = self._backend.failure()
                 if reason is None:
                     break
                 self._restart_soon(self._generation, reason)    # died while idle: wait for the new one
-            return await self._run_on(self._backend, self._generation, kind, fn)
+            return await self._run_on(self._backend, self._generation, kind, part.run)
 
     async def _run_on(self, backend: Backend, generation: int, kind: str, fn):
         self._in_flight += 1
@@ -299,12 +298,18 @@ class Engine(Supervisor):
         return result
 
 
-def _lens_part(spec: LensSpec):
-    return lambda backend: backend.run_lens(spec)
+class Part(NamedTuple):
+    """One engine request: `run(backend)`, and the cells its heaviest step reads (big or small in `FairSlots`)."""
+    run: Callable[[Backend], Awaitable]
+    cells: int = 0
 
 
-def _generate_part(spec: LensSpec, sampling: Sampling):
-    return lambda backend: backend.run_generate(spec, sampling)
+def _lens_part(spec: LensSpec) -> Part:
+    return Part(lambda backend: backend.run_lens(spec), parts.cells(spec))
 
 
-__all__ = ["OUTCOMES", "Engine", "EngineBusy", "EngineDown", "EngineError", "EngineRestarted", "EngineTimeout"]
+def _generate_part(spec: LensSpec, sampling: Sampling) -> Part:
+    return Part(lambda backend: backend.run_generate(spec, sampling), parts.cells(spec, generation=True))
+
+
+__all__ = ["OUTCOMES", "Engine", "Part", "EngineBusy", "EngineDown", "EngineError", "EngineRestarted", "EngineTimeout"]

@@ -32,6 +32,16 @@ def n_parts(n_positions: int, n_layers: int, n_lenses: int, max_cells: int) -> i
     return math.ceil(n_layers / layers_per_part(n_positions, n_lenses, max_cells))
 
 
+def cells(spec: LensSpec, generation: bool = False) -> int:
+    """The cells the heaviest step of `spec`'s engine request reads (positions x read layers x lenses): a lens
+    reads its prompt; a generation reads its prompt's positions (from `read_from`) at step 0 if `read_prompt`,
+    then one position a step."""
+    positions = len(spec.input_ids)
+    if generation:
+        positions = max(1, positions - spec.read_from) if spec.read_prompt else 1
+    return positions * len(spec.read_layers) * (len(spec.lenses) + bool(spec.after_attention))
+
+
 def split_lens(spec: LensSpec, max_cells: int) -> list[LensSpec]:
     """`spec` as parts reading consecutive groups of its layers (the first part keeps its continuations);
     [spec] when it is small enough, or when it keeps streams or measures norms (read in one forward)."""

@@ -130,7 +130,7 @@ class Supervisor:
             raise
         if self._slots is None:                          # one at a time unless the backend batches
             size = self.max_batch if backend.concurrent else 1
-            self._slots = FairSlots(size, min(self.parts_per_client, size))
+            self._slots = FairSlots(size, min(self.parts_per_client, size), big_cells=max(1, self.max_part_cells // 4))
         if self._closed:
             close_quietly(backend)
             return

@@ -10,7 +10,9 @@ in a slot of `FairSlots` (on the engine's loop):
   with its place ("busy"), never silently delayed;
 - a client's parts hold at most `parts_per_client` slots at once, so a sweep of 13 readouts runs two
   by two, and every other client's next part is granted between them: a free slot goes to the waiting
-  client that holds fewest, then to the one whose turn came longest ago (round-robin).
+  client that holds fewest, then to the one whose turn came longest ago (round-robin);
+- one big part (a quarter of the largest part or more: `parts.cells`) runs at a time, whoever's it is, so a
+  step holds at most one, and a small request never waits behind several.
 """
 
 from __future__ import annotations
@@ -69,41 +71,55 @@ class Admission:
 
 class FairSlots:
     """`size` slots granted round-robin over the clients waiting for one; a client (not the host) holds at
-    most `per_client` at once. Lives on one event loop; `hold(client)` is an async context manager."""
+    most `per_client` at once, and at most one *big* part (reading `big_cells` cells or more) runs at once.
+    Lives on one event loop; `hold(client, cells)` is an async context manager.
 
-    def __init__(self, size: int, per_client: int):
-        self.size, self.per_client = size, per_client
+    Why one big part: vLLM runs every request in flight in the same step, and a step lasts as long as the
+    readouts inside it (a part of 4096 cells is seconds on a CPU). Two or three big parts in one step made
+    every small request beside them (a visitor's short lens, a generation's next token) wait for all of
+    them; with one, a small request waits for at most one big part, and big parts take turns among
+    themselves while small ones keep flowing past them.
+    """
+
+    def __init__(self, size: int, per_client: int, big_cells: int = 0):
+        self.size, self.per_client, self.big_cells = size, per_client, big_cells
         self.free = size
+        self.big = 0                                      # big parts holding a slot (0 or 1)
         self.held: Counter = Counter()
-        self._waiting: dict[str | None, deque[asyncio.Future]] = {}
+        self._waiting: dict[str | None, deque[tuple[asyncio.Future, bool]]] = {}
         self._turns: deque[str | None] = deque()          # clients with waiters, whose turn is next first
 
     @contextlib.asynccontextmanager
-    async def hold(self, client: str | None):
-        await self.acquire(client)
+    async def hold(self, client: str | None, cells: int = 0):
+        big = self.is_big(cells)
+        await self.acquire(client, big)
         try:
             yield
         finally:
-            self.release(client)
+            self.release(client, big)
 
-    async def acquire(self, client: str | None) -> None:
+    def is_big(self, cells: int) -> bool:
+        return 0 < self.big_cells <= cells
+
+    async def acquire(self, client: str | None, big: bool = False) -> None:
         granted = asyncio.get_running_loop().create_future()
         if client not in self._waiting:
             self._waiting[client] = deque()
             self._turns.append(client)
-        self._waiting[client].append(granted)
+        self._waiting[client].append((granted, big))
         self._grant()
         try:
             await granted
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled():
-                self.release(client)                       # granted just as it was cancelled: give it back
+                self.release(client, big)                  # granted just as it was cancelled: give it back
             else:
                 self._forget(client, granted)
             raise
 
-    def release(self, client: str | None) -> None:
+    def release(self, client: str | None, big: bool = False) -> None:
         self.free += 1
+        self.big -= big
         self.held[client] -= 1
         if self.held[client] <= 0:
             del self.held[client]
@@ -112,19 +128,22 @@ class FairSlots:
     def waiting(self) -> int:
         return sum(len(q) for q in self._waiting.values())
 
-    def _may_hold(self, client: str | None) -> bool:
-        return client is None or self.held[client] < self.per_client
+    def _may_hold(self, client: str | None, big: bool) -> bool:
+        return (client is None or self.held[client] < self.per_client) and not (big and self.big)
 
     def _grant(self) -> None:
         """Give free slots to waiting clients: the one holding fewest slots first, then the one whose turn came
-        longest ago; a client at its bound waits. Whoever is served goes to the back of the turns."""
+        longest ago; a client at its bound, or whose next part is big while a big one runs, waits. Whoever is
+        served goes to the back of the turns."""
         while self.free > 0:
             client = self._next()
             if client is _NOBODY:
                 return
             queue = self._waiting[client]
-            queue.popleft().set_result(None)
+            granted, big = queue.popleft()
+            granted.set_result(None)
             self.free -= 1
+            self.big += big
             self.held[client] += 1
             self._turns.remove(client)
             if queue:
@@ -136,19 +155,20 @@ class FairSlots:
         best, fewest = _NOBODY, None
         for client in list(self._turns):
             queue = self._waiting[client]
-            while queue and queue[0].done():               # cancelled while waiting: not a waiter any more
+            while queue and queue[0][0].done():            # cancelled while waiting: not a waiter any more
                 queue.popleft()
             if not queue:
                 self._drop(client)
                 continue
-            if self._may_hold(client) and (fewest is None or self.held[client] < fewest):
+            if self._may_hold(client, queue[0][1]) and (fewest is None or self.held[client] < fewest):
                 best, fewest = client, self.held[client]
         return best
 
     def _forget(self, client: str | None, granted: asyncio.Future) -> None:
         queue = self._waiting.get(client)
-        if queue is not None and granted in queue:
-            queue.remove(granted)
+        entry = next((e for e in queue or () if e[0] is granted), None)
+        if entry is not None:
+            queue.remove(entry)
             if not queue:
                 self._drop(client)
 
