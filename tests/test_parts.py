@@ -76,3 +76,19 @@ def test_the_cost_counts_the_parts_the_engine_makes(positions, layers, lenses, m
     assert planned.forwards == len(pieces) and planned.tokens == positions * len(pieces)
     assert [x for p in pieces for x in p.layers] == spec.layers
     assert all(len(p.layers) * positions * lenses <= max(max_cells, positions * lenses) for p in pieces)
+
+
+@pytest.mark.parametrize("positions, layers, max_cells",
+                         [(6, 30, 4096), (33, 31, 4096), (40, 30, 4096), (300, 30, 2048), (5, 2, 16)])
+def test_a_generation_never_holds_the_big_turn_and_the_cost_counts_its_parts(positions, layers, max_cells):
+    """The engine runs one big part at a time (turns.FairSlots): a generation's own request reads its prompt only
+    when that readout is small, else the prompt is read apart in lens parts (its steps, one position each, are
+    small where a part holds more than four steps' cells); the cost counts those forwards."""
+    from lensapp.engine.run.protocol import LensSpec
+
+    spec = LensSpec(input_ids=tuple(range(positions)), read_layers=tuple(range(layers)), rows=tuple(range(layers)),
+                    k=1, lenses=("logit",))
+    prompt, generation = parts.split_generation(spec, max_cells)
+    assert parts.cells(generation, generation=True) < parts.big_cells(max_cells)
+    planned = cost.generation(positions, 4, layers, 1, max_cells)
+    assert planned.forwards == 1 + len(prompt)

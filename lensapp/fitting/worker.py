@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 START_GRACE = 120.0        # seconds a new process may take to load the model, beyond the fit's own bound
+# A fit is background work beside the engine every visitor waits on: on a 2-core host it took one core of
+# two for its whole clock, and vLLM's worker threads, sharing the other, stalled at their barriers (a short lens
+# 0.4 s alone took 8 s in bench/workshop.py). Niced, the fitter gets what the engine leaves; a fit slowed so
+# far stops at its clock with what it has (`steering.SteeringVector.stopped`), as on any slow machine.
+FIT_NICENESS = 10
 
 
 class FitStopped(RuntimeError):
@@ -98,6 +104,7 @@ def serve(cfg, threads: int, conn) -> None:
     from .. import config
 
     config.prepare_process_environment()
+    os.nice(FIT_NICENESS)
     import torch
 
     torch.set_num_threads(threads)

@@ -22,6 +22,12 @@ import torch
 from .protocol import GenerationOutput, LensOutput, LensSpec
 
 
+def big_cells(max_cells: int) -> int:
+    """Cells from which a part is *big*: the engine runs one big part at a time (`turns.FairSlots`), and reads a
+    generation's prompt apart when that readout is big, so a generation never holds the big turn for its steps."""
+    return max(1, max_cells // 4)
+
+
 def layers_per_part(n_positions: int, n_lenses: int, max_cells: int) -> int:
     """How many layers one part reads: at least one, at most max_cells // (positions x lenses)."""
     return max(1, max_cells // max(1, n_positions * n_lenses))
@@ -75,9 +81,9 @@ def merge_lens(parts: list[LensOutput]) -> LensOutput:
 
 def split_generation(spec: LensSpec, max_cells: int) -> tuple[list[LensSpec], LensSpec]:
     """(the prompt's readout as lens parts, the generation reading only its new tokens), when the prompt's
-    readout is larger than max_cells; ([], spec) when it is not, or when the spec reads no prompt or only
-    its last positions (`read_from`: a branch's continuation reads the one token it forced)."""
-    if not spec.read_prompt or spec.read_from or len(spec.input_ids) * len(spec.layers) * len(spec.lenses) <= max_cells:
+    readout is big (`big_cells`); ([], spec) when it is not, or when the spec reads no prompt or only its last
+    positions (`read_from`: a branch's continuation reads the one token it forced)."""
+    if not spec.read_prompt or spec.read_from or cells(spec, generation=True) < big_cells(max_cells):
         return [], spec
     prompt = dataclasses.replace(spec, continuations=(), keep_layers=(), keep_positions=None, norms=False)
     return split_lens(prompt, max_cells), dataclasses.replace(spec, read_prompt=False)

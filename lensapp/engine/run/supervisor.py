@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 
+from . import parts
 from .errors import EngineDown
 from .protocol import Backend, StartFailed, Unreachable
 from .turns import FairSlots
@@ -130,7 +131,7 @@ class Supervisor:
             raise
         if self._slots is None:                          # one at a time unless the backend batches
             size = self.max_batch if backend.concurrent else 1
-            self._slots = FairSlots(size, min(self.parts_per_client, size), big_cells=max(1, self.max_part_cells // 4))
+            self._slots = FairSlots(size, min(self.parts_per_client, size), parts.big_cells(self.max_part_cells))
         if self._closed:
             close_quietly(backend)
             return

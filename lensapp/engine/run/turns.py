@@ -11,7 +11,7 @@ in a slot of `FairSlots` (on the engine's loop):
 - a client's parts hold at most `parts_per_client` slots at once, so a sweep of 13 readouts runs two
   by two, and every other client's next part is granted between them: a free slot goes to the waiting
   client that holds fewest, then to the one whose turn came longest ago (round-robin);
-- one big part (a quarter of the largest part or more: `parts.cells`) runs at a time, whoever's it is, so a
+- one big part (a quarter of the largest part or more: `parts.big_cells`) runs at a time, whoever's it is, so a
   step holds at most one, and a small request never waits behind several.
 """
 
