@@ -15,7 +15,8 @@ are: one visitor reading a 30 MB answer does not hold up the others' clocks):
 
 Reported: a short lens's p50 and p95 under the load against alone (goal: p95 within 5x), requests lost
 (no answer, or an error that is not a polite refusal: goal 0), engine restarts (goal 0), refusals by kind,
-and the memory peak of the app and its processes. One JSON line at the end.
+the memory peak of the app and its processes, and the CPU seconds the app and the visitors' own processes
+spent (the visitors share the app's cores here, as browsers elsewhere would not). One JSON line at the end.
 
     python bench/workshop.py                      # 30 visitors, 5 minutes (about 8 minutes with start-up)
     python bench/workshop.py --minutes 1 --visitors 12
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import threading
@@ -66,6 +68,7 @@ class Visitor:
         self.client = Client(url, verbose=False, headers={"X-Forwarded-For": f"10.77.0.{n + 1}"})
         self.times: list[float] = []
         self.outcomes: Counter = Counter()
+        self.cpu_s = 0.0                 # this visitor's process's CPU seconds (user + system), when it is done
 
     def ask(self, **kw) -> None:
         api = kw.pop("api_name")
@@ -130,6 +133,7 @@ def run(app: App, visitors: int, seconds: float) -> dict:
     for i in range(5):
         alone.ask(**request_of("short", 240, i, None))
     start_health, stop, peak = app.health(), threading.Event(), [0.0]
+    app_cpu = cpu_seconds(pid)
 
     def watch_memory() -> None:
         while not stop.is_set() and pid is not None:
@@ -145,7 +149,9 @@ def run(app: App, visitors: int, seconds: float) -> dict:
                               [until] * len(kinds)))
     stop.set()
     end_health = app.health()
-    return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds)
+    cpu = {"app_s": round(cpu_seconds(pid) - app_cpu), "visitors_s": round(sum(v.cpu_s for v in crowd)),
+           "machine_s": round(seconds * psutil.cpu_count())}
+    return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds) | {"cpu": cpu}
 
 
 def visit(url: str, n: int, kind: str, heavy: dict, until: float) -> Visitor:
@@ -157,7 +163,18 @@ def visit(url: str, n: int, kind: str, heavy: dict, until: float) -> Visitor:
         if kind == "link":
             time.sleep(5)
     v.client = None                     # what comes back is the record, not the connection
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    v.cpu_s = usage.ru_utime + usage.ru_stime
     return v
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """CPU seconds (user + system) of the app and the processes it runs now (vLLM's, the fitter's)."""
+    try:
+        root = psutil.Process(pid)
+        return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+    except (psutil.Error, ValueError):
+        return 0.0
 
 
 def report(alone, crowd, heavy, start, end, peak_mb, seconds) -> dict:
