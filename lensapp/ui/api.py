@@ -79,7 +79,7 @@ def wire_form(answer: dict, request) -> dict | orjson.Fragment:
     path = getattr(getattr(request, "url", None), "path", None)
     if path is None or "/call/" in path:
         return answer
-    return orjson.Fragment(orjson.dumps(answer))
+    return orjson.Fragment(orjson.dumps(answer, default=str))      # as Gradio itself writes an answer
 
 
 def api_form(field: Field) -> tuple[Any, Any]:
