@@ -49,6 +49,22 @@ def test_target_rank_is_one_for_the_top_token():
     torch.testing.assert_close(out["top_probs"].sum(), torch.softmax(logits, -1)[0, [1, 3]].sum())
 
 
+@pytest.mark.parametrize("n_targets", [1, 2, 5, 7])
+def test_target_ranks_fused_and_eager_count_the_same_ties(n_targets):
+    """The compiled one-pass count of logits above each target equals the eager per-target count, ties
+    included (a tie ranks in the target's favour), whatever the number of targets."""
+    g = torch.Generator().manual_seed(n_targets)
+    logits = torch.randint(-3, 4, (2, 9, 64), generator=g).float()        # small integers: many ties
+    targets = torch.randperm(64, generator=g)[:n_targets]
+    t_logits = logits[..., targets]
+    lenses.FUSED.ensure()
+    if not lenses.FUSED.compiled:
+        pytest.skip("torch.compile is not available here: only the eager count runs")
+    direct = (logits[..., None, :] > t_logits[..., None]).sum(-1)
+    assert torch.equal(lenses.FUSED.above(logits, t_logits), direct)
+    assert torch.equal(lenses._above(logits, t_logits), direct)
+
+
 def test_kl_of_a_distribution_to_itself_is_zero_and_entropy_of_uniform_is_log_v():
     logits = torch.zeros(3, 8)
     final = lenses.FinalDistribution.from_logits(logits)
