@@ -147,6 +147,22 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def queue_handlers(demo, handlers: int, waiting: int) -> None:
+    """Gradio runs `handlers` handlers at once (the engine admits max_batch running + queue_size waiting) and
+    holds `waiting` more in its queue; beyond that it refuses at once ("Queue is full! Please try again."),
+    which is what a flood of users hears (bench/load.py's flood). The engine's own admission ("the app is
+    busy; try again in a moment") is the net under it, and the bound for callers that do not go through
+    Gradio (scripts, the CLI).
+
+    The handlers get threads of their own. Left at Gradio's default (40), they run in anyio's default
+    thread limiter, the one FastAPI runs the queue's join in (its login check is a plain function), and
+    Gradio runs at most 40 jobs: with 40 handlers waiting for the engine, a visitor's join waited for one
+    of them to finish, and gradio_client gives up on a join after 5 s (the workshop's lost link opens).
+    Gradio makes the handlers their own limiter only for a count other than 40."""
+    demo.max_threads = handlers if handlers != 40 else 41
+    demo.queue(default_concurrency_limit=handlers, max_size=waiting)
+
+
 def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = False):
     """FastAPI with `/health` (plain JSON for a Space, a load balancer or a person) and the Gradio app at `/`.
     With `warm`, every tab's example is computed once the engine serves (`ui/front.py`). With a workshop,
@@ -166,12 +182,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     demo = built.demo
     if warm:
         built.front.warm_in_background()
-    # Gradio runs as many handlers as the engine admits (max_batch running + queue_size waiting) and
-    # holds a bounded number more in its own queue; beyond that it refuses at once ("Queue is full!
-    # Please try again."), which is what a flood of users hears (bench/load.py's flood). The engine's
-    # own admission ("the app is busy; try again in a moment") is the net under it, and the bound for
-    # callers of the service that do not go through Gradio (scripts, the CLI).
-    demo.queue(default_concurrency_limit=cfg.max_batch + cfg.queue_size, max_size=max(cfg.queue_size, 16))
+    queue_handlers(demo, cfg.max_batch + cfg.queue_size, max(cfg.queue_size, 16))
     app = FastAPI(title="Lens Explorer")
     app.add_middleware(PrefetchLinks,
                        prefetch=ui.LinkPrefetch(service, enabled=not cfg.auth_pairs and cfg.cache_entries > 0))
