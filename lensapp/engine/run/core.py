@@ -265,7 +265,7 @@ class Engine(Supervisor):
     async def _part(self, kind: str, part: Part, client: str | None):
         """One part of a request: its turn for a slot, then its run on the backend that is up then."""
         await self._until_ready()
-        async with self._slots.hold(client, part.cells):
+        async with self._slots.hold(client, part.cells, part.brief):
             while True:
                 await self._until_ready()
                 reason = self._backend.failure()
@@ -302,10 +302,11 @@ class Part(NamedTuple):
     """One engine request: `run(backend)`, and the cells its heaviest step reads (big or small in `FairSlots`)."""
     run: Callable[[Backend], Awaitable]
     cells: int = 0
+    brief: bool = False           # done in one engine step (a lens), not in many (a generation)
 
 
 def _lens_part(spec: LensSpec) -> Part:
-    return Part(lambda backend: backend.run_lens(spec), parts.cells(spec))
+    return Part(lambda backend: backend.run_lens(spec), parts.cells(spec), brief=True)
 
 
 def _generate_part(spec: LensSpec, sampling: Sampling) -> Part:

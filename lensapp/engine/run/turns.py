@@ -12,7 +12,9 @@ in a slot of `FairSlots` (on the engine's loop):
   by two, and every other client's next part is granted between them: a free slot goes to the waiting
   client that holds fewest, then to the one whose turn came longest ago (round-robin);
 - one big part (a quarter of the largest part or more: `parts.big_cells`) runs at a time, whoever's it is, so a
-  step holds at most one, and a small request never waits behind several.
+  step holds at most one, and a small request never waits behind several;
+- when the big turn comes free while a brief part (a small lens: one engine step) runs, the next big part waits
+  for it, at most BIG_PATIENCE: a big part granted then would join that lens's step and make it seconds long.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import contextvars
 import threading
+import time
 from collections import Counter, deque
 
 CLIENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("lensapp_client", default=None)
@@ -37,6 +40,10 @@ def asking(client: str | None):
 
 
 _NOBODY = object()
+# Seconds the big turn stays free for brief parts running when it comes free: about one light step under load
+# here. Counted from when the turn came free, not from a big part's arrival (big parts wait their turn for
+# minutes under load: counted from then, the patience was always spent, run H in bench/RESULTS.md).
+BIG_PATIENCE = 1.0
 
 
 class OverShare(RuntimeError):
@@ -85,17 +92,24 @@ class FairSlots:
         self.size, self.per_client, self.big_cells = size, per_client, big_cells
         self.free = size
         self.big = 0                                      # big parts holding a slot (0 or 1)
+        self.brief = 0                                    # brief small parts (a lens) holding a slot
+        self._big_freed = -float("inf")                   # when the big turn last came free (time.monotonic)
+        self._wake = None                                 # the timer that grants a held big part its turn
         self.held: Counter = Counter()
         self._waiting: dict[str | None, deque[tuple[asyncio.Future, bool]]] = {}
         self._turns: deque[str | None] = deque()          # clients with waiters, whose turn is next first
 
     @contextlib.asynccontextmanager
-    async def hold(self, client: str | None, cells: int = 0):
+    async def hold(self, client: str | None, cells: int = 0, brief: bool = False):
+        """`brief`: the part is done in one engine step (a lens, not a generation)."""
         big = self.is_big(cells)
         await self.acquire(client, big)
+        brief = brief and not big
+        self.brief += brief
         try:
             yield
         finally:
+            self.brief -= brief
             self.release(client, big)
 
     def is_big(self, cells: int) -> bool:
@@ -120,6 +134,8 @@ class FairSlots:
     def release(self, client: str | None, big: bool = False) -> None:
         self.free += 1
         self.big -= big
+        if big:
+            self._big_freed = time.monotonic()
         self.held[client] -= 1
         if self.held[client] <= 0:
             del self.held[client]
@@ -129,7 +145,22 @@ class FairSlots:
         return sum(len(q) for q in self._waiting.values())
 
     def _may_hold(self, client: str | None, big: bool) -> bool:
-        return (client is None or self.held[client] < self.per_client) and not (big and self.big)
+        if client is not None and self.held[client] >= self.per_client:
+            return False
+        return not big or (not self.big and not self._brief_first())
+
+    def _brief_first(self) -> bool:
+        """Whether the big turn, free now, is kept for the brief parts running (and a wake-up set for its end)."""
+        left = BIG_PATIENCE - (time.monotonic() - self._big_freed)
+        if not self.brief or left <= 0:
+            return False
+        if self._wake is None:
+            self._wake = asyncio.get_running_loop().call_later(left, self._woken)
+        return True
+
+    def _woken(self) -> None:
+        self._wake = None
+        self._grant()
 
     def _grant(self) -> None:
         """Give free slots to waiting clients: the one holding fewest slots first, then the one whose turn came
