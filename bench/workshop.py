@@ -53,7 +53,7 @@ REFUSED_PAUSE = 2.0
 # The visitors run niced, so they take what CPU the app leaves: thirty browsers are thirty other machines, and
 # here they share the app's two cores. Not niced (run M in bench/RESULTS.md), they took ~90% of a core under the
 # load, and the vLLM worker, whose threads each wait for the slowest, got ~0.8 of its two cores.
-VISITOR_NICENESS = 19
+VISITOR_NICENESS = 0
 
 
 def heavy_candidates() -> list[dict]:
