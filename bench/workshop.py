@@ -18,8 +18,8 @@ Each asks again as soon as it has its answer (a link visitor after 5 s, a refuse
 Reported: a short lens's p50 and p95 under the load against alone (goal: p95 within 5x), requests lost
 (no answer, or an error that is not a polite refusal: goal 0), engine restarts (goal 0), refusals by kind,
 the memory peak of the app and its processes, and the CPU seconds the app and the visitors' own processes
-spent (the visitors share the app's cores here, as browsers elsewhere would not: they run niced, so the app has
-first call on the cores; `--visitor-niceness 0` for the runs before M). One JSON line at the end.
+spent (the visitors share the app's cores here, as browsers elsewhere would not; `--visitor-niceness` nices
+them). One JSON line at the end.
 
     python bench/workshop.py                      # 30 visitors, 5 minutes (about 8 minutes with start-up)
     python bench/workshop.py --minutes 1 --visitors 12
@@ -50,9 +50,10 @@ REFUSED = ("busy", "too many requests", "running or waiting", "the limit is", "t
 # A refused visitor asks again after this long, as a person told "busy" would: asking again at once, three
 # refused sweeps spent more CPU than the app in run J (2,131 refusals), on the cores the app shares here.
 REFUSED_PAUSE = 2.0
-# The visitors run niced, so they take what CPU the app leaves: thirty browsers are thirty other machines, and
-# here they share the app's two cores. Not niced (run M in bench/RESULTS.md), they took ~90% of a core under the
-# load, and the vLLM worker, whose threads each wait for the slowest, got ~0.8 of its two cores.
+# The visitors' processes' niceness. Thirty browsers are thirty other machines; here they share the app's two
+# cores and took ~90% of one under the load (run M in bench/RESULTS.md). Niced (19), they took only what the app
+# left, and with the app busy their own clients stalled: a short lens's engine part took 2.2 s, its visitor heard
+# the answer after 7.1 s (run O). So they are not niced: the figures count their share of the cores against the app.
 VISITOR_NICENESS = 0
 
 

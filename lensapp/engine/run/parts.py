@@ -25,7 +25,7 @@ from .protocol import GenerationOutput, LensOutput, LensSpec
 def big_cells(max_cells: int) -> int:
     """Cells from which a part is *big*: the engine runs one big part at a time (`turns.FairSlots`), and reads a
     generation's prompt apart when that readout is big, so a generation never holds the big turn for its steps."""
-    return max(1, max_cells // 2)
+    return max(1, max_cells // 4)
 
 
 def layers_per_part(n_positions: int, n_lenses: int, max_cells: int) -> int:
