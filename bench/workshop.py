@@ -81,6 +81,7 @@ class Visitor:
         self.times: list[float] = []
         self.outcomes: Counter = Counter()
         self.cpu_s = 0.0                 # this visitor's process's CPU seconds (user + system), when it is done
+        self.lost_at: list[float] = []   # when each lost request was asked for (epoch seconds)
 
     def ask(self, **kw) -> str:
         """What came of one request: "answered", "refused" or "lost: <what the visitor heard>"."""
@@ -94,6 +95,8 @@ class Visitor:
             text = " ".join(str(e).split()).lower()
             outcome = "refused" if any(r in text for r in REFUSED) else f"lost: {text[:60]}"
         self.outcomes[outcome] += 1
+        if outcome.startswith("lost"):
+            self.lost_at.append(time.time() - (time.perf_counter() - t))
         return outcome
 
 
@@ -158,7 +161,8 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
     watcher = threading.Thread(target=watch_memory, daemon=True)
     watcher.start()
     kinds = plan(visitors)
-    until = time.time() + seconds
+    start = time.time()
+    until = start + seconds
     with ProcessPoolExecutor(len(kinds)) as pool:
         crowd = list(pool.map(visit, [url] * len(kinds), range(len(kinds)), kinds, [heavy] * len(kinds),
                               [until] * len(kinds), [niceness] * len(kinds)))
@@ -166,7 +170,9 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
     end_health = app.health()
     cpu = {"app_s": round(cpu_seconds(pid) - app_cpu), "visitors_s": round(sum(v.cpu_s for v in crowd)),
            "machine_s": round(seconds * psutil.cpu_count()), "visitors_niceness": niceness}
-    return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds) | {"cpu": cpu}
+    lost_at = sorted(round(t - start) for v in crowd for t in v.lost_at)
+    return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds) | {"cpu": cpu,
+                                                                                     "lost_at_s": lost_at}
 
 
 def visit(url: str, n: int, kind: str, heavy: dict, until: float, niceness: int = 0) -> Visitor:
