@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import resource
 import statistics
@@ -150,22 +151,24 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
     alone = Visitor(url, 240, "alone")
     for i in range(5):
         alone.ask(**request_of("short", 240, i, None))
-    start_health, stop, peak = app.health(), threading.Event(), [0.0]
-    app_cpu = cpu_seconds(pid)
+    stop, peak = threading.Event(), [0.0]
 
     def watch_memory() -> None:
         while not stop.is_set() and pid is not None:
             peak[0] = max(peak[0], memory_mb(pid))
             time.sleep(1)
 
-    watcher = threading.Thread(target=watch_memory, daemon=True)
-    watcher.start()
     kinds = plan(visitors)
-    start = time.time()
-    until = start + seconds
-    with ProcessPoolExecutor(len(kinds)) as pool:
-        crowd = list(pool.map(visit, [url] * len(kinds), range(len(kinds)), kinds, [heavy] * len(kinds),
-                              [until] * len(kinds), [niceness] * len(kinds)))
+    with multiprocessing.Manager() as manager, ProcessPoolExecutor(len(kinds)) as pool:
+        # Every visitor's process starts and makes its client first (thirty interpreters importing gradio_client
+        # at once hold both cores for seconds, which thirty browsers elsewhere would not), then all begin at once.
+        ready = manager.Barrier(len(kinds) + 1)
+        futures = [pool.submit(visit, url, n, kind, heavy, ready, seconds, niceness) for n, kind in enumerate(kinds)]
+        ready.wait(timeout=600)
+        start, start_health, app_cpu = time.time(), app.health(), cpu_seconds(pid)
+        watcher = threading.Thread(target=watch_memory, daemon=True)
+        watcher.start()
+        crowd = [f.result() for f in futures]
     stop.set()
     end_health = app.health()
     cpu = {"app_s": round(cpu_seconds(pid) - app_cpu), "visitors_s": round(sum(v.cpu_s for v in crowd)),
@@ -175,10 +178,13 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
                                                                                      "lost_at_s": lost_at}
 
 
-def visit(url: str, n: int, kind: str, heavy: dict, until: float, niceness: int = 0) -> Visitor:
-    """One visitor, in a process of its own, asking until `until` (the epoch's seconds); its record comes back."""
+def visit(url: str, n: int, kind: str, heavy: dict, ready, seconds: float, niceness: int = 0) -> Visitor:
+    """One visitor, in a process of its own: its client made, it waits at `ready` (a barrier shared with every
+    visitor and the bench), then asks for `seconds`; its record comes back."""
     os.nice(niceness)
     v, i = Visitor(url, n, kind), 0
+    ready.wait(timeout=600)
+    until, before = time.time() + seconds, cpu_of_this_process()
     while time.time() < until:
         outcome = v.ask(**request_of(kind, n, i, heavy))
         i += 1
@@ -187,9 +193,13 @@ def visit(url: str, n: int, kind: str, heavy: dict, until: float, niceness: int 
         elif outcome == "refused":
             time.sleep(REFUSED_PAUSE)
     v.client = None                     # what comes back is the record, not the connection
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    v.cpu_s = usage.ru_utime + usage.ru_stime
+    v.cpu_s = cpu_of_this_process() - before
     return v
+
+
+def cpu_of_this_process() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cpu_seconds(pid: int | None) -> float:
