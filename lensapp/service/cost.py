@@ -73,9 +73,9 @@ def readout(n_prompt: int, n_layers: int, n_lenses: int, continuations: list[int
 
 def generation(n_prompt: int, max_tokens: int, n_layers: int, n_lenses: int, max_part_cells: int) -> Cost:
     """A generation read at every step: its prompt's positions (read apart, in parts, when that readout is big:
-    `parts.big_cells`), then each new token."""
+    `parts.prompt_read_apart`), then each new token."""
     steps = Cost(1, n_prompt + max_tokens, max_tokens * n_layers * n_lenses)
-    if n_prompt * n_layers * n_lenses < parts.big_cells(max_part_cells):
+    if not parts.prompt_read_apart(n_prompt * n_layers * n_lenses, max_part_cells):
         return steps + Cost(0, 0, n_prompt * n_layers * n_lenses)
     return steps + readout(n_prompt, n_layers, n_lenses, [], max_part_cells)
 

@@ -28,6 +28,13 @@ def big_cells(max_cells: int) -> int:
     return max(1, max_cells // 4)
 
 
+def prompt_read_apart(prompt_cells: int, max_cells: int) -> bool:
+    """Whether a generation reads its prompt's `prompt_cells` apart, in lens parts (`split_generation`): when they
+    are big, so the generation's own request, many steps long, never holds the big turn. The cost model asks the
+    same question (`service/cost.py`)."""
+    return prompt_cells >= big_cells(max_cells)
+
+
 def layers_per_part(n_positions: int, n_lenses: int, max_cells: int) -> int:
     """How many layers one part reads: at least one, at most max_cells // (positions x lenses)."""
     return max(1, max_cells // max(1, n_positions * n_lenses))
@@ -83,7 +90,7 @@ def split_generation(spec: LensSpec, max_cells: int) -> tuple[list[LensSpec], Le
     """(the prompt's readout as lens parts, the generation reading only its new tokens), when the prompt's
     readout is big (`big_cells`); ([], spec) when it is not, or when the spec reads no prompt or only its last
     positions (`read_from`: a branch's continuation reads the one token it forced)."""
-    if not spec.read_prompt or spec.read_from or cells(spec, generation=True) < big_cells(max_cells):
+    if not spec.read_prompt or spec.read_from or not prompt_read_apart(cells(spec, generation=True), max_cells):
         return [], spec
     prompt = dataclasses.replace(spec, continuations=(), keep_layers=(), keep_positions=None, norms=False)
     return split_lens(prompt, max_cells), dataclasses.replace(spec, read_prompt=False)
