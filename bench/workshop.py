@@ -13,7 +13,9 @@ are: one visitor reading a 30 MB answer does not hold up the others' clocks):
   fit       2 steer with a fitted vector (the fitting desk: one at a time, in its own process)
   heavy     1 replays the heaviest request the app accepts (the first of a descending list it does)
 
-Each asks again as soon as it has its answer (a link visitor after 5 s, a refused one after REFUSED_PAUSE).
+A person reads an answer before asking again: every visitor but the heavy one pauses a think time drawn
+around `--think` seconds (a link visitor reads for 5 s; a refused one waits REFUSED_PAUSE). `--think 0` is the
+stress case, everyone asking again the moment they have an answer; `--only KIND` runs one kind alone.
 
 Reported: a short lens's p50 and p95 under the load against alone (goal: p95 within 5x), requests lost
 (no answer, or an error that is not a polite refusal: goal 0), engine restarts (goal 0), refusals by kind,
@@ -31,6 +33,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import random
 import resource
 import statistics
 import sys
@@ -56,6 +59,10 @@ REFUSED_PAUSE = 2.0
 # left, and with the app busy their own clients stalled: a short lens's engine part took 2.2 s, its visitor heard
 # the answer after 7.1 s (run O). So they are not niced: the figures count their share of the cores against the app.
 VISITOR_NICENESS = 0
+# Seconds a person spends reading an answer before asking again (mean; each pause drawn from 0.5x to 1.5x):
+# a lens chart of thirty layers, a generation's readout. Short for a workshop, where people change the prompt
+# and read the chart; the heavy visitor never pauses (it is a script). See bench/RESULTS.md for --think 0.
+THINK_S = 5.0
 
 
 def heavy_candidates() -> list[dict]:
@@ -121,9 +128,10 @@ def request_of(kind: str, n: int, i: int, heavy: dict | None) -> dict:
     return dict(heavy)
 
 
-def plan(visitors: int) -> list[str]:
+def plan(visitors: int, only: str | None = None) -> list[str]:
     base = ["heavy"] + ["fit"] * 2 + ["sweep"] * 3 + ["generate"] * 5 + ["short"] * 4
-    return (base + ["link"] * max(0, visitors - len(base)))[:visitors]
+    kinds = (base + ["link"] * max(0, visitors - len(base)))[:visitors]
+    return [k for k in kinds if only in (None, k)]
 
 
 def choose_heavy(url: str) -> dict:
@@ -145,7 +153,8 @@ def memory_mb(pid: int) -> float:
         return 0.0
 
 
-def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENESS) -> dict:
+def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENESS, think: float = THINK_S,
+        only: str | None = None) -> dict:
     url, pid = app.url, app.proc.pid if app.proc is not None else None
     heavy = choose_heavy(url)
     alone = Visitor(url, 240, "alone")
@@ -158,12 +167,13 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
             peak[0] = max(peak[0], memory_mb(pid))
             time.sleep(1)
 
-    kinds = plan(visitors)
+    kinds = plan(visitors, only)
     with multiprocessing.Manager() as manager, ProcessPoolExecutor(len(kinds)) as pool:
         # Every visitor's process starts and makes its client first (thirty interpreters importing gradio_client
         # at once hold both cores for seconds, which thirty browsers elsewhere would not), then all begin at once.
         ready = manager.Barrier(len(kinds) + 1)
-        futures = [pool.submit(visit, url, n, kind, heavy, ready, seconds, niceness) for n, kind in enumerate(kinds)]
+        futures = [pool.submit(visit, url, n, kind, heavy, ready, seconds, niceness, think)
+                   for n, kind in enumerate(kinds)]
         ready.wait(timeout=600)
         start, start_health, app_cpu = time.time(), app.health(), cpu_seconds(pid)
         watcher = threading.Thread(target=watch_memory, daemon=True)
@@ -174,15 +184,16 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
     cpu = {"app_s": round(cpu_seconds(pid) - app_cpu), "visitors_s": round(sum(v.cpu_s for v in crowd)),
            "machine_s": round(seconds * psutil.cpu_count()), "visitors_niceness": niceness}
     lost_at = sorted(round(t - start) for v in crowd for t in v.lost_at)
-    return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds) | {"cpu": cpu,
-                                                                                     "lost_at_s": lost_at}
+    return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds) | {
+        "cpu": cpu, "lost_at_s": lost_at, "think_s": think, "only": only}
 
 
-def visit(url: str, n: int, kind: str, heavy: dict, ready, seconds: float, niceness: int = 0) -> Visitor:
+def visit(url: str, n: int, kind: str, heavy: dict, ready, seconds: float, niceness: int = 0,
+          think: float = THINK_S) -> Visitor:
     """One visitor, in a process of its own: its client made, it waits at `ready` (a barrier shared with every
-    visitor and the bench), then asks for `seconds`; its record comes back."""
+    visitor and the bench), then asks for `seconds`, pausing as a person would; its record comes back."""
     os.nice(niceness)
-    v, i = Visitor(url, n, kind), 0
+    v, i, draw = Visitor(url, n, kind), 0, random.Random(n)
     ready.wait(timeout=600)
     until, before = time.time() + seconds, cpu_of_this_process()
     while time.time() < until:
@@ -192,6 +203,8 @@ def visit(url: str, n: int, kind: str, heavy: dict, ready, seconds: float, nicen
             time.sleep(5)
         elif outcome == "refused":
             time.sleep(REFUSED_PAUSE)
+        elif kind != "heavy" and think > 0:
+            time.sleep(think * draw.uniform(0.5, 1.5))
     v.client = None                     # what comes back is the record, not the connection
     v.cpu_s = cpu_of_this_process() - before
     return v
@@ -234,10 +247,14 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--visitor-niceness", type=int, default=VISITOR_NICENESS,
                         help="the visitors' processes' niceness (0: they compete with the app for its cores)")
+    parser.add_argument("--think", type=float, default=THINK_S,
+                        help="a person's mean seconds reading an answer before asking again (0: at once)")
+    parser.add_argument("--only", choices=["link", "short", "generate", "sweep", "fit", "heavy"],
+                        help="run only this kind of visitor (of those --visitors plans)")
     args = parser.parse_args()
     app = App(None, extra=["--trusted-proxies", "1"])
     try:
-        out = run(app, args.visitors, args.minutes * 60, args.visitor_niceness)
+        out = run(app, args.visitors, args.minutes * 60, args.visitor_niceness, args.think, args.only)
     finally:
         app.close()
     for key, value in out.items():
