@@ -3,8 +3,9 @@
 Starts `lensapp serve` on a free loopback port behind what a Space's proxy would send: each visitor's
 requests carry their own address in X-Forwarded-For (10.77.0.N, private, made up here) and the app trusts
 one proxy hop (`--trusted-proxies 1`), so the app sees thirty clients, as it would on a Space. Nothing
-leaves this machine. The visitors, each on its own gradio_client in its own process (as thirty browsers
-are: one visitor reading a 30 MB answer does not hold up the others' clocks):
+leaves this machine. The visitors, each in its own process (as thirty browsers are: one visitor reading a 30 MB
+answer does not hold up the others' clocks), ask through Gradio's HTTP API with a client as light as a browser's
+(`http_visitor.py`; `--client gradio` for gradio_client, whose own CPU took a third of these two cores):
 
   link      16 open the same shared link, then read it again now and then (the result cache's case)
   short     4 read a short prompt with the logit lens at every layer, over and over (the measured one)
@@ -43,6 +44,7 @@ from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
 import psutil
+from http_visitor import HttpVisitor, endpoints
 from load import App, fresh
 
 EIFFEL = "The Eiffel Tower is located in the city of"
@@ -81,11 +83,16 @@ def heavy_candidates() -> list[dict]:
 
 
 class Visitor:
-    def __init__(self, url: str, n: int, kind: str):
-        from gradio_client import Client
-
+    def __init__(self, url: str, n: int, kind: str, api: dict | None = None):
+        """api: the app's endpoints (`http_visitor.endpoints`) for a browser-light client; None: gradio_client."""
         self.kind, self.n = kind, n
-        self.client = Client(url, verbose=False, headers={"X-Forwarded-For": f"10.77.0.{n + 1}"})
+        headers = {"X-Forwarded-For": f"10.77.0.{n + 1}"}
+        if api is None:
+            from gradio_client import Client
+
+            self.client = Client(url, verbose=False, headers=headers)
+        else:
+            self.client = HttpVisitor(url, api, headers)
         self.times: list[float] = []
         self.outcomes: Counter = Counter()
         self.cpu_s = 0.0                 # this visitor's process's CPU seconds (user + system), when it is done
@@ -134,8 +141,8 @@ def plan(visitors: int, only: str | None = None) -> list[str]:
     return [k for k in kinds if only in (None, k)]
 
 
-def choose_heavy(url: str) -> dict:
-    probe = Visitor(url, 250, "probe")
+def choose_heavy(url: str, api: dict | None) -> dict:
+    probe = Visitor(url, 250, "probe", api)
     for candidate in heavy_candidates():
         before = sum(probe.outcomes.values())
         probe.ask(**candidate)
@@ -154,10 +161,11 @@ def memory_mb(pid: int) -> float:
 
 
 def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENESS, think: float = THINK_S,
-        only: str | None = None) -> dict:
+        only: str | None = None, client: str = "http") -> dict:
     url, pid = app.url, app.proc.pid if app.proc is not None else None
-    heavy = choose_heavy(url)
-    alone = Visitor(url, 240, "alone")
+    api = endpoints(url) if client == "http" else None
+    heavy = choose_heavy(url, api)
+    alone = Visitor(url, 240, "alone", api)
     for i in range(5):
         alone.ask(**request_of("short", 240, i, None))
     stop, peak = threading.Event(), [0.0]
@@ -172,7 +180,7 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
         # Every visitor's process starts and makes its client first (thirty interpreters importing gradio_client
         # at once hold both cores for seconds, which thirty browsers elsewhere would not), then all begin at once.
         ready = manager.Barrier(len(kinds) + 1)
-        futures = [pool.submit(visit, url, n, kind, heavy, ready, seconds, niceness, think)
+        futures = [pool.submit(visit, url, n, kind, heavy, ready, seconds, niceness, think, api)
                    for n, kind in enumerate(kinds)]
         ready.wait(timeout=600)
         start, start_health, app_cpu = time.time(), app.health(), cpu_seconds(pid)
@@ -185,15 +193,15 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
            "machine_s": round(seconds * psutil.cpu_count()), "visitors_niceness": niceness}
     lost_at = sorted(round(t - start) for v in crowd for t in v.lost_at)
     return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds) | {
-        "cpu": cpu, "lost_at_s": lost_at, "think_s": think, "only": only}
+        "cpu": cpu, "lost_at_s": lost_at, "think_s": think, "only": only, "client": client}
 
 
 def visit(url: str, n: int, kind: str, heavy: dict, ready, seconds: float, niceness: int = 0,
-          think: float = THINK_S) -> Visitor:
+          think: float = THINK_S, api: dict | None = None) -> Visitor:
     """One visitor, in a process of its own: its client made, it waits at `ready` (a barrier shared with every
     visitor and the bench), then asks for `seconds`, pausing as a person would; its record comes back."""
     os.nice(niceness)
-    v, i, draw = Visitor(url, n, kind), 0, random.Random(n)
+    v, i, draw = Visitor(url, n, kind, api), 0, random.Random(n)
     ready.wait(timeout=600)
     until, before = time.time() + seconds, cpu_of_this_process()
     while time.time() < until:
@@ -251,10 +259,13 @@ def main() -> int:
                         help="a person's mean seconds reading an answer before asking again (0: at once)")
     parser.add_argument("--only", choices=["link", "short", "generate", "sweep", "fit", "heavy"],
                         help="run only this kind of visitor (of those --visitors plans)")
+    parser.add_argument("--client", choices=["http", "gradio"], default="http",
+                        help="the visitors' client: a browser-light one (http_visitor.py) or gradio_client")
     args = parser.parse_args()
     app = App(None, extra=["--trusted-proxies", "1"])
     try:
-        out = run(app, args.visitors, args.minutes * 60, args.visitor_niceness, args.think, args.only)
+        out = run(app, args.visitors, args.minutes * 60, args.visitor_niceness, args.think, args.only,
+                  args.client)
     finally:
         app.close()
     for key, value in out.items():
