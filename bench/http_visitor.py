@@ -1,11 +1,12 @@
-"""A visitor's client as light as a browser's: Gradio's HTTP API (POST /gradio_api/call/<api>, then read the
-answer's event stream), no gradio_client.
+"""A visitor's client as light as a browser's: Gradio's queue as the page itself calls it (POST
+/gradio_api/queue/join, then read the session's event stream, /gradio_api/queue/data), no gradio_client.
 
 Why the workshop uses it: thirty browsers are thirty other machines, but here the visitors share the app's two
 cores. gradio_client spent ~0.085 CPU seconds a request on this machine (a link open: 0.085 s against 0.004 s
 here, measured 2026-12-02, bench/RESULTS.md), so its thirty processes took a third of the machine's CPU from the
-app in the workshop (runs I-X). This client asks the same queue for the same handlers with the same headers;
-what it saves is only the client's own overhead. The tests still call every endpoint through gradio_client
+app in the workshop (runs I-Z). This client takes the same route as the page and gradio_client (the queue's
+join and event stream, where answers are written with the queue's ready-made JSON: `ui/api.py`), with the same
+headers; what it saves is only the client's own overhead. The tests still call every endpoint through gradio_client
 (tests/test_api.py): this is the bench's load, not the API's check.
 
     api = endpoints(url)                             # once: each endpoint's parameters, in order, with defaults
@@ -15,6 +16,7 @@ what it saves is only the client's own overhead. The tests still call every endp
 from __future__ import annotations
 
 import json
+import uuid
 
 import httpx
 
@@ -26,11 +28,20 @@ class AppError(RuntimeError):
     """The app answered with an error (its one line), or never answered."""
 
 
-def endpoints(url: str) -> dict[str, list[tuple[str, object]]]:
-    """{"/lens": [(parameter name, default), ...], ...} from the app's /gradio_api/info."""
-    info = httpx.get(url.rstrip("/") + "/gradio_api/info", timeout=30).json()
-    return {name: [(p["parameter_name"], p.get("parameter_default")) for p in spec["parameters"]]
-            for name, spec in info["named_endpoints"].items()}
+def endpoints(url: str) -> dict[str, tuple[int, list[tuple[str, object]]]]:
+    """{"/lens": (its fn_index, [(parameter name, default), ...]), ...} from the app's /config and /gradio_api/info.
+    Every input of these endpoints is an API parameter (checked: a page-only input would need a placeholder)."""
+    root = url.rstrip("/")
+    info = httpx.get(root + "/gradio_api/info", timeout=30).json()["named_endpoints"]
+    out = {}
+    for dep in httpx.get(root + "/config", timeout=30).json()["dependencies"]:
+        name = f"/{dep.get('api_name')}"
+        if name in info:
+            params = [(p["parameter_name"], p.get("parameter_default")) for p in info[name]["parameters"]]
+            if len(params) != len(dep["inputs"]):
+                raise ValueError(f"{name}: {len(dep['inputs'])} inputs but {len(params)} API parameters")
+            out[name] = (dep["id"], params)
+    return out
 
 
 class HttpVisitor:
@@ -41,26 +52,30 @@ class HttpVisitor:
 
     def predict(self, api_name: str, **kwargs):
         """The endpoint's answer (its outputs, one item unwrapped), or AppError with what the app said."""
-        params = self.api[api_name]
+        fn_index, params = self.api[api_name]
         unknown = set(kwargs) - {name for name, _ in params}
         if unknown:
             raise TypeError(f"{api_name} has no parameter {sorted(unknown)}")
-        data = [kwargs.get(name, default) for name, default in params]
-        path = f"/gradio_api/call{api_name}"
-        join = self.http.post(path, json={"data": data}, timeout=JOIN_SECONDS)
+        session = uuid.uuid4().hex                 # one a request: its stream carries only this answer
+        join = self.http.post("/gradio_api/queue/join", timeout=JOIN_SECONDS, json={
+            "data": [kwargs.get(name, default) for name, default in params], "fn_index": fn_index,
+            "session_hash": session, "trigger_id": None, "event_data": None})
         if join.status_code != 200:
             raise AppError(f"join refused ({join.status_code}): {join.text[:200]}")
-        event, answer = None, None
-        with self.http.stream("GET", f"{path}/{join.json()['event_id']}") as stream:
+        with self.http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}) as stream:
             for line in stream.iter_lines():
-                if line.startswith("event: "):
-                    event = line[7:].strip()
-                elif line.startswith("data: ") and event in ("complete", "error"):
-                    answer = json.loads(line[6:])
-                    break
-        if event == "error":
-            said = answer.get("error") if isinstance(answer, dict) else answer
-            raise AppError(str(said) if said is not None else "error (no message)")
-        if event != "complete":
-            raise AppError("the stream closed without an answer")
-        return answer[0] if isinstance(answer, list) and len(answer) == 1 else answer
+                if not line.startswith("data:"):
+                    continue
+                message = json.loads(line[5:])
+                if message.get("msg") == "process_completed":
+                    return _answer(message)
+        raise AppError("the stream closed without an answer")
+
+
+def _answer(message: dict):
+    output = message.get("output") or {}
+    if not message.get("success", False) or "error" in output:
+        said = output.get("error")
+        raise AppError(str(said) if said is not None else "error (no message)")
+    data = output["data"]
+    return data[0] if len(data) == 1 else data
