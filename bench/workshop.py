@@ -164,10 +164,10 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
         only: str | None = None, client: str = "http") -> dict:
     url, pid = app.url, app.proc.pid if app.proc is not None else None
     api = endpoints(url) if client == "http" else None
-    heavy = choose_heavy(url, api)
-    alone = Visitor(url, 240, "alone", api)
-    for i in range(5):
+    alone = Visitor(url, 240, "alone", api)       # first, on a quiet app (after the heavy probe, its 26 MB answer
+    for i in range(5):                            # was still leaving the web process: run AB's 0.94 s)
         alone.ask(**request_of("short", 240, i, None))
+    heavy = choose_heavy(url, api)
     stop, peak = threading.Event(), [0.0]
 
     def watch_memory() -> None:

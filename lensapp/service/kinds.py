@@ -47,11 +47,13 @@ class Kind:
             values["prompts"] = None if prompt is None else [fields.PROMPT(prompt)]
         return self.request.parse(**values)
 
+    def answered(self, result):
+        """What an answer is made of: the result (a one-prompt kind: the first of its results)."""
+        return result[0] if self.one_prompt else result
+
     def answer_of(self, result) -> Any:
-        """The JSON answer of a result (a one-prompt kind: the first of its results)."""
-        if self.one_prompt:
-            return result[0].to_json()
-        return result.to_json()
+        """The JSON answer of a result."""
+        return self.answered(result).to_json()
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (

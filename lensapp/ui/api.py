@@ -20,6 +20,8 @@ answers no page. So an answer for Gradio's queue (gradio_client, the "Use via AP
 JavaScript) leaves the handler's thread already serialized, as an `orjson.Fragment` that Gradio's walks skip
 and its orjson writes out verbatim: the client reads the same JSON. Gradio's REST route (`/call/...`, the
 curl example) writes answers with the standard library's json, which cannot embed one: it gets the dict.
+The JSON of a result answered again (a shared link, a replayed request: the result cache's same object) is made
+once (`answer_memo`).
 
 Bad input raises gr.Error with the service's one-line message, as plain text (the client sees an
 AppError). `/health` (plain JSON over GET, not a Gradio endpoint) is added by the server.
@@ -35,6 +37,11 @@ import orjson
 
 from ..service.field import REQUIRED, Field
 from ..service.kinds import KINDS, Kind
+from .answer_memo import AnswerMemo
+
+# The answers' JSON kept for results answered again: a quarter of the result cache's own bound (`cache_mb`),
+# counted with it in the memory plan (engine/start/memory.py).
+MEMO_SHARE = 4
 
 
 def endpoints() -> tuple[Kind, ...]:
@@ -42,24 +49,32 @@ def endpoints() -> tuple[Kind, ...]:
     return tuple(KINDS.values())
 
 
-def register_api(service, guard) -> None:
-    """Add the endpoints to the Blocks being built (call inside `with gr.Blocks()`)."""
+def register_api(service, guard) -> AnswerMemo:
+    """Add the endpoints to the Blocks being built (call inside `with gr.Blocks()`); their answers' memo."""
+    memo = AnswerMemo((service.cfg.cache_mb << 20) // MEMO_SHARE if service.cfg.cache_entries else 0)
     for kind in endpoints():
-        gr.api(endpoint_function(kind, service, guard), api_name=kind.name)
+        gr.api(endpoint_function(kind, service, guard, memo), api_name=kind.name)
+    return memo
 
 
-def endpoint_function(kind: Kind, service, guard) -> Callable:
+def endpoint_function(kind: Kind, service, guard, memo: AnswerMemo | None = None) -> Callable:
     """The function Gradio serves for `kind`: its signature, hints and docstring made from its fields."""
     params = kind.fields()
     names = [field.name for field in params]
 
-    def answer(values: dict):
-        return kind.answer_of(kind.run(service, kind.request_of(values)))
+    def answer(values: dict, request):
+        result = kind.run(service, kind.request_of(values))
+        if not for_queue(request):
+            return kind.answer_of(result)
+        def make() -> bytes:
+            return orjson.dumps(kind.answer_of(result), default=str)     # as Gradio itself writes an answer
+
+        return orjson.Fragment(make() if memo is None else memo.json_of(kind.answered(result), make))
 
     def fn(*args, **kwargs):
         values = dict(zip([*names, "request"], args), **kwargs)
         request = values.pop("request", None)
-        return wire_form(guard.api(request, answer, values), request)
+        return guard.api(request, answer, values, request)
 
     signature = [inspect.Parameter(field.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=api_form(field)[1],
                                    annotation=api_form(field)[0]) for field in params]
@@ -73,13 +88,11 @@ def endpoint_function(kind: Kind, service, guard) -> Callable:
     return fn
 
 
-def wire_form(answer: dict, request) -> dict | orjson.Fragment:
-    """`answer` as it leaves the handler: JSON already made for Gradio's queue; the dict itself for its REST
-    route and for a call made inside the app (no request)."""
+def for_queue(request) -> bool:
+    """Whether the answer leaves through Gradio's queue (JSON made here); not for its REST route, nor for a
+    call made inside the app (no request): those get the dict."""
     path = getattr(getattr(request, "url", None), "path", None)
-    if path is None or "/call/" in path:
-        return answer
-    return orjson.Fragment(orjson.dumps(answer, default=str))      # as Gradio itself writes an answer
+    return path is not None and "/call/" not in path
 
 
 def api_form(field: Field) -> tuple[Any, Any]:

@@ -95,7 +95,7 @@ def plan(cfg: Config, info, hf_config, path: str, jlens_layers: int, limit) -> B
         kv_cache=kv_cache_bytes(cfg, hf_config, info) if kind.kv_cache else 0,
         jlens=jlens_layers * info.d_model ** 2 * 2 * jlens_copies,
         readout=readout_bytes(info.vocab_size, longest, dtype_bytes) if here else 0,
-        result_cache=cfg.cache_mb * MiB if cfg.cache_entries else 0,
+        result_cache=cfg.cache_mb * MiB * 5 // 4 if cfg.cache_entries else 0,     # and its answers' JSON (ui/api)
         runtime=kind.runtime_bytes,
         limit=limit.bytes, limit_source=limit.source, device=info.device,
         fitter=fitter_bytes(param_count(hf_config, path)) if fitting_on(cfg) else 0)

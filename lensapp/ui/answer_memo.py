@@ -1,0 +1,65 @@
+"""The queue's JSON of a result answered again, made once per result object.
+
+A shared link opened by thirty visitors, or one visitor replaying the heaviest request the app accepts, is
+answered from the result cache: the same result object every time. Its JSON was made again for every answer,
+and for a long prompt read at every layer with k 100 (a 26 MB answer) that cost the web process 1.2 CPU
+seconds each time, most of it rounding floats (`results/export.round_floats`), while holding the interpreter's
+lock that the engine's own loop needs too (bench/RESULTS.md, the workshop's run AB). Here the JSON is kept
+beside the result, as bytes, while the result lives (a weak reference: when the result cache lets go of it,
+its JSON goes too) and while it fits in `max_bytes` (least recently answered first out).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Callable
+
+
+class AnswerMemo:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = self.misses = 0
+        self._kept: OrderedDict[int, tuple[weakref.ref, bytes]] = OrderedDict()    # id(result) -> (result, JSON)
+        self._gone: list[int] = []              # results freed since: their JSON dropped at the next call
+        self._lock = threading.Lock()
+
+    def json_of(self, result: object, make: Callable[[], bytes]) -> bytes:
+        """`result`'s JSON: kept from an earlier answer, or `make()` now (and kept when it fits)."""
+        key = id(result)
+        with self._lock:
+            self._sweep()
+            kept = self._kept.get(key)
+            if kept is not None and kept[0]() is result:
+                self._kept.move_to_end(key)
+                self.hits += 1
+                return kept[1]
+        data = make()
+        self.misses += 1
+        try:
+            # the callback may run inside any allocation, this lock held: it only notes the key
+            ref = weakref.ref(result, lambda _, key=key: self._gone.append(key))
+        except TypeError:                       # a result that cannot be referred to weakly: not kept
+            return data
+        with self._lock:
+            self._drop(key)
+            if len(data) <= self.max_bytes:
+                self._kept[key] = (ref, data)
+                self.bytes += len(data)
+                while self.bytes > self.max_bytes:
+                    self._drop(next(iter(self._kept)))
+        return data
+
+    def _sweep(self) -> None:
+        while self._gone:
+            key = self._gone.pop()
+            kept = self._kept.get(key)
+            if kept is not None and kept[0]() is None:      # not a newer result at the same address
+                self._drop(key)
+
+    def _drop(self, key: int) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self.bytes -= len(kept[1])
