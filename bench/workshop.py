@@ -164,8 +164,9 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
         only: str | None = None, client: str = "http") -> dict:
     url, pid = app.url, app.proc.pid if app.proc is not None else None
     api = endpoints(url) if client == "http" else None
-    alone = Visitor(url, 240, "alone", api)       # first, on a quiet app (after the heavy probe, its 26 MB answer
-    for i in range(5):                            # was still leaving the web process: run AB's 0.94 s)
+    alone = Visitor(url, 240, "alone", api)
+    settle(pid)                 # the app warms its examples up after it says ready: alone means alone (run AC)
+    for i in range(5):
         alone.ask(**request_of("short", 240, i, None))
     heavy = choose_heavy(url, api)
     stop, peak = threading.Event(), [0.0]
@@ -194,6 +195,15 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
     lost_at = sorted(round(t - start) for v in crowd for t in v.lost_at)
     return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds) | {
         "cpu": cpu, "lost_at_s": lost_at, "think_s": think, "only": only, "client": client}
+
+
+def settle(pid: int | None, quiet: float = 0.15, most: float = 180.0) -> None:
+    """Wait until the app's processes use under `quiet` of a core for two seconds running (at most `most` s)."""
+    until, calm = time.time() + most, 0
+    while pid is not None and time.time() < until and calm < 2:
+        before = cpu_seconds(pid)
+        time.sleep(1)
+        calm = calm + 1 if cpu_seconds(pid) - before < quiet else 0
 
 
 def visit(url: str, n: int, kind: str, heavy: dict, ready, seconds: float, niceness: int = 0,
