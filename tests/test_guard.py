@@ -10,7 +10,7 @@ import gradio as gr
 import pytest
 
 from lensapp.engine import EngineBusy, EngineDown, EngineRestarted
-from lensapp.service.limits import RateLimited, RateLimiter
+from lensapp.service.limits import ANSWER_BYTES, RateLimited, RateLimiter
 from lensapp.service.requests import RequestError
 from lensapp.ui.guard import Guard, client_address
 
@@ -87,6 +87,35 @@ def test_rate_limit_per_address_with_bursts_and_loopback_free():
     for _ in range(100):
         limiter.check("127.0.0.1")                                # loopback is never limited
     assert limiter.refused == 1
+
+
+def test_a_large_answer_counts_as_more_than_one_request():
+    now = [0.0]
+    limiter = RateLimiter(per_minute=60, burst=12, clock=lambda: now[0])
+    limiter.check("203.0.113.7")
+    limiter.charge("203.0.113.7", 26 * ANSWER_BYTES)                 # far more than a burst: a burst below zero
+    with pytest.raises(RateLimited, match="try again in 13 s"):
+        limiter.check("203.0.113.7")
+    now[0] += 13.0
+    limiter.check("203.0.113.7")
+    for _ in range(3):
+        limiter.charge("198.51.100.1", ANSWER_BYTES // 4)            # small answers: a quarter more each
+    for _ in range(11):
+        limiter.check("198.51.100.1")
+    with pytest.raises(RateLimited):                                 # 12 - 0.75 left 11.25: the twelfth waits
+        limiter.check("198.51.100.1")
+    limiter.charge("127.0.0.1", 100 * ANSWER_BYTES)                  # loopback and the app itself: never charged
+    limiter.charge(None, 100 * ANSWER_BYTES)
+    limiter.check("127.0.0.1")
+
+
+def test_the_guard_charges_an_answer_to_the_derived_address():
+    guard = Guard(RateLimiter(per_minute=60, burst=2, clock=lambda: 0.0), trusted_proxies=1)
+    asked = request("10.0.0.5", "localhost, 198.51.100.4")
+    guard.answered(asked, 10 * ANSWER_BYTES)
+    with pytest.raises(gr.Error, match="too many requests"):
+        guard.api(asked, lambda: None)
+    guard.api(request("10.0.0.5", "198.51.100.5"), lambda: None)     # another visitor behind the same proxy
 
 
 def test_client_address_trusts_only_the_hops_the_host_names():

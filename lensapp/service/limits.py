@@ -6,6 +6,10 @@ process on this machine has one (the host's own scripts, the tests, the bench), 
 proxies the derived address is loopback only when the outermost proxy itself saw one; a name
 ("localhost") is nobody's address and exempts nothing. A workshop behind one address (a
 university's NAT) should raise the limit or turn it off (`LENSAPP_RATE_LIMIT=0`).
+
+A large answer counts as more than one request (`charge`): each ANSWER_BYTES of it one more. A visitor replaying
+the heaviest request the app accepts is answered from the result cache, but sending its 26 MB still costs the web
+process ~0.2 CPU seconds; at 60 a minute that was a fifth of a core for one visitor (bench/RESULTS.md, run AD).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import time
 
 from .field import RequestError
 from .identity import bucket, is_loopback
+
+ANSWER_BYTES = 4 << 20          # each this many bytes of one answer count as one more request
 
 
 class RateLimited(RequestError):
@@ -50,3 +56,15 @@ class RateLimiter:
                 for key, _ in sorted(self._buckets.items(), key=lambda kv: kv[1][1])[:self.max_clients // 10]:
                     del self._buckets[key]
 
+    def charge(self, client: str | None, answer_bytes: int) -> None:
+        """Count an answer of `answer_bytes` against `client` once it is made (one more request for each
+        ANSWER_BYTES of it). The bucket may go below zero, at most a burst below: the next request waits."""
+        extra = answer_bytes / ANSWER_BYTES
+        if self.rate <= 0 or client is None or is_loopback(client) or extra <= 0:
+            return
+        client = bucket(client)
+        now = self.clock()
+        with self._lock:
+            tokens, last = self._buckets.get(client, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            self._buckets[client] = (max(tokens - extra, -self.burst), now)

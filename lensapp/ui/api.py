@@ -69,7 +69,9 @@ def endpoint_function(kind: Kind, service, guard, memo: AnswerMemo | None = None
         def make() -> bytes:
             return orjson.dumps(kind.answer_of(result), default=str)     # as Gradio itself writes an answer
 
-        return orjson.Fragment(make() if memo is None else memo.json_of(kind.answered(result), make))
+        data = make() if memo is None else memo.json_of(kind.answered(result), make)
+        guard.answered(request, len(data))          # a large answer counts as more than one request
+        return orjson.Fragment(data)
 
     def fn(*args, **kwargs):
         values = dict(zip([*names, "request"], args), **kwargs)

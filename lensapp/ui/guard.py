@@ -59,6 +59,10 @@ class Guard:
         """Run an API endpoint: failures become a plain-text, one-line gr.Error."""
         return self._run(request, False, fn, *args, **kwargs)
 
+    def answered(self, request: gr.Request | None, size: int) -> None:
+        """Count an answer of `size` bytes against whoever asked (`RateLimiter.charge`)."""
+        self.limiter.charge(client_address(request, self.trusted_proxies), size)
+
     def _run(self, request, escape: bool, fn, *args, **kwargs):
         try:
             client = client_address(request, self.trusted_proxies)
