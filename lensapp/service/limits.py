@@ -39,32 +39,35 @@ class RateLimiter:
     def check(self, client: str | None) -> None:
         """Take one token for `client` (an IP address; anything else shares one bucket; None: a call from
         inside the app, never limited), or raise RateLimited saying when to come back."""
-        if self.rate <= 0 or client is None or is_loopback(client):
+        if not self._limits(client):
             return
-        client = bucket(client)
-        now = self.clock()
         with self._lock:
-            tokens, last = self._buckets.get(client, (self.burst, now))
-            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            key, tokens, now = self._refilled(client)
             if tokens < 1.0:
-                self._buckets[client] = (tokens, now)
+                self._buckets[key] = (tokens, now)
                 self.refused += 1
                 wait = (1.0 - tokens) / self.rate
                 raise RateLimited(f"too many requests from your address; try again in {wait:.0f} s")
-            self._buckets[client] = (tokens - 1.0, now)
+            self._buckets[key] = (tokens - 1.0, now)
             if len(self._buckets) > self.max_clients:        # forget the longest-idle addresses
-                for key, _ in sorted(self._buckets.items(), key=lambda kv: kv[1][1])[:self.max_clients // 10]:
-                    del self._buckets[key]
+                for old, _ in sorted(self._buckets.items(), key=lambda kv: kv[1][1])[:self.max_clients // 10]:
+                    del self._buckets[old]
 
     def charge(self, client: str | None, answer_bytes: int) -> None:
         """Count an answer of `answer_bytes` against `client` once it is made (one more request for each
         ANSWER_BYTES of it). The bucket may go below zero, at most a burst below: the next request waits."""
         extra = answer_bytes / ANSWER_BYTES
-        if self.rate <= 0 or client is None or is_loopback(client) or extra <= 0:
+        if not self._limits(client) or extra <= 0:
             return
-        client = bucket(client)
-        now = self.clock()
         with self._lock:
-            tokens, last = self._buckets.get(client, (self.burst, now))
-            tokens = min(self.burst, tokens + (now - last) * self.rate)
-            self._buckets[client] = (max(tokens - extra, -self.burst), now)
+            key, tokens, now = self._refilled(client)
+            self._buckets[key] = (max(tokens - extra, -self.burst), now)
+
+    def _limits(self, client: str | None) -> bool:
+        return self.rate > 0 and client is not None and not is_loopback(client)
+
+    def _refilled(self, client: str) -> tuple[str, float, float]:
+        """(client's bucket, its tokens now, now), the lock held."""
+        key, now = bucket(client), self.clock()
+        tokens, last = self._buckets.get(key, (self.burst, now))
+        return key, min(self.burst, tokens + (now - last) * self.rate), now
