@@ -188,3 +188,10 @@ def test_the_rest_route_answers_the_same_json(client, app_url):
     data = lines[lines.index("event: complete") + 1]
     rest = json.loads(data.removeprefix("data:"))[0]
     assert_same(rest, client.predict(**given, api_name="/lens"))
+
+
+def test_a_request_answered_again_is_the_same_answer(client):
+    """The second answer of the same request comes from the result cache with its JSON made once
+    (ui/answer_memo.py): through gradio_client, the same answer."""
+    given = {"prompt": "Water boils at", "lens": "logit", "layers": "all", "k": 4, "targets": "100"}
+    assert client.predict(**given, api_name="/lens") == client.predict(**given, api_name="/lens")

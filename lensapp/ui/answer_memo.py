@@ -37,20 +37,24 @@ class AnswerMemo:
                 self.hits += 1
                 return kept[1]
         data = make()
-        self.misses += 1
         try:
             # the callback may run inside any allocation, this lock held: it only notes the key
             ref = weakref.ref(result, lambda _, key=key: self._gone.append(key))
         except TypeError:                       # a result that cannot be referred to weakly: not kept
-            return data
+            ref = None
         with self._lock:
-            self._drop(key)
-            if len(data) <= self.max_bytes:
-                self._kept[key] = (ref, data)
-                self.bytes += len(data)
-                while self.bytes > self.max_bytes:
-                    self._drop(next(iter(self._kept)))
+            self.misses += 1
+            if ref is not None:
+                self._keep(key, ref, data)
         return data
+
+    def _keep(self, key: int, ref: weakref.ref, data: bytes) -> None:
+        self._drop(key)
+        if len(data) <= self.max_bytes:
+            self._kept[key] = (ref, data)
+            self.bytes += len(data)
+            while self.bytes > self.max_bytes:
+                self._drop(next(iter(self._kept)))
 
     def _sweep(self) -> None:
         while self._gone:
