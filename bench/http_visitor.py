@@ -9,7 +9,7 @@ join and event stream, where answers are written with the queue's ready-made JSO
 headers; what it saves is only the client's own overhead. The tests still call every endpoint through gradio_client
 (tests/test_api.py): this is the bench's load, not the API's check.
 
-    api = endpoints(url)                             # once: each endpoint's parameters, in order, with defaults
+    api = endpoints(url)                 # once: each endpoint's fn_index and parameters, in order, with defaults
     HttpVisitor(url, api, {"X-Forwarded-For": "10.77.0.5"}).predict(api_name="/lens", prompt="...")
 """
 

@@ -4,8 +4,9 @@ Starts `lensapp serve` on a free loopback port behind what a Space's proxy would
 requests carry their own address in X-Forwarded-For (10.77.0.N, private, made up here) and the app trusts
 one proxy hop (`--trusted-proxies 1`), so the app sees thirty clients, as it would on a Space. Nothing
 leaves this machine. The visitors, each in its own process (as thirty browsers are: one visitor reading a 30 MB
-answer does not hold up the others' clocks), ask through Gradio's HTTP API with a client as light as a browser's
-(`http_visitor.py`; `--client gradio` for gradio_client, whose own CPU took a third of these two cores):
+answer does not hold up the others' clocks), ask through the page's own route (Gradio's queue) with a client as
+light as a browser's (`http_visitor.py`; `--client gradio` for gradio_client, whose own CPU took a third of these
+two cores):
 
   link      16 open the same shared link, then read it again now and then (the result cache's case)
   short     4 read a short prompt with the logit lens at every layer, over and over (the measured one)
