@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from lensapp import config
 from lensapp.ui import api
 from lensapp.ui.answer_memo import AnswerMemo
 
@@ -76,16 +75,18 @@ class _Guard:
         pass
 
 
-@pytest.fixture(scope="module")
-def cached_service(tiny_model_dir):
-    """The service on the tiny Llama with a result cache (the shared tiny service has none)."""
-    from lensapp.service import LensService
+@pytest.fixture
+def cached_service(tiny_service):
+    """The shared tiny service (which has no result cache) behind a cache of its own: the same request, the same
+    result object, as the result cache gives."""
+    kept = {}
 
-    service = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none",
-                                              cache_entries=8, request_timeout=30))
-    service.wait_ready(300)
-    yield service
-    service.close()
+    def lens(request):
+        key = repr(request)
+        if key not in kept:
+            kept[key] = tiny_service.lens(request)
+        return kept[key]
+    return SimpleNamespace(lens=lens)
 
 
 def test_a_cached_lens_answered_twice_through_the_queue_is_one_json(cached_service):

@@ -113,7 +113,7 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
         for tab in page["tabs"].children:
             tab.visible = tab.id in shown
         page.update(_link_row(page["title"], page["note"]))
-        register_api(service, guard)
+        register_api(service, guard, cfg)
         _wire_status(service, page["banner"], parts)
         _wire_links(parts, page)
 
