@@ -98,3 +98,5 @@ def test_a_cached_lens_answered_twice_through_the_queue_is_one_json(cached_servi
     first, again = orjson.dumps(fn(**ask, request=queue)), orjson.dumps(fn(**ask, request=queue))
     assert first == again and (memo.hits, memo.misses) == (1, 1)
     assert orjson.loads(first) == orjson.loads(orjson.dumps(fn(**ask)))    # the dict a call inside the app gets
+    rest = SimpleNamespace(url=SimpleNamespace(path="/gradio_api/call/lens"))
+    assert fn(**ask, request=rest) == orjson.loads(first) and memo.hits == 2    # the REST route: a dict, same JSON

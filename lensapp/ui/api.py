@@ -19,9 +19,9 @@ cache, the root URL: ~2 s each for that answer, measured), during which the app 
 answers no page. So an answer for Gradio's queue (gradio_client, the "Use via API" page's Python and
 JavaScript) leaves the handler's thread already serialized, as an `orjson.Fragment` that Gradio's walks skip
 and its orjson writes out verbatim: the client reads the same JSON. Gradio's REST route (`/call/...`, the
-curl example) writes answers with the standard library's json, which cannot embed one: it gets the dict.
-The JSON of a result answered again (a shared link, a replayed request: the result cache's same object) is made
-once (`answer_memo`).
+curl example) writes answers with the standard library's json, which cannot embed one: it gets the dict, read
+back from the same JSON. That JSON is made once for a result answered again (a shared link, a replayed request:
+the result cache's same object; `answer_memo`), and counted against the visitor by its size on both routes.
 
 Bad input raises gr.Error with the service's one-line message, as plain text (the client sees an
 AppError). `/health` (plain JSON over GET, not a Gradio endpoint) is added by the server.
@@ -64,14 +64,15 @@ def endpoint_function(kind: Kind, service, guard, memo: AnswerMemo | None = None
 
     def answer(values: dict, request):
         result = kind.run(service, kind.request_of(values))
-        if not for_queue(request):
+        if request is None:                         # a call made inside the app: the dict itself
             return kind.answer_of(result)
+
         def make() -> bytes:
             return orjson.dumps(kind.answer_of(result), default=str)     # as Gradio itself writes an answer
 
         data = make() if memo is None else memo.json_of(kind.answered(result), make)
-        guard.answered(request, len(data))          # a large answer counts as more than one request
-        return orjson.Fragment(data)
+        guard.answered(request, len(data))          # a large answer counts as more than one request, on either route
+        return orjson.Fragment(data) if for_queue(request) else orjson.loads(data)
 
     def fn(*args, **kwargs):
         values = dict(zip([*names, "request"], args), **kwargs)
@@ -91,8 +92,7 @@ def endpoint_function(kind: Kind, service, guard, memo: AnswerMemo | None = None
 
 
 def for_queue(request) -> bool:
-    """Whether the answer leaves through Gradio's queue (JSON made here); not for its REST route, nor for a
-    call made inside the app (no request): those get the dict."""
+    """Whether the answer leaves through Gradio's queue (JSON made here), not its REST route (a dict)."""
     path = getattr(getattr(request, "url", None), "path", None)
     return path is not None and "/call/" not in path
 
