@@ -7,6 +7,8 @@ seconds, keeping the link's query, so the visitor lands on the real page once it
 `{"state": "starting"}` (200, as the real app says while its model loads) and anything else is 503 with
 Retry-After. When the real app is built, `handover()` stops answering and returns the listening socket
 itself, which uvicorn then serves: connections made meanwhile wait in its backlog, none is refused.
+Each connection has a thread while it is answered; one that sends nothing for IDLE_SECONDS is closed, so idle or
+half-sent connections cannot pile up threads.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 RELOAD_SECONDS = 3
+IDLE_SECONDS = 5.0           # a connection silent this long (before or within its request) is closed
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -63,10 +66,10 @@ def listen(host: str, port: int) -> socket.socket:
 class Shell:
     """The starting page on `sock`, answered from a thread until `handover()`."""
 
-    def __init__(self, sock: socket.socket, title: str = "Lens Explorer"):
+    def __init__(self, sock: socket.socket, title: str = "Lens Explorer", idle_seconds: float = IDLE_SECONDS):
         self.sock = sock
         page = PAGE.format(reload=RELOAD_SECONDS, title=html.escape(title)).encode()
-        self.server = ThreadingHTTPServer(sock.getsockname()[:2], _handler(page), bind_and_activate=False)
+        self.server = ThreadingHTTPServer(sock.getsockname()[:2], _handler(page, idle_seconds), bind_and_activate=False)
         self.server.socket = sock
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, args=(0.1,), name="lens-shell",
@@ -83,11 +86,13 @@ class Shell:
         return self.sock
 
 
-def _handler(page: bytes) -> type[BaseHTTPRequestHandler]:
+def _handler(page: bytes, idle_seconds: float) -> type[BaseHTTPRequestHandler]:
     health = json.dumps({"state": "starting", "ready": False, "front_page": "computing",
                          "reason": "the app is loading (the web app, then the model)", "page": "starting"}).encode()
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = idle_seconds      # on each read and write of the connection (the default: wait forever)
+
         def do_GET(self):
             path = self.path.split("?", 1)[0]
             if path == "/":

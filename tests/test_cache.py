@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
 import numpy as np
 import pytest
 
+from lensapp.results.lens import LensReadout, LensResult, TargetScore
 from lensapp.service.cache import ResultCache, approx_bytes
 
 
@@ -75,3 +77,77 @@ def test_pinned_results_outlive_the_bounds_and_a_result_read_while_pinning_is_pi
     assert cache.get_or_compute("front", lambda: "recomputed") == "F"
     assert cache.get_or_compute("seen", lambda: "recomputed") == "S"
     assert cache.stats()["pinned"] == 2 and cache.stats()["entries"] == 1
+
+
+def test_a_hit_is_served_while_another_result_is_being_sized():
+    sizing, release = threading.Event(), threading.Event()
+
+    def size(value):
+        if value == "long readout":                     # sizing it takes a while: a hit must not wait for it
+            sizing.set()
+            release.wait(10)
+        return 100
+
+    cache = ResultCache(8, 1 << 20, size=size)
+    cache.get_or_compute("seen", lambda: "short readout")
+    storing = threading.Thread(target=cache.get_or_compute, args=("new", lambda: "long readout"))
+    storing.start()
+    try:
+        assert sizing.wait(10)
+        heard = []
+        hit = threading.Thread(target=lambda: heard.append(cache.get_or_compute("seen", lambda: "recomputed")))
+        hit.start()
+        hit.join(2)
+        assert heard == ["short readout"]               # served while the other was still being sized
+    finally:
+        release.set()
+        storing.join(10)
+    assert cache.get_or_compute("new", lambda: "recomputed") == "long readout" and cache.stats()["bytes"] == 200
+
+
+def walked(obj, depth: int = 0) -> int:
+    """The reference: every item walked (what approx_bytes did before it sampled long lists)."""
+    if depth > 8:
+        return 0
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes + 112
+    if isinstance(obj, str):
+        return 50 + len(obj)
+    if isinstance(obj, (int, float, bool)) or obj is None:
+        return 28
+    if isinstance(obj, dict):
+        return 64 + sum(walked(k, depth + 1) + walked(v, depth + 1) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return 56 + 8 * len(obj) + sum(walked(v, depth + 1) for v in obj)
+    if dataclasses.is_dataclass(obj):
+        return 64 + sum(walked(getattr(obj, f.name), depth + 1) for f in dataclasses.fields(obj))
+    return 64
+
+
+def long_readout(L: int = 30, P: int = 300, k: int = 50) -> LensResult:
+    """A long prompt's readout, its tokens (1-12 characters) shared from one vocabulary as `from_readout` makes them."""
+    rng = np.random.default_rng(0)
+    vocab = ["".join(chr(97 + int(c)) for c in rng.integers(0, 26, 1 + i % 12)) for i in range(5000)]
+    ids = rng.integers(0, len(vocab), (L, P, k))
+    readout = LensReadout(top_ids=ids, top_probs=rng.random((L, P, k), dtype=np.float32),
+                          top_tokens=[[[vocab[i] for i in pos] for pos in layer] for layer in ids.tolist()],
+                          entropy=np.zeros((L, P), np.float32), kl_to_final=np.zeros((L, P), np.float32),
+                          targets=[TargetScore("Paris", [7], ["Paris"], np.zeros((L, P)), np.ones((L, P), int))],
+                          decided_tokens=vocab[:P])
+    return LensResult(prompt="word " * P, input_ids=list(range(P)), input_tokens=vocab[:P], layers=list(range(L)),
+                      lenses={"logit": readout}, model_next_id=1, model_next_token="a")
+
+
+def test_a_long_readout_is_sized_from_a_sample_close_to_walking_it_all_and_far_sooner():
+    result = long_readout()
+    t = time.perf_counter()
+    walk = walked(result)
+    walk_seconds = time.perf_counter() - t
+    seconds = []
+    for _ in range(3):
+        t = time.perf_counter()
+        estimate = approx_bytes(result)
+        seconds.append(time.perf_counter() - t)
+    assert 0.95 < estimate / walk < 1.05, (estimate, walk)
+    assert min(seconds) < walk_seconds / 10, (seconds, walk_seconds)
+    assert approx_bytes(np.array(["token"] * 1000, dtype=object)) >= 1000 * (8 + 50 + 5)     # its strings count too

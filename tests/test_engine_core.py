@@ -44,11 +44,32 @@ class StandIn:
         pass
 
 
-def make_engine(**settings):
+class LooksFailAtFirst(StandIn):
+    """A StandIn whose `looked` method (progress or failure) raises its first three times asked, then answers."""
+
+    def __init__(self, n: int, looked: str):
+        super().__init__(n)
+        self.looked, self.raised = looked, 0
+
+    def failure(self):
+        self._maybe_raise("failure")
+        return super().failure()
+
+    def progress(self):
+        self._maybe_raise("progress")
+        return super().progress()
+
+    def _maybe_raise(self, name: str) -> None:
+        if name == self.looked and self.raised < 3:
+            self.raised += 1
+            raise RuntimeError(f"{name} could not be read")
+
+
+def make_engine(backend=StandIn, **settings):
     backends = []
 
     def start():
-        backends.append(StandIn(len(backends)))
+        backends.append(backend(len(backends)))
         return backends[-1]
 
     e = Engine(start, INFO, **{"request_timeout": 60, "watchdog_seconds": 60, **settings})
@@ -166,6 +187,28 @@ def test_an_engine_that_stops_stepping_is_restarted_and_its_callers_told():
         e.wait_ready(10)
         assert len(backends) == 2 and e.health()["restarts"] == 1
         assert "no engine step finished and its processes were idle" in e.reason
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("looked", ["progress", "failure"])
+def test_the_watchdog_outlives_a_failed_look_and_still_restarts_a_stuck_engine(looked, caplog):
+    e, backends = make_engine(lambda n: LooksFailAtFirst(n, looked), stall_timeout=1.0, watchdog_seconds=0.2)
+    try:
+        deadline = time.monotonic() + 10
+        while backends[0].raised < 3 and time.monotonic() < deadline:        # its first looks failed
+            time.sleep(0.05)
+        assert backends[0].raised == 3
+
+        async def stuck(backend):
+            await asyncio.Event().wait()
+
+        heard = ask(e, stuck, timeout=15)
+        assert heard[0] == "error" and "restarted" in heard[1], heard      # not its deadline: the watch went on
+        e.wait_ready(10)
+        assert len(backends) == 2 and e.health()["restarts"] == 1
+        failed = [r for r in caplog.records if "watchdog's look at the backend failed" in r.getMessage()]
+        assert len(failed) == 1                                             # three failures, logged once
     finally:
         e.close()
 

@@ -49,6 +49,23 @@ def test_the_shell_answers_then_hands_its_listening_socket_over():
     sock.close()
 
 
+def test_a_silent_connection_is_closed_after_the_idle_time_and_pages_are_still_answered():
+    sock = shell.listen("127.0.0.1", 0)
+    address = sock.getsockname()[:2]
+    starting = shell.Shell(sock, idle_seconds=0.5).start()
+    try:
+        for sent in (b"", b"GET / HTTP/1.1\r\nHost: x\r\n"):        # nothing, and a request never finished
+            with socket.create_connection(address, timeout=10) as idle:
+                idle.sendall(sent)
+                t = time.perf_counter()
+                assert idle.recv(1024) == b""                           # the shell closed it ...
+                assert time.perf_counter() - t < 5                      # ... at its idle time, not never
+        status, page = get(f"http://{address[0]}:{address[1]}/")
+        assert status == 200 and "the model is loading" in page
+    finally:
+        starting.handover().close()
+
+
 def test_a_port_in_use_is_one_line():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

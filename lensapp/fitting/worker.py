@@ -6,11 +6,15 @@ the model there and hold the interpreter through each step's tracing, slowing ev
 the fits run in one child process, started at the first fit and kept: it loads the model once, runs
 at most `threads` torch threads, and answers one job at a time over a pipe, sending each step's
 progress. A fit that overruns its clock (the loop checks it inside each step; this is the net under
-that) has its process killed; the next fit starts a fresh one.
+that) has its process killed; the next fit starts a fresh one. So has a fit its caller abandons mid-way (its
+`progress` raising, or anything else between the job sent and its answer): left running, it would hold the core
+and send its answer down the pipe, where the next job would read it as its own. Every message also carries its
+job's number, and the parent takes only its own job's: a job is never handed another's answer.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -47,6 +51,7 @@ class FitWorker:
         self.cfg, self.threads = cfg, threads
         self._process = None
         self._conn = None
+        self._jobs = 0                   # jobs sent: each message names its job by this number
 
     def fit(self, job: FitJob, seconds: float, progress=None):
         """The SteeringVector of `job`, or FitStopped when it takes more than `seconds` (plus, for a process
@@ -55,8 +60,22 @@ class FitWorker:
         if self._process is None or not self._process.is_alive():
             self._start()
             grace = START_GRACE
-        self._conn.send(job)
-        deadline = time.monotonic() + seconds + grace + 10.0
+        self._jobs += 1
+        try:
+            self._conn.send((self._jobs, job))
+        except OSError:                  # it died since: its pipe closed
+            self.close()
+            raise FitStopped("the fitter's process died (out of memory?); try again") from None
+        try:
+            return self._answer(self._jobs, time.monotonic() + seconds + grace + 10.0, seconds, progress)
+        except FitStopped:
+            raise                        # the process is closed, or idle after its job's error
+        except BaseException:
+            self.close()                 # abandoned mid-way: it must not go on, nor answer the next job
+            raise
+
+    def _answer(self, number: int, deadline: float, seconds: float, progress):
+        """Job `number`'s SteeringVector, reading its progress on the way (another job's messages are dropped)."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -68,11 +87,13 @@ class FitWorker:
                     raise FitStopped("the fitter's process died (out of memory?); try again")
                 continue
             try:
-                kind, *rest = self._conn.recv()
+                of, kind, *rest = self._conn.recv()
             except (EOFError, OSError):                    # the process died mid-fit: its pipe closed
                 self.close()
                 raise FitStopped("the fitter's process died (out of memory?); try again") from None
-            if kind == "progress" and progress is not None:
+            if of != number:
+                log.warning("dropped a message of the steering fitter's job %s while waiting for job %s", of, number)
+            elif kind == "progress" and progress is not None:
                 progress(*rest)
             elif kind == "done":
                 return rest[0]
@@ -99,8 +120,8 @@ class FitWorker:
 
 
 def serve(cfg, threads: int, conn) -> None:
-    """The child: load the model once, then fit each job sent, sending ("progress", step, p, norm) messages and
-    one ("done", SteeringVector) or ("error", message)."""
+    """The child: load the model once, then fit each (number, job) sent, sending (number, "progress", step, p, norm)
+    messages and one (number, "done", SteeringVector) or (number, "error", message)."""
     from .. import config
 
     config.prepare_process_environment()
@@ -116,12 +137,16 @@ def serve(cfg, threads: int, conn) -> None:
     layout = resolved.family.hf
     while True:
         try:
-            job = conn.recv()
+            number, job = conn.recv()
         except EOFError:
             return
         try:
             fit = fit_steering(model, layout, list(job.ids), job.layer, job.target_id, job.steer,
-                               progress=lambda step, p, norm: conn.send(("progress", step, p, norm)))
-            conn.send(("done", fit))
+                               progress=functools.partial(_tell_progress, conn, number))
+            conn.send((number, "done", fit))
         except FitError as e:
-            conn.send(("error", str(e)))
+            conn.send((number, "error", str(e)))
+
+
+def _tell_progress(conn, number: int, step: int, p: float, norm: float) -> None:
+    conn.send((number, "progress", step, p, norm))

@@ -41,8 +41,12 @@ class Supervisor:
     state, reason, _ready, _running, _slots, _jlens, _warm_up, _start_backend, _builder, _starting, _closed,
     restart_times, max_restarts, restart_window, stall_timeout, watchdog_seconds, _in_flight, _completed."""
 
+    # The tasks this starts, kept: the loop holds a task only weakly, and one collected mid-way vanishes silently.
+    _watchdog_task: asyncio.Task | None = None
+    _restart_task: asyncio.Task | None = None
+
     async def _boot(self) -> None:
-        asyncio.get_running_loop().create_task(self._watchdog())
+        self._watchdog_task = _spawn(self._watchdog(), "lens-watchdog")
         await self._start_with_retries("starting")
 
     async def _until_ready(self) -> None:
@@ -63,7 +67,7 @@ class Supervisor:
             task.cancel()
         self._running.clear()
         self.state, self.reason = "restarting", reason
-        asyncio.get_running_loop().create_task(self._restart())
+        self._restart_task = _spawn(self._restart(), "lens-restart")
 
     async def _restart(self) -> None:
         old, self._backend = self._backend, None
@@ -149,25 +153,47 @@ class Supervisor:
         flight, and neither a step finished nor CPU time spent by its processes for `stall_timeout` seconds (or
         no step finished for STALL_CEILING times that, however busy it looks). A long request keeps stepping,
         and one long step (many heavy parts at once on a crowded CPU) keeps its processes busy: neither is
-        taken for a stuck engine."""
+        taken for a stuck engine. A look that fails (a backend's `failure()` or `progress()` raising) is logged,
+        once for each kind of error, and the watch goes on: the engine is never left unwatched."""
         loop = asyncio.get_running_loop()
         watch = _Stall()
+        failed: set[str] = set()             # the kinds of error already logged
         while True:
             await asyncio.sleep(self.watchdog_seconds)
-            backend = self._backend
-            if self.state != "ready" or backend is None:
-                watch = _Stall()
-                continue
+            try:
+                watch = self._look(loop.time(), watch, failed)
+            except Exception as e:  # noqa: BLE001 - one failed look must not end the watch; the next one may pass
+                _note(e, failed)
+
+    def _look(self, now: float, watch: _Stall, failed: set[str]) -> _Stall:
+        """One look at the backend: restart it if it died or is stuck; the stall watch to keep."""
+        backend = self._backend
+        if self.state != "ready" or backend is None:
+            return _Stall()
+        try:
             reason = backend.failure()
-            if reason:
-                self._restart_soon(self._generation, reason)
-                continue
-            progress = backend.progress()
-            stuck = watch.update(loop.time(), self._generation, self._in_flight, progress.steps + self._completed,
-                                 progress.cpu_seconds, self.stall_timeout)
-            if stuck:
-                self._restart_soon(self._generation, stuck)
-                watch = _Stall()
+        except Exception as e:  # noqa: BLE001 - it cannot say whether it died: whether it steps is still watched
+            _note(e, failed)
+            reason = None
+        if reason:
+            self._restart_soon(self._generation, reason)
+            return watch
+        progress = backend.progress()
+        stuck = watch.update(now, self._generation, self._in_flight, progress.steps + self._completed,
+                             progress.cpu_seconds, self.stall_timeout)
+        if stuck:
+            self._restart_soon(self._generation, stuck)
+            return _Stall()
+        return watch
+
+
+def _note(error: Exception, failed: set[str]) -> None:
+    """Log a failed look at the backend, once for each kind of error (a look every few seconds would flood the log)."""
+    kind = f"{type(error).__module__}.{type(error).__qualname__}"
+    if kind not in failed:
+        failed.add(kind)
+        log.error("the watchdog's look at the backend failed (logged once for each kind of error); it keeps "
+                  "watching", exc_info=error)
 
 
 class _Stall:
@@ -192,6 +218,18 @@ class _Stall:
         if now - self.step_at > STALL_CEILING * stall_timeout:
             return f"no engine step finished in {now - self.step_at:.0f} s"
         return None
+
+
+def _spawn(coro, name: str) -> asyncio.Task:
+    """A task on the running loop whose unexpected end is logged (asyncio would say so only when it is collected)."""
+    task = asyncio.get_running_loop().create_task(coro, name=name)
+    task.add_done_callback(_report_end)
+    return task
+
+
+def _report_end(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the engine's %s task ended with an error", task.get_name(), exc_info=task.exception())
 
 
 def dead(error: BaseException, backend: Backend) -> str | None:
