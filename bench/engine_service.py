@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -36,12 +37,13 @@ from startup import free_port, one_start  # noqa: E402
 
 from lensapp import config  # noqa: E402
 
-KEY = "bench-key"
+KEY = secrets.token_urlsafe(32)
+os.environ["LENSAPP_ENGINE_KEY"] = KEY          # the engine and the pages started here read it (never argv)
 
 
 def start_engine(port: int, log: Path) -> tuple[subprocess.Popen, float]:
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "lensapp", "engine", "--port", str(port), "--key", KEY],
+    proc = subprocess.Popen([sys.executable, "-m", "lensapp", "engine", "--port", str(port)],
                             cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     while "engine ready" not in log.read_text():
         if proc.poll() is not None:
@@ -63,7 +65,7 @@ def page_memory(cache: str, url: str) -> dict:
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "lensapp", "serve", "--port", str(port), "--cache-dir", cache,
-                             "--engine-url", url, "--engine-key", KEY], cwd=REPO, stdout=subprocess.DEVNULL,
+                             "--engine-url", url], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
     page = f"http://127.0.0.1:{port}/"
     try:
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
         results["engine_ready_s"] = round(engine_s, 1)
         url = f"http://127.0.0.1:{port}"
         try:
-            results["start_remote"] = [one_start(cache, ["--engine-url", url, "--engine-key", KEY])
+            results["start_remote"] = [one_start(cache, ["--engine-url", url])
                                        for _ in range(args.starts)]
             results.update(page_memory(cache, url))
             sizes = measure_serialization()

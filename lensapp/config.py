@@ -36,9 +36,12 @@ and `max_fit_seconds` (a fitted steering vector's bounds).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+import string
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 MAX_K = 100
 MAX_PROMPT_CHARS = 20_000
@@ -80,14 +83,17 @@ KNOWN_JLENSES = {
     "Qwen/Qwen3-8B": "neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt",
 }
 ENV_NAMES = {"host": "GRADIO_SERVER_NAME", "port": "GRADIO_SERVER_PORT"}
+MAKE_ENGINE_KEY = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 
 class ConfigError(ValueError):
     """A setting that cannot work; the message names the flag or variable."""
 
 
-def _setting(default, help: str, *, flag: bool = True, choices: tuple = ()):
-    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+def _setting(default, help: str, *, flag: bool = True, choices: tuple = (), secret: bool = False):
+    """A setting; a `secret` one is never in a repr and never taken from the command line (`ps` shows argv)."""
+    return field(default=default, repr=not secret,
+                 metadata={"help": help, "flag": flag, "choices": choices, "secret": secret})
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,10 @@ class Config:
     stall_timeout: float = _setting(120.0, "seconds the engine may go without finishing a step while work waits, "
                                            "before it is taken for stuck and restarted")
     rate_limit: int = _setting(60, "requests per minute per client address (0 = off; loopback is never limited)")
+    work_per_minute: int = _setting(120_000, "engine work per minute per client address, in the units of max_work "
+                                             "(a request spends what it costs when the engine starts it; a cached "
+                                             "answer costs nothing), in bursts of twice max_work (0 = off; "
+                                             "loopback is never limited)")
     trusted_proxies: str = _setting("auto", "proxies in front of the app whose X-Forwarded-For entry names the "
                                             "client (counted from the right); `auto` = 1 on a Hugging Face Space "
                                             "(SPACE_ID set), 0 elsewhere")
@@ -144,14 +154,23 @@ class Config:
                                      "the login and this machine see it too); empty = no token")
     cache_entries: int = _setting(256, "results kept for identical requests (0 = no cache)")
     cache_mb: int = _setting(256, "memory the result cache may hold, in MB")
+    session_mb: int = _setting(64, "memory the visitors' pages may keep results in, all together, in MB (a page "
+                                    "whose result was pushed out says to run it again)")
+    sessions: int = _setting(1000, "visitors' sessions kept at once (the least recently used is forgotten first)")
+    session_idle: float = _setting(900.0, "seconds a session is kept after its page last asked for anything (an open "
+                                          "page asks every few seconds)")
     cache_dir: str = _setting("", "converted models and lens downloads; empty = the user cache dir "
                                   "(`/data/lensapp` when a Space has persistent storage)")
     workshop: str = _setting("", "a workshop file (YAML: title, tabs, exercises; docs/workshop.md): an Exercises "
                                  "panel, only its tabs, and counts of what was run at /workshop")
     engine_url: str = _setting("", "an engine service (`lensapp engine`) to run every readout on, e.g. "
                                    "`http://gpu-box:6677`; empty = the model runs in this process")
-    engine_key: str = _setting("", "the engine service's key: `lensapp engine` requires one, pages and commands "
-                                   "send it")
+    engine_key: str = _setting("", "the engine service's key, at least 32 random bytes (it lets its holder run code "
+                                   "on the engine): `lensapp engine` requires one, pages and commands send it; "
+                                   "this variable or `engine_key_file`, never the command line", secret=True)
+    engine_key_file: str = _setting("", "a file holding the engine key (instead of LENSAPP_ENGINE_KEY)")
+    insecure_engine: bool = _setting(False, "allow an `http://` engine_url beyond this machine: the key and every "
+                                            "answer then cross the network in clear (a private network you trust)")
     host: str = _setting("127.0.0.1", "interface to listen on")
     port: int = _setting(7860, "port to listen on")
 
@@ -166,7 +185,9 @@ class Config:
                              ("max_prompt_tokens", 1, 1 << 20),
                              ("max_work", 1, 1 << 40), ("max_batch", 1, 1024), ("queue_size", 0, 1 << 16),
                              ("client_requests", 1, 1 << 16), ("client_parts", 1, 1024), ("part_cells", 1, 1 << 40),
-                             ("rate_limit", 0, 1 << 20), ("cache_entries", 0, 1 << 20), ("cache_mb", 0, 1 << 20),
+                             ("rate_limit", 0, 1 << 20), ("work_per_minute", 0, 1 << 40),
+                             ("cache_entries", 0, 1 << 20), ("cache_mb", 0, 1 << 20), ("session_mb", 1, 1 << 20),
+                             ("sessions", 1, 1 << 20),
                              ("max_fit_steps", 0, 100_000), ("fit_queue", 0, 1024), ("fit_threads", 1, 1024),
                              ("port", 1, 65535)):
             if not lo <= getattr(self, name) <= hi:
@@ -175,7 +196,7 @@ class Config:
             raise ConfigError(f"gpu_memory_utilization must be in 0..1, got {self.gpu_memory_utilization}")
         if not 1.0 <= self.max_fit_seconds <= 86_400:
             raise ConfigError(f"max_fit_seconds must be in 1..86400 seconds, got {self.max_fit_seconds}")
-        for name in ("request_timeout", "stall_timeout"):
+        for name in ("request_timeout", "stall_timeout", "session_idle"):
             if not 1.0 <= getattr(self, name) <= 86_400:
                 raise ConfigError(f"{name} must be in 1..86400 seconds, got {getattr(self, name)}")
         if self.trusted_proxies not in ("auto", *map(str, range(9))):
@@ -186,6 +207,16 @@ class Config:
                               f"must fit max_model_len ({self.max_model_len})")
         if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
             raise ConfigError(f"engine_url must be an http:// or https:// address, got {self.engine_url!r}")
+        if self.engine_key_file:
+            object.__setattr__(self, "engine_key", _key_from_file(self.engine_key_file, self.engine_key))
+        if self.engine_url:
+            check_engine_key(self.engine_key)
+            host = urlsplit(self.engine_url).hostname or ""
+            if self.engine_url.startswith("http://") and not is_loopback_host(host) and not self.insecure_engine:
+                raise ConfigError(f"engine_url {self.engine_url} is plain http beyond this machine, so the key and "
+                                  "every answer would cross the network in clear: use https:// (a TLS proxy in front "
+                                  "of the engine) or an SSH tunnel to a loopback port, or --insecure-engine on a "
+                                  "network you trust")
         _ = self.auth_pairs       # raises ConfigError when malformed
 
     # -- derived -------------------------------------------------------------------
@@ -251,6 +282,44 @@ class Config:
         return pairs
 
 
+def check_engine_key(key: str) -> None:
+    """ConfigError unless `key` can hold 32 random bytes. Text cannot show that a key is random, only that it is
+    long enough for 256 bits in the alphabet it uses, 64 hex digits (4 bits each), 43 base64 characters (6 bits:
+    `secrets.token_urlsafe(32)`) or 40 of any printable ASCII (6.55 bits), and not visibly patterned: 12 different
+    characters at least, which a random key of those lengths lacks with a chance under 1e-6 ("aaaa..." does)."""
+    if not key:
+        raise ConfigError(f"an engine service runs code sent to it: give it and its pages a key "
+                          f"({env_name('engine_key')} or --engine-key-file); make one with {MAKE_ENGINE_KEY}")
+    printable = set(string.printable) - set(string.whitespace)
+    alphabet = next((n for chars, n in ((string.hexdigits, 64), (string.ascii_letters + string.digits + "-_+/=", 43),
+                                        (printable, 40)) if set(key) <= set(chars)), None)
+    if alphabet is None:
+        raise ConfigError(f"the engine key must be printable ASCII without spaces (it travels in a header): "
+                          f"make one with {MAKE_ENGINE_KEY}")
+    if len(key) < alphabet or len(set(key)) < 12:
+        raise ConfigError(f"the engine key is too short or too plain to be 32 random bytes ({len(key)} characters; "
+                          f"it takes 43 of base64, 64 hex digits or 40 other characters): make one with "
+                          f"{MAKE_ENGINE_KEY}")
+
+
+def _key_from_file(path: str, given: str) -> str:
+    try:
+        key = Path(path).expanduser().read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"engine_key_file {path}: {getattr(e, 'strerror', None) or e}") from None
+    if given and given != key:       # (equal: a Config replace()d from one that read the file)
+        raise ConfigError(f"the engine key is given twice ({env_name('engine_key')} and --engine-key-file): keep one")
+    return key
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (a URL's or a listening address's) names this machine only."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_int_list(text: str, what: str) -> list[int]:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x]
@@ -267,16 +336,20 @@ def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None
     for f in fields(Config):
         if names is not None and f.name not in names:
             continue
-        kind = type(f.default)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=None,
-                            choices=list(f.metadata["choices"]) or None,
-                            help=f"{f.metadata['help'].replace('%', '%%')} [env {env_name(f.name)}]")
+        kind, flag = type(f.default), f"--{f.name.replace('_', '-')}"
+        help = f"{f.metadata['help'].replace('%', '%%')} [env {env_name(f.name)}]"
+        if f.metadata["secret"]:            # taken, to be refused in one line (from_args) without echoing it
+            parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
+        elif kind is bool:
+            parser.add_argument(flag, action="store_true", default=None, help=help)
+        else:
+            parser.add_argument(flag, type=kind, default=None, choices=list(f.metadata["choices"]) or None, help=help)
 
 
 ENGINE_SETTINGS = ("model", "backend", "device", "dtype", "max_model_len", "gpu_memory_utilization", "kv_cache_mb",
                    "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend", "jlens",
                    "jlens_layers", "max_prompt_tokens", "max_work", "cache_dir", "max_fit_steps", "max_fit_seconds",
-                   "fitting", "fit_threads", "engine_url", "engine_key")
+                   "fitting", "fit_threads", "engine_url", "engine_key", "engine_key_file", "insecure_engine")
 
 
 def from_args(args: argparse.Namespace | None = None, environ: dict | None = None) -> Config:
@@ -285,16 +358,26 @@ def from_args(args: argparse.Namespace | None = None, environ: dict | None = Non
     values = {}
     for f in fields(Config):
         flag = getattr(args, f.name, None) if args is not None else None
+        if flag is not None and f.metadata["secret"]:
+            raise ConfigError(f"the {f.name.replace('_', ' ')} is not taken on the command line, where `ps` shows it "
+                              f"to everyone on this machine: set {env_name(f.name)}, or put it in a file named by "
+                              f"--{f.name.replace('_', '-')}-file")
         if flag is not None:
             values[f.name] = flag
             continue
         var = env_name(f.name)
         if env.get(var):
             try:
-                values[f.name] = type(f.default)(env[var])
-            except ValueError:
+                values[f.name] = _from_text(type(f.default), env[var])
+            except (ValueError, KeyError):
                 raise ConfigError(f"{var}={env[var]!r} is not a valid {type(f.default).__name__}") from None
     return Config(**values)
+
+
+def _from_text(kind: type, text: str):
+    if kind is bool:
+        return {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}[text.strip().lower()]
+    return kind(text)
 
 
 def settings_table() -> str:
@@ -302,7 +385,8 @@ def settings_table() -> str:
     rows = ["| variable | flag | default | meaning |", "| --- | --- | --- | --- |"]
     for f in fields(Config):
         default = f"`{f.default}`" if f.default != "" else "(empty)"
-        rows.append(f"| `{env_name(f.name)}` | `--{f.name.replace('_', '-')}` | {default} | {f.metadata['help']} |")
+        flag = "(none: never argv)" if f.metadata["secret"] else f"`--{f.name.replace('_', '-')}`"
+        rows.append(f"| `{env_name(f.name)}` | {flag} | {default} | {f.metadata['help']} |")
     return "\n".join(rows)
 
 

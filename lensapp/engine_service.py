@@ -8,24 +8,30 @@ installed in its worker(s) once, and the trace bodies' code importable (pages se
 `lensapp.engine.run.trace` by reference, so the service runs the same version of this package as its pages).
 
 Before it serves it runs the app's warm-up, so no page's first visitor pays for compiling the readout.
-It requires a key (nnsight-serve's `ndif-api-key` header; `/health` stays open for probes), since it runs
-code sent to it, and listens on loopback unless `--host` says otherwise, saying so loudly when it does.
-If its vLLM engine dies, the service exits (code 1) for its supervisor to start it again; the pages wait
-for it and say so (engine/run/remote_backend.py).
+It runs code sent to it, so its key is a key to this machine: at least 32 random bytes (config.check_engine_key),
+from LENSAPP_ENGINE_KEY or `--engine-key-file`, never argv (`ps` shows it). Our own layer in front of
+nnsight-serve (`guarded`, instead of nnsight's `!=` check) compares it in constant time on every request but
+`GET /health` (open for probes), logs and slows refusals, and makes every answer plain data
+(engine/run/replies.py), so a page never unpickles code. It listens on loopback unless `--host` says
+otherwise, saying so loudly when it does. If its vLLM engine dies, the service exits (code 1) for its
+supervisor to start it again; the pages wait for it and say so (engine/run/remote_backend.py).
 
-    lensapp engine --port 6677 --key "$KEY"                          # the embedded model, loopback only
-    lensapp engine --model Qwen/Qwen3-8B --tensor-parallel-size 2 --host 0.0.0.0 --key "$KEY"
-    lensapp serve --engine-url http://127.0.0.1:6677 --engine-key "$KEY"
+    export LENSAPP_ENGINE_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(32))")
+    lensapp engine --port 6677                                       # the embedded model, loopback only
+    lensapp engine --model Qwen/Qwen3-8B --tensor-parallel-size 2 --host 0.0.0.0 --engine-key-file ~/.engine-key
+    lensapp serve --engine-url http://127.0.0.1:6677                 # the key from LENSAPP_ENGINE_KEY too
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import ipaddress
+import hmac
 import logging
 import signal
 import sys
 import time
+from collections import OrderedDict
 
 from . import config, shell
 from .engine.start.backend_kinds import kind_for
@@ -34,33 +40,27 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 6677          # nnsight-serve's own default
 WATCH_SECONDS = 2.0          # between two looks at the vLLM engine's health
+KEY_HEADER = b"ndif-api-key"     # nnsight-serve's (nnsight.modeling.vllm.serve.http.headers)
+OPEN_PATHS = ("/health",)        # for probes: says only whether the engine is up
+REFUSAL_WINDOW_S = 60.0          # refusals from one address are counted over this long
+FIRST_DELAY_S = 0.25             # an address's first refusal waits this long; each one more in the window twice it,
+MAX_DELAY_S = 8.0                # up to this
+MAX_PEERS = 4096                 # addresses whose refusals are remembered (the oldest forgotten first)
 
 
 def add_engine_arguments(parser) -> None:
-    """`lensapp engine`'s flags: the engine's settings, where to listen, and the key."""
+    """`lensapp engine`'s flags: the engine's settings, where to listen, and the key's file."""
     names = (*config.ENGINE_SETTINGS, "max_batch", "host", "port")
-    config.add_arguments(parser, tuple(n for n in names if n not in ("engine_url", "engine_key", "backend")))
-    parser.add_argument("--key", "--engine-key", dest="engine_key", default=None,
-                        help="the key pages must send (required: the service runs code sent to it) "
-                             f"[env {config.env_name('engine_key')}]")
+    config.add_arguments(parser, tuple(n for n in names if n not in ("engine_url", "insecure_engine", "backend")))
+    # This command's old flag for the key: taken, to be refused in one line (config.from_args), never used.
+    parser.add_argument("--key", dest="engine_key", default=None, help=argparse.SUPPRESS)
     parser.set_defaults(port=DEFAULT_PORT)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def main(args) -> int:
     try:
         cfg = config.from_args(args)
-        if not cfg.engine_key:
-            raise config.ConfigError("an engine service runs code sent to it: give it a key (--key or "
-                                     f"{config.env_name('engine_key')}), and its pages the same")
+        config.check_engine_key(cfg.engine_key)
         if cfg.engine_url or not kind_for(cfg.backend, cfg.resolved_device).ranks:
             raise config.ConfigError("an engine service runs the model on vLLM here: drop --engine-url and --backend")
         sock = shell.listen(cfg.host, cfg.port)
@@ -69,9 +69,10 @@ def main(args) -> int:
         return 2
     print(f"Starting the Lens Explorer engine ({cfg.model}) on http://{cfg.host}:{cfg.port}/ (nnsight-serve)",
           flush=True)
-    if not is_loopback(cfg.host):
+    if not config.is_loopback_host(cfg.host):
         print(f"WARNING: the engine listens on {cfg.host}, beyond this machine, and runs code sent to it by anyone "
-              "with its key. Keep the key secret, and the port behind a firewall or a private network.",
+              "with its key. Keep the key secret, the port behind a firewall or a private network, and the wire "
+              "in TLS (a proxy in front: pages refuse a plain http:// engine beyond their machine).",
               file=sys.stderr, flush=True)
     config.prepare_process_environment()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -118,13 +119,13 @@ def start_engine(cfg: config.Config):
 async def serve(backend, warm, cfg: config.Config, sock) -> int:
     """nnsight-serve's app on `sock`, with its key, until stopped (0) or until vLLM dies (1)."""
     import uvicorn
-    from nnsight.modeling.vllm.serve import cli, server
+    from nnsight.modeling.vllm.serve import server
 
     await warm()
     server.set_model(backend.model)
-    cli._add_api_key_middleware(server.app, cfg.engine_key)    # nnsight-serve's own check (`--api-key`)
     add_progress_route(server.app)
-    http = uvicorn.Server(uvicorn.Config(server.app, log_level="warning", timeout_graceful_shutdown=5))
+    app = guarded(server.app, cfg.engine_key)
+    http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     died: list[str] = []
     watch = asyncio.get_running_loop().create_task(_watch(http, backend, cfg, died))
     # uvicorn re-raises the SIGTERM it caught once it has stopped: to this handler, not the default one,
@@ -160,7 +161,7 @@ async def _watch(http, backend, cfg: config.Config, died: list[str]) -> None:
     while not http.started:
         await asyncio.sleep(0.1)
     print(f"Lens Explorer engine ready on http://{cfg.host}:{cfg.port}/ (GET /health; pages: --engine-url "
-          f"http://{cfg.host}:{cfg.port} --engine-key ...)", flush=True)
+          f"http://{cfg.host}:{cfg.port}, the key in {config.env_name('engine_key')} or --engine-key-file)", flush=True)
     while True:
         await asyncio.sleep(WATCH_SECONDS)
         reason = backend.failure()
@@ -168,3 +169,96 @@ async def _watch(http, backend, cfg: config.Config, died: list[str]) -> None:
             died.append(reason)
             http.should_exit = http.force_exit = True
             return
+
+
+# -- the door: our own layer in front of nnsight-serve ----------------------------------------------------------
+
+def guarded(app, key: str):
+    """nnsight-serve's `app` behind the key (KeyGate), its answers made plain (PlainReplies)."""
+    return KeyGate(PlainReplies(app), key)
+
+
+class KeyGate:
+    """ASGI: every request but GET /health carries the key in nnsight's header, compared in constant time
+    (nnsight-serve's own check compares with `!=`). A refusal is logged with the peer's address, never what it
+    sent (an address's first refusals, then each doubling of their count in the window: a flood is a few lines),
+    and answered 401 after a wait that doubles with that address's recent refusals: an asyncio sleep, so no
+    other request waits for it."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key, self.refusals = app, key.encode(), Refusals()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        given = next((value for name, value in scope["headers"] if name == KEY_HEADER), b"")
+        if given and hmac.compare_digest(given, self.key):
+            return await self.app(scope, receive, send)
+        peer = (scope.get("client") or ("an unknown address",))[0]
+        n = self.refusals.count(peer, time.monotonic())
+        if n <= 2 or n & (n - 1) == 0:
+            log.warning("refused %s %r from %s: %s (%d refusals from it in %.0f s)", scope.get("method", "WS"),
+                        scope["path"][:100], peer, "a wrong key" if given else "no key", n, REFUSAL_WINDOW_S)
+        await asyncio.sleep(refusal_delay(n))
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1008})
+        body = b'{"detail": "Invalid API key"}'
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class Refusals:
+    """Refusals by peer address, counted in windows of REFUSAL_WINDOW_S, for the MAX_PEERS latest addresses."""
+
+    def __init__(self):
+        self.by_peer: OrderedDict[str, tuple[float, int]] = OrderedDict()
+
+    def count(self, peer: str, now: float) -> int:
+        """This refusal counted: how many `peer` has had in its window, this one included."""
+        start, n = self.by_peer.pop(peer, (now, 0))
+        if now - start > REFUSAL_WINDOW_S:
+            start, n = now, 0
+        self.by_peer[peer] = (start, n + 1)
+        while len(self.by_peer) > MAX_PEERS:
+            self.by_peer.popitem(last=False)
+        return n + 1
+
+
+def refusal_delay(n: int) -> float:
+    return min(MAX_DELAY_S, FIRST_DELAY_S * 2 ** min(n - 1, 16))
+
+
+class PlainReplies:
+    """ASGI: every octet-stream answer (nnsight-serve's torch.save'd replies to a trace) made plain data before
+    it leaves (replies.plain_reply, in a thread: other requests go on), so a page reads it without unpickling
+    code. Other answers (JSON) pass as they are."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        from .engine.run.replies import plain_reply
+
+        held: dict | None = None
+
+        async def relay(message):
+            nonlocal held
+            if message["type"] == "http.response.start":
+                kind = dict(message.get("headers", ())).get(b"content-type", b"")
+                if kind.startswith(b"application/octet-stream"):
+                    held = {"start": message, "body": []}
+                    return
+            elif held is not None and message["type"] == "http.response.body":
+                held["body"].append(message.get("body", b""))
+                if message.get("more_body"):
+                    return
+                content = await asyncio.to_thread(plain_reply, b"".join(held["body"]))
+                headers = [(k, v) for k, v in held["start"].get("headers", ()) if k != b"content-length"]
+                await send({**held["start"], "headers": [*headers, (b"content-length", str(len(content)).encode())]})
+                return await send({"type": "http.response.body", "body": content})
+            await send(message)
+
+        await self.app(scope, receive, relay)

@@ -1,5 +1,6 @@
 """`lensapp engine` (nnsight-serve) and pages on it (`--engine-url`): the in-process answers, two pages at once,
-a key required, loopback by default, and a page that waits out the service's absence and says so.
+a key required (our layer's; without vLLM: test_engine_trust.py), loopback by default, and a page that waits out
+the service's absence and says so.
 
 One engine service for the module: a subprocess on a free loopback port, the embedded model and a random
 Jacobian lens. The pages reach it through a relay the tests can cut (the service gone, as a page sees it,
@@ -8,6 +9,7 @@ in-process reference is the session's `vllm_service`, given the same lens for th
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -28,7 +30,7 @@ from lensapp.service import ChatRequest, GenerateRequest, InterveneRequest, Lens
 
 pytestmark = pytest.mark.engine
 
-KEY = "test-key-7f3a"
+KEY = secrets.token_urlsafe(32)
 LENS_LAYERS = [4, 12, 20, 28]
 ENGINE_START_S = 900
 
@@ -44,10 +46,11 @@ INTERVENE = InterveneRequest.parse(prompt="The capital of France is", interventi
 # -- the engine service, a relay to it, and pages on it ---------------------------------------------------
 
 def start_engine(port: int, lens_file, log_path, *more: str) -> subprocess.Popen:
-    """`lensapp engine` in its own process group (so the extended test can kill all of it), starting. Without
-    the core binding this process's own engine chose (engine/start/cpu_env.py): the service chooses its own."""
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
-    return subprocess.Popen([sys.executable, "-m", "lensapp", "engine", "--port", str(port), "--key", KEY,
+    """`lensapp engine` in its own process group (so the extended test can kill all of it), starting, its key in
+    its environment. Without the core binding this process's own engine chose (engine/start/cpu_env.py): the
+    service chooses its own."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"} | {"LENSAPP_ENGINE_KEY": KEY}
+    return subprocess.Popen([sys.executable, "-m", "lensapp", "engine", "--port", str(port),
                              "--jlens", str(lens_file), "--max-batch", "8", "--cache-dir", str(CACHE), *more],
                             cwd=REPO, env=env, stdout=open(log_path, "a"), stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -204,9 +207,9 @@ def second_page(tmp_path_factory, relay, lens_file):
     """`lensapp serve --engine-url` in its own process: a second web process on the same engine."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("page") / "page.log"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "LENSAPP_ENGINE_KEY": KEY}
     proc = subprocess.Popen([sys.executable, "-m", "lensapp", "serve", "--port", str(port), "--engine-url", relay.url,
-                             "--engine-key", KEY, "--jlens", str(lens_file), "--cache-entries", "0",
+                             "--jlens", str(lens_file), "--cache-entries", "0",
                              "--cache-dir", str(CACHE)],
                             cwd=REPO, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
@@ -325,11 +328,12 @@ def test_two_web_processes_read_the_same_at_once(page, second_page, reference):
 
 
 @pytest.mark.extended      # the page's readouts are tested equal in CI; the command line is the same service
-def test_the_command_line_on_the_engine_service_prints_the_in_process_json(relay, reference, lens_file, capsys):
+def test_the_command_line_on_the_engine_service_prints_the_in_process_json(relay, reference, lens_file, capsys,
+                                                                          monkeypatch):
     from lensapp import cli
 
-    remote = ["--engine-url", relay.url, "--engine-key", KEY, "--jlens", str(lens_file), "--cache-dir", str(CACHE),
-              "--json"]
+    monkeypatch.setenv("LENSAPP_ENGINE_KEY", KEY)
+    remote = ["--engine-url", relay.url, "--jlens", str(lens_file), "--cache-dir", str(CACHE), "--json"]
     assert cli.main(["lens", *LENS.prompts, "--lens", "both", "--k", "5", "--target", "Paris", *remote]) == 0
     want = reference.lens(LensRequest(prompts=LENS.prompts, lens="both", k=5, targets=("Paris",)))
     assert_same_json(json.loads(capsys.readouterr().out), [r.to_json() for r in want])
@@ -342,10 +346,11 @@ def test_the_command_line_on_the_engine_service_prints_the_in_process_json(relay
 # -- the door -------------------------------------------------------------------------------------------------
 
 def test_the_engine_refuses_a_trace_without_its_key(engine, relay):
+    """Our layer in front of nnsight-serve (each refusal slower: 0.25 s, 0.5 s, ... here ~8 s in all)."""
     from lensapp.engine.run.protocol import StartFailed
     from lensapp.engine.run.served import Wire
 
-    assert post(engine.url, None) == 401 and post(engine.url, "wrong") == 401
+    assert post(engine.url, None) == 401 and post(engine.url, "wrong") == 401 and post(engine.url, KEY[:8]) == 401
     assert post(engine.url, KEY) == 200                     # let in: the bad trace comes back as its own error
     with pytest.raises(StartFailed, match="refused this key"):
         Wire(engine.url, "wrong").post(b"not a trace")
@@ -353,6 +358,8 @@ def test_the_engine_refuses_a_trace_without_its_key(engine, relay):
     with pytest.raises(StartFailed, match="refused this key"):
         Wire(engine.url, "wrong").progress()
     assert Wire(engine.url, KEY).progress() > 0             # its vLLM processes' CPU time: a page's stall watch
+    log = engine.log.read_text()
+    assert "refused POST '/v1/nnsight/generate' from 127.0.0.1: no key" in log and KEY[:8] not in log
 
 
 def test_the_engine_listens_on_loopback_unless_told(engine, relay, tmp_path):
@@ -362,10 +369,13 @@ def test_the_engine_listens_on_loopback_unless_told(engine, relay, tmp_path):
                  for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     assert listening == {"127.0.0.1"}
     run = [sys.executable, "-m", "lensapp", "engine", "--port", str(_free_port())]
-    keyless = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert keyless.returncode == 2 and "give it a key" in keyless.stderr
-    wide = subprocess.run(run + ["--host", "0.0.0.0", "--key", KEY, "--model", str(tmp_path / "no-such-model")],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    keyless = {k: v for k, v in os.environ.items() if k != "LENSAPP_ENGINE_KEY"}
+    refused = subprocess.run(run, cwd=REPO, env=keyless, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "give it and its pages a key" in refused.stderr
+    refused = subprocess.run(run + ["--key", KEY], cwd=REPO, env=keyless, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "`ps` shows it" in refused.stderr and KEY not in refused.stderr
+    wide = subprocess.run(run + ["--host", "0.0.0.0", "--model", str(tmp_path / "no-such-model")], cwd=REPO,
+                          env=keyless | {"LENSAPP_ENGINE_KEY": KEY}, capture_output=True, text=True, timeout=120)
     assert wide.returncode == 2 and "WARNING: the engine listens on 0.0.0.0" in wide.stderr, wide.stderr
 
 

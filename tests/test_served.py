@@ -1,9 +1,11 @@
 """The page's side of the wire (engine/run/served.py) without an engine: how each answer of a service is read.
 
-A stand-in HTTP server on loopback answers as nnsight-serve does (401 without the key, 503 before its engine
-is up, a torch.save'd {"saves", "error"} otherwise); a closed port is a service that is gone."""
+A stand-in HTTP server on loopback answers as nnsight-serve behind `lensapp engine`'s layer does (401 without the
+key, 503 before its engine is up, a torch.save'd {"saves", "error"} made plain otherwise); a closed port is a
+service that is gone. What a hostile answer cannot do: tests/test_engine_trust.py."""
 
 import io
+import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -12,20 +14,23 @@ import torch
 from conftest import _free_port
 
 from lensapp.engine.run.protocol import ModelInfo, StartFailed, Unreachable
+from lensapp.engine.run.replies import plain_reply
 from lensapp.engine.run.served import PROGRESS_PATH, RESULT, ServeTrace, Wire, finished
 from lensapp.engine.run.service_checks import mismatch, stack_fingerprint
+
+KEY = secrets.token_urlsafe(32)
 
 
 class Completion:
     def __init__(self, token_ids):
-        self.token_ids = token_ids
+        self.token_ids, self.finish_reason = token_ids, "length"
 
 
 class Output:
     """What a finished vLLM RequestOutput carries here."""
 
     def __init__(self, token_ids):
-        self.outputs = [Completion(token_ids)]
+        self.outputs, self.finished = [Completion(token_ids)], True
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +40,17 @@ def stand_in():
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server's name
             self.rfile.read(int(self.headers.get("content-length", 0)))
-            if self.headers.get("ndif-api-key") != "k":
+            if self.headers.get("ndif-api-key") != KEY:
                 return self._send(401, b'{"detail": "Invalid API key"}')
             if answers["status"] != 200:
                 return self._send(answers["status"], b'{"detail": "Engine not ready"}')
             buffer = io.BytesIO()
             torch.save({"saves": {"saved": {"x": 1}, RESULT: Output([5, 6])}, "error": None}, buffer)
-            self._send(200, buffer.getvalue())
+            self._send(200, plain_reply(buffer.getvalue()))
 
         def do_GET(self):  # noqa: N802
             if self.path == PROGRESS_PATH:
-                if self.headers.get("ndif-api-key") != "k":
+                if self.headers.get("ndif-api-key") != KEY:
                     return self._send(401, b'{"detail": "Invalid API key"}')
                 return self._send(answers["status"], b'{"cpu_seconds": 12.5}')
             self._send(answers["status"], b'{"status": "ok"}')
@@ -67,7 +72,7 @@ def stand_in():
 
 def test_an_answer_is_the_finished_output_with_the_saves_on_it(stand_in):
     url, _ = stand_in
-    out = finished(*Wire(url, "k").post(b"a trace"))
+    out = finished(*Wire(url, KEY).post(b"a trace"))
     assert out.outputs[0].token_ids == [5, 6] and out.saves == {"saved": {"x": 1}}
     Wire(url).health()                                      # /health needs no key
 
@@ -78,7 +83,7 @@ def test_a_trace_is_awaited_or_iterated_as_the_async_engine_stream_and_sent_once
     import asyncio
 
     url, _ = stand_in
-    wire = Wire(url, "k")
+    wire = Wire(url, KEY)
 
     async def stream():
         async with wire.async_client() as client:
@@ -107,14 +112,14 @@ def test_a_service_starting_or_gone_is_unreachable(stand_in):
         with pytest.raises(Unreachable, match="is starting"):
             Wire(url).health()
         with pytest.raises(Unreachable, match="is starting"):
-            Wire(url, "k").post(b"a trace")
+            Wire(url, KEY).post(b"a trace")
     finally:
         answers["status"] = 200
     gone = f"http://127.0.0.1:{_free_port()}"
     with pytest.raises(Unreachable, match="does not answer"):
         Wire(gone).health()
     with pytest.raises(Unreachable, match="does not answer"):
-        Wire(gone, "k").post(b"a trace")
+        Wire(gone, KEY).post(b"a trace")
 
 
 def test_a_trace_error_is_raised_and_a_dead_engine_is_waited_for():

@@ -9,13 +9,16 @@ calls (`trace.lens_trace`, ...) travel by reference, so the server imports them:
 Where nnsight's `serve=` backend sends at the `with` block's exit and waits there, `ServeTrace` sends
 when awaited or iterated, so many traces are in flight at once (the engine batches them), and what it
 gives is what nnsight's async engine gives (`await tracer.backend`, or `async for` over it): the
-finished `RequestOutput` with the trace's saves on `.saves` (iterated: that one output, the stream's last).
+finished output (`replies.Finished`: what a page reads of vLLM's `RequestOutput`) with the trace's saves on
+`.saves` (iterated: that one output, the stream's last).
 nnsight-serve answers with saved values only, so the block is sent with one
 more statement, which saves `tracer.result` (that output) under `RESULT`.
 
 The wire (`Wire`) is nnsight's: its headers (the key as `ndif-api-key`), timeouts and error reading
 (`nnsight.modeling.vllm.serve.http`). A service that does not answer is `Unreachable`; a trace's own
-error comes back as nnsight re-raises it (a RuntimeError naming the worker's error type).
+error comes back as nnsight re-raises it (a RuntimeError naming the worker's error type). An answer is
+read as plain data only (`replies.read_reply`: `lensapp engine` reduces nnsight-serve's before it leaves),
+never unpickled unrestricted as nnsight's client does: an answer cannot run code here.
 
 This module knows nothing of lenses: it moves traces.
 """
@@ -24,11 +27,9 @@ from __future__ import annotations
 
 import ast
 import copy
-import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import nnsight
-import torch
 from nnsight.intervention.errors import raise_deferred
 from nnsight.intervention.serialization import dumps, reduce_block
 from nnsight.modeling.vllm.serve import http
@@ -36,8 +37,8 @@ from nnsight.tracing.backend import Backend as TraceBackend
 
 from ..start.vllm_cpu import CPUVLLM
 from .protocol import StartFailed, Unreachable
+from .replies import RESULT, Finished, NotPlain, read_reply
 
-RESULT = "__lensapp_result__"      # the name the sent block saves `tracer.result` under
 _TRACER = "__lensapp_tracer__"     # the sent block's names for its tracer and for nnsight
 _NNSIGHT = "__lensapp_nnsight__"
 HEALTH_TIMEOUT_S = 5.0
@@ -47,10 +48,11 @@ ENGINE_DEAD = ("EngineDeadError",)   # vLLM's error for a request on an engine w
 
 @dataclass(frozen=True)
 class Wire:
-    """One engine service: its address and key. Every request is one short exchange on nnsight's wire."""
+    """One engine service: its address and key (never in a repr). Every request is one short exchange on
+    nnsight's wire."""
 
     url: str
-    key: str = ""
+    key: str = field(default="", repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "url", self.url.rstrip("/"))
@@ -107,13 +109,16 @@ class Wire:
 
     def _answer(self, response) -> tuple[dict, object]:
         self._check(response)
-        result = torch.load(io.BytesIO(response.content), map_location="cpu", weights_only=False)
-        return result.get("saves", {}), result.get("error")
+        try:
+            return read_reply(response.content)
+        except NotPlain as e:
+            raise StartFailed(f"the engine service at {self.url} answered with what a page does not read ({e}): "
+                              "is it `lensapp engine` of this version? (a page loads plain data only)") from None
 
     def _check(self, response) -> None:
         if response.status_code == 401:
             raise StartFailed(f"the engine service at {self.url} refused this key (give the page the key the "
-                              "engine was started with: --engine-key or LENSAPP_ENGINE_KEY)")
+                              "engine was started with: LENSAPP_ENGINE_KEY or --engine-key-file)")
         if response.status_code == 503:         # nnsight-serve is up, its engine not (yet)
             raise Unreachable(f"the engine service at {self.url} is starting (its engine is not ready)")
         try:
@@ -167,11 +172,11 @@ def serialize(tracer) -> bytes:
     return dumps((tracer, reduce_block(node, tracer.info.frame.f_globals, variables)))
 
 
-def finished(saves: dict, error) -> object:
-    """The finished RequestOutput the block saved, carrying the trace's other saves on `.saves` (as nnsight's
-    async engine gives them). A trace's own error is raised here as nnsight raises it (a RuntimeError naming
-    its type); the service's vLLM engine dead under it is `Unreachable` (the service then exits, and is
-    waited for)."""
+def finished(saves: dict, error) -> Finished:
+    """The finished output the block saved (vLLM's RequestOutput as `replies.Finished`), carrying the trace's
+    other saves on `.saves` (as nnsight's async engine gives them). A trace's own error is raised here as nnsight
+    raises it (a RuntimeError naming its type); the service's vLLM engine dead under it is `Unreachable` (the
+    service then exits, and is waited for)."""
     if error and error.get("type_name") in ENGINE_DEAD:
         raise Unreachable(f"the engine service's vLLM engine died ({error.get('type_name')})")
     raise_deferred(error)
