@@ -18,7 +18,7 @@ class FitDeskFake:
     def check_allowed(self) -> None:
         pass
 
-    def fit(self, ids, layer, target_id, steer, progress=None) -> SteeringVector:
+    def fit(self, ids, layer, target_id, steer, progress=None, work=0) -> SteeringVector:
         self.asked.append((tuple(ids), layer, target_id, steer))
         v = torch.randn(self.d_model, generator=torch.Generator().manual_seed(layer))
         v = v / v.norm() * self.norm

@@ -15,6 +15,7 @@ from lensapp.engine.run.turns import asking
 from lensapp.fitting.steering import SteerConfig
 from lensapp.service.fields import RequestError
 from lensapp.service.fits import FitDesk
+from lensapp.service.limits import paying
 
 IDS = (1, 504, 3458, 282, 4649, 314)
 STEER = SteerConfig(objective="output", positions=(2, 5), max_steps=20, threshold=0.99)
@@ -25,11 +26,13 @@ def desk(tiny_model_dir, **settings) -> FitDesk:
 
 
 def test_identical_fits_at_once_are_fitted_once_in_another_process(tiny_model_dir):
+    """...and paid for once, by whoever's fit ran (a fit the desk holds or is making for someone costs nothing)."""
     d = desk(tiny_model_dir)
-    heard, out = [], [None] * 4
+    heard, out, spent = [], [None] * 4, []
     try:
         def ask(i):
-            out[i] = d.fit(IDS, 2, 42, STEER, progress=lambda *a: heard.append(a))
+            with paying(lambda units: spent.append((i, units))):
+                out[i] = d.fit(IDS, 2, 42, STEER, progress=lambda *a: heard.append(a), work=1000)
 
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
         for t in threads:
@@ -40,6 +43,10 @@ def test_identical_fits_at_once_are_fitted_once_in_another_process(tiny_model_di
         assert all(torch.equal(o.vector, out[0].vector) for o in out)
         assert sum(1 for step, _, _ in heard if step == 0) == 1            # one fit ran; the others waited for it
         assert d._worker._process.pid != threading.get_native_id()
+        assert [units for _, units in spent] == [1000]
+        with paying(lambda units: spent.append(("again", units))):
+            d.fit(IDS, 2, 42, STEER, work=1000)                             # the desk holds it: free
+        assert len(spent) == 1
     finally:
         d.close()
 
@@ -102,5 +109,24 @@ def test_a_fitter_that_dies_is_told_and_replaced(tiny_model_dir):
         t.join(60)
         assert failed and "died" in failed[0]
         assert d.fit(IDS, 2, 42, STEER).vector.shape == (32,)               # a fresh process serves the next
+    finally:
+        d.close()
+
+
+def test_a_fit_abandoned_mid_way_never_hands_its_answer_to_the_next(tiny_model_dir):
+    d = desk(tiny_model_dir)
+    slow = SteerConfig(objective="output", max_steps=200, threshold=0.999999, max_seconds=30)
+
+    def leaves(step, p, norm):                   # the asker's page went away after the first step
+        if step >= 1:
+            raise ConnectionResetError("the visitor left")
+
+    heard = []
+    try:
+        with pytest.raises(ConnectionResetError):
+            d.fit(IDS, 1, 7, slow, progress=leaves)
+        fit = d.fit(IDS, 2, 42, STEER, progress=lambda *a: heard.append(a))
+        assert fit.layer == 2 and fit.steps <= STEER.max_steps              # its own answer, not the one left
+        assert [step for step, _, _ in heard][:2] == [0, 1]                 # and its own progress from the start
     finally:
         d.close()

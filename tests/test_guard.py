@@ -135,3 +135,57 @@ def test_the_guard_limits_by_the_derived_address():
         except gr.Error as e:
             assert "too many requests" in e.message
     assert guard.limiter.refused == 2
+
+
+def test_work_is_spent_after_the_fact_and_the_next_request_waits():
+    now = [0.0]
+    limiter = RateLimiter(per_minute=60, burst=12, clock=lambda: now[0], work_per_minute=6000, work_burst=1000)
+    limiter.check("203.0.113.7")
+    limiter.spend("203.0.113.7", 900)                     # within the burst: the next request goes ahead
+    limiter.check("203.0.113.7")
+    limiter.spend("203.0.113.7", 600)                     # 100 - 600: below zero, 500 units to make up
+    with pytest.raises(RateLimited, match=r"too much work from your address for now; try again in 5 s"):
+        limiter.check("203.0.113.7")
+    limiter.check("198.51.100.1")                         # another address's budget is its own
+    now[0] += 5.0
+    limiter.check("203.0.113.7")
+    limiter.spend("203.0.113.7", 10**9)                   # at most a burst below zero: ten seconds' wait
+    with pytest.raises(RateLimited, match="try again in 10 s"):
+        limiter.check("203.0.113.7")
+    for client in ("127.0.0.1", None):                    # loopback and the app itself: never charged
+        limiter.spend(client, 10**9)
+        limiter.check(client)
+
+
+def test_the_guard_spends_the_work_done_inside_it_from_the_asker():
+    from lensapp.service.limits import spend
+
+    guard = Guard(RateLimiter(per_minute=600, clock=lambda: 0.0, work_per_minute=600, work_burst=100))
+    guard.api(request("203.0.113.7"), spend, 150)         # what the service spends where engine work starts
+    with pytest.raises(gr.Error, match="too much work"):
+        guard.api(request("203.0.113.7"), lambda: None)
+    guard.api(request("198.51.100.2"), lambda: None)
+    spend(10**9)                                          # outside any guard: nobody's (the app's own work)
+    guard.api(request("198.51.100.2"), lambda: None)
+
+
+def test_penalties_survive_eviction_and_newcomers_share_an_overflow_bucket():
+    """The table forgets only full buckets: a penalised address stays penalised however many others come by."""
+    now = [0.0]
+    limiter = RateLimiter(per_minute=60, burst=2, clock=lambda: now[0], max_clients=10)
+    for _ in range(2):
+        limiter.check("203.0.113.7")
+    with pytest.raises(RateLimited):
+        limiter.check("203.0.113.7")
+    for i in range(50):                                   # a crowd of newcomers while it is still penalised
+        try:
+            limiter.check(f"198.51.100.{i}")
+        except RateLimited:
+            pass                                          # overflowed newcomers share one bucket
+    with pytest.raises(RateLimited):
+        limiter.check("203.0.113.7")
+    assert len(limiter._buckets) <= 11
+    now[0] += 60.0                                        # everyone's bucket is full again: forgotten as needed
+    for i in range(50):
+        now[0] += 1.0                                     # a newcomer a second
+        limiter.check(f"192.0.2.{i}")

@@ -9,8 +9,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from lensapp import config
-from lensapp.service.identity import UNIDENTIFIED, bucket, client_address, is_loopback
-from lensapp.service.limits import RateLimited, RateLimiter
+from lensapp.service.identity import UNIDENTIFIED, bucket, client_address, is_loopback, site, turn
+from lensapp.service.limits import SITE_SHARE, RateLimited, RateLimiter
 
 addresses = st.ip_addresses().map(str)
 # What a client (or a proxy nobody vouches for) may write: anything, names and commas included.
@@ -67,27 +67,44 @@ def test_the_outermost_trusted_proxys_entry_is_the_client():
     assert client_address("testclient") is None
 
 
-def test_no_name_is_loopback_and_ipv6_counts_by_its_64():
+def test_no_name_is_loopback_and_ipv6_counts_by_its_56_and_its_48():
     assert is_loopback("127.0.0.1") and is_loopback("127.8.0.1") and is_loopback("::1")
     assert not any(map(is_loopback, ["localhost", "LOCALHOST", "127.0.0.1 ", "0x7f000001", "", None, "10.0.0.1"]))
-    assert bucket("2001:db8:1:2:aaaa::1") == bucket("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
-    assert bucket("2001:db8:1:3::1") != bucket("2001:db8:1:2::1")
+    assert bucket("2001:db8:1:2:aaaa::1") == bucket("2001:db8:1:2f:bbbb::9") == "2001:db8:1::/56"
+    assert bucket("2001:db8:1:100::1") != bucket("2001:db8:1:2::1")
+    assert site("2001:db8:1:100::1") == site("2001:db8:1:2::1") == "2001:db8:1::/48"
+    assert turn("2001:db8:1:100::1") == turn("2001:db8:1:ff00::7") == "2001:db8:1::/48"      # one site, one turn
+    assert site("203.0.113.9") is None and turn("203.0.113.9") == "203.0.113.9"
     assert bucket("203.0.113.9") == "203.0.113.9" and bucket("what") == bucket(None) == UNIDENTIFIED
 
 
-def test_the_limit_holds_for_names_and_a_whole_ipv6_64():
+def test_the_limit_holds_for_names_and_a_whole_ipv6_56():
     limiter = RateLimiter(per_minute=60, burst=2, clock=lambda: 0.0)
     for client in ("localhost", "2001:db8::1", "unknown"):
         with pytest.raises(RateLimited):
             for _ in range(3):
                 limiter.check(client)
-    with pytest.raises(RateLimited):                          # another address of the same /64: the same bucket
-        limiter.check("2001:db8::ffff")
+    with pytest.raises(RateLimited):                          # another address of the same /56: the same bucket
+        limiter.check("2001:db8:0:ff::ffff")
     with pytest.raises(RateLimited):                          # every unidentified peer shares one bucket
         limiter.check("something else")
     for _ in range(10):
         limiter.check("127.0.0.1")
         limiter.check(None)                                   # a call from inside the app
+
+
+def test_a_48_cannot_outnumber_the_room():
+    """Every /56 of a /48 is a client of its own, but together they get SITE_SHARE clients' worth, not 256."""
+    limiter = RateLimiter(per_minute=60, burst=2, clock=lambda: 0.0)
+    allowed = 0
+    for i in range(256):                                      # a fresh /56 for every request
+        try:
+            limiter.check(f"2001:db8:7:{i:02x}00::1")
+            allowed += 1
+        except RateLimited:
+            pass
+    assert allowed == 2 * SITE_SHARE
+    limiter.check("2001:db8:8::1")                            # the next /48 is another site
 
 
 def test_trusted_proxies_is_1_on_a_space_and_0_elsewhere(monkeypatch):

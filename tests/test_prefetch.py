@@ -1,26 +1,38 @@
 """Which links start their readout when their page is asked for (`ui.prefetch`), on a stand-in service:
-lens links, into an idle engine, one at a time; nothing else."""
+lens links, into an idle engine, one at a time, as the visitor asking (its turn, its budget, not counted);
+nothing else."""
 
 import threading
 from urllib.parse import quote
 
 from lensapp.engine import ModelInfo
+from lensapp.engine.run.turns import CLIENT
+from lensapp.service import usage
+from lensapp.service.limits import RateLimiter, spend
+from lensapp.ui.guard import Guard
 from lensapp.ui.lens_tab import LOGIT_TAB, lens_request
 from lensapp.ui.prefetch import LinkPrefetch
 
 
 class StandIn:
-    def __init__(self, state="ready", in_flight=0, queue_depth=0):
+    def __init__(self, state="ready", in_flight=0, queue_depth=0, cost=0):
         self.info = ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32")
         self.jlens, self.jlens_layers = None, []
-        self.h = {"state": state, "in_flight": in_flight, "queue_depth": queue_depth}
-        self.asked, self.release = [], threading.Event()
+        self.ready = state == "ready" and not in_flight and not queue_depth
+        self.asked, self.release, self.turns, self.counted = [], threading.Event(), [], []
+        self.cost = cost
+
+    def idle(self):
+        return self.ready
 
     def health(self):
-        return self.h
+        raise AssertionError("a page asked for must not look at the engine's processes")
 
     def lens(self, req):
         self.asked.append(req)
+        self.turns.append(CLIENT.get())
+        self.counted.append(not usage._QUIET.get())
+        spend(self.cost)                        # as the service does where engine work starts
         self.release.wait(10)
         return []
 
@@ -77,3 +89,18 @@ def test_other_links_start_nothing_and_a_bad_field_falls_back_as_on_the_page():
     prefetch._runner.shutdown(wait=True)
     (req,) = service.asked
     assert (req.prompts, req.k, req.layers) == (("x",), 5, "all")
+
+
+def test_a_prefetch_is_the_visitors_own_request_in_its_turn_and_budget_and_not_counted():
+    service = StandIn(cost=5000)
+    guard = Guard(RateLimiter(per_minute=60, clock=lambda: 0.0, work_per_minute=6000, work_burst=4000))
+    prefetch = LinkPrefetch(service, guard)
+    service.release.set()
+    assert prefetch(link(tab="logit", prompt="one"), "203.0.113.7")
+    prefetch._runner.shutdown(wait=True)
+    assert service.turns == ["203.0.113.7"] and service.counted == [False]
+    prefetch = LinkPrefetch(service, guard)
+    assert not prefetch(link(tab="logit", prompt="two"), "203.0.113.7")    # its budget is spent: nothing starts
+    assert prefetch(link(tab="logit", prompt="three"), "198.51.100.4")    # another visitor's is its own
+    prefetch._runner.shutdown(wait=True)
+    assert [r.prompts for r in service.asked] == [("one",), ("three",)]

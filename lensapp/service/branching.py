@@ -60,8 +60,10 @@ class Brancher:
         s = self.service
         if not forces:
             return s._generate(trunk)
-        key = s._key("branch", trunk.prompt, trunk.chat, trunk.lens, str(trunk.layers), trunk.k, trunk.max_tokens,
-                     float(trunk.temperature), trunk.seed, trunk.raw, forces)
+        plan = s._plan_generate(trunk)
+        sampling = Sampling(trunk.max_tokens, float(trunk.temperature), trunk.seed)
+        key = s._key("branch", trunk.prompt, trunk.chat, plan.lenses, tuple(plan.layers), trunk.k, trunk.max_tokens,
+                     sampling.decides, trunk.raw, forces)
         return s.cache.get_or_compute(key, lambda: self._grow(trunk, forces))
 
     def _grow(self, trunk: GenerateRequest, forces: tuple) -> GenerationResult:
@@ -78,6 +80,7 @@ class Brancher:
             # not its readouts. Were it on, this request could reuse the parent's KV cache for the prefix, as it should.
             spec = dataclasses.replace(plan.specs[0], input_ids=tuple(prefix), read_from=len(prefix) - 1)
             work = cost.branch(len(prefix), n_new, len(plan.layers), len(plan.lenses))
+            s.admit(work)
             out = s.engine.generate(spec, Sampling(n_new, float(trunk.temperature), trunk.seed), s.deadline(work))
             continuation = GenerationResult.from_output(
                 out, prompt=trunk.prompt, ids=prefix, layers=plan.layers, decode=s.prompts.decode, text="",
@@ -111,8 +114,9 @@ class Brancher:
         if n_new > 0:
             spec = planning.lens_spec(prefix, [layer], req.k, LENS_CHOICES[req.lens], s.info.n_layers,
                                       s.jlens_layers)
-            out = s.engine.chat(spec, Sampling(n_new, float(req.temperature), req.seed),
-                                s.deadline(cost.branch(len(prefix), n_new, 1, 1)))
+            work = cost.branch(len(prefix), n_new, 1, 1)
+            s.admit(work)
+            out = s.engine.chat(spec, Sampling(n_new, float(req.temperature), req.seed), s.deadline(work))
             continuation = ChatReply.from_output(out, decode=s.prompts.decode, text="", lens=req.lens, layer=layer)
         path = parent.token_ids[:step] + [token] + (continuation.token_ids if continuation else [])
         return graft_chat(parent, step, token, continuation, decode=s.prompts.decode, text=s.prompts.text(path))

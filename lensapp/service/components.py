@@ -86,9 +86,10 @@ def resolve(index: int, n: int, noun: str, of: str) -> int:
     return index % n
 
 
-def run(service, req: ComponentsRequest) -> ComponentsResult:
-    """The components readout of one prompt (identical requests computed once: the service's cache)."""
-    p = plan(service, req)
+def run(service, p: ComponentsPlan) -> ComponentsResult:
+    """The components readout a plan asks for (identical plans computed once: the service's cache)."""
+    req = p.req
+    service.admit(p.cost)
     out = service.engine.components(p.spec, service.deadline(p.cost))
     return ComponentsResult.from_output(out, prompt=req.prompt, ids=p.ids, position=p.position, target=p.target,
                                         foil=p.foil, decode=service.prompts.decode, patterns_layer=p.patterns_layer,

@@ -80,6 +80,13 @@ def generation(n_prompt: int, max_tokens: int, n_layers: int, n_lenses: int, max
     return steps + readout(n_prompt, n_layers, n_lenses, [], max_part_cells)
 
 
+def last_positions(prompt_lengths: list[int], n_layers: int, n_lenses: int) -> Cost:
+    """An evaluation (service/evaluating.py): one forward per prompt, each reading its last position only
+    (`LensSpec.read_from`) at n_layers x n_lenses, so items x layers x lenses cells in all, whatever the prompts'
+    lengths (their tokens still go through the model)."""
+    return sum((forward(n, n_layers, n_lenses, read_positions=1) for n in prompt_lengths), NOTHING)
+
+
 # A layer's attention pattern is heads x positions^2 weights, each computed, returned and drawn: this many of
 # them count as one cell (a cell returns its top-k and three scores, and draws one mark).
 PATTERN_WEIGHTS_PER_CELL = 64
@@ -123,6 +130,14 @@ def branch(n_prefix: int, n_new: int, n_layers: int, n_lenses: int) -> Cost:
     if n_new <= 0:
         return NOTHING
     return Cost(1, n_prefix + n_new, n_new * n_layers * n_lenses)
+
+
+def fit(n_prompt: int, steps: int) -> Cost:
+    """A fitted steering vector (fitting/steering.py), at most: `steps` optimiser steps, each a forward and a backward
+    (about twice a forward) of the prompt, on the fitter's own copy of the model (no engine request). It is spent
+    from the asker's budget when the fit starts (a fit already made or under way costs nothing); the fit's own
+    bounds (steps, seconds, one at a time) stand in for the budget check."""
+    return Cost(0, 3 * n_prompt * steps, 0)
 
 
 def description(n_prompt: int, n_inspect: int, n_described: int, n_tokens: int) -> Cost:

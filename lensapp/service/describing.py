@@ -69,6 +69,7 @@ class Describer:
 
     def _describe(self, req: DescribeRequest, plan: DescribePlan) -> list[Description]:
         s, n = self.service, self.service.info.n_layers
+        s.admit(plan.cost)
         read = dataclasses.replace(planning.lens_spec(plan.ids, [n - 1], 1, ("logit",), n, []),
                                    keep_layers=tuple(plan.layers), keep_positions=(plan.position,))
         source = cost.forward(len(plan.ids), 1, 1)

@@ -19,6 +19,7 @@ from typing import Callable
 from ..engine.run.turns import CLIENT
 from ..fitting.worker import FitJob, FitStopped, FitWorker
 from .field import RequestError
+from .limits import spend
 
 FITS_KEPT = 32
 
@@ -48,9 +49,10 @@ class FitDesk:
             raise RequestError("fitting steering vectors is for the host here (a logged-in visitor); use a "
                                "logit or jacobian direction")
 
-    def fit(self, ids: tuple[int, ...], layer: int, target_id: int, steer, progress: Progress | None = None):
+    def fit(self, ids: tuple[int, ...], layer: int, target_id: int, steer, progress: Progress | None = None,
+            work: int = 0):
         """The SteeringVector for these inputs: from the cache, from the same fit already under way, or fitted
-        when its turn comes."""
+        when its turn comes; `work` (cost.py's units) is spent by whoever asks when it is fitted for them."""
         self.check_allowed()
         key = (ids, layer, target_id, steer)
         if (hit := self._cached(key)) is not None:
@@ -69,6 +71,7 @@ class FitDesk:
         if not mine:                             # the same fit is under way for someone else: its answer
             return pending.result()
         try:
+            spend(work)
             if progress is not None and place > 1:
                 progress(-(place - 1), 0.0, 0.0)                    # its place: fits ahead of it
             with self._desk:

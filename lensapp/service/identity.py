@@ -9,8 +9,11 @@ however many hops it claims. Only an IP address counts: a name ("localhost"), an
 identifier ("_hidden", "unknown") or junk in that slot, or fewer entries than trusted proxies, mean
 the peer is used instead.
 
-IPv6 clients are counted by their /64 (`bucket`): one host usually holds a whole /64 and could
-otherwise take a fresh address for every request. An IPv4 address mapped into IPv6 is the IPv4 one.
+IPv6 clients are counted by their /56 (`bucket`): one host usually holds a whole /64, and one customer a
+/56 or a /48, so it could otherwise take a fresh address for every request. A /48 (`site`) holds 256 /56s:
+the rate limit caps what a whole /48 may ask for besides (`limits.SITE_SHARE`), and the engine's fair turns
+count a /48 as one party (`turn`), so one site cannot outnumber the room. An IPv4 address mapped into IPv6 is
+the IPv4 one.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Iterable
 
-IPV6_PREFIX = 64
+IPV6_PREFIX = 56          # one client
+IPV6_SITE = 48            # one site: at most limits.SITE_SHARE clients' worth, one turn
 UNIDENTIFIED = "unidentified"
 
 
@@ -56,12 +60,29 @@ def is_loopback(address: str | None) -> bool:
 
 
 def bucket(address: str | None) -> str:
-    """What the rate limit counts `address` as: itself, an IPv6 address's /64, or (not an IP: a peer the
+    """What the rate limit counts `address` as: itself, an IPv6 address's /56, or (not an IP: a peer the
     app cannot name, such as a UNIX socket's) one bucket that all of those share."""
+    return _network(address, IPV6_PREFIX)
+
+
+def site(address: str | None) -> str | None:
+    """The IPv6 /48 `address` belongs to, which the rate limit caps as a whole; None for anything else (an IPv4
+    address is one client and one site)."""
+    if ip(address) is None or ipaddress.ip_address(ip(address)).version != 6:
+        return None
+    return _network(address, IPV6_SITE)
+
+
+def turn(address: str | None) -> str:
+    """Whose turn `address` waits in (engine/run/turns.py): an IPv4 address, an IPv6 address's /48."""
+    return site(address) or bucket(address)
+
+
+def _network(address: str | None, prefix: int) -> str:
     if ip(address) is None:
         return UNIDENTIFIED
     parsed = ipaddress.ip_address(ip(address))
     if parsed.version == 6:
-        host_bits = 128 - IPV6_PREFIX
-        return str(ipaddress.IPv6Network((int(parsed) >> host_bits << host_bits, IPV6_PREFIX)))
+        host_bits = 128 - prefix
+        return str(ipaddress.IPv6Network((int(parsed) >> host_bits << host_bits, prefix)))
     return str(parsed)

@@ -27,7 +27,7 @@ from ..engine.start.preflight import preflight
 from ..results import ChatReply, Comparison, ComponentsResult, GenerationResult, InterventionResult, LensResult, Target
 from ..results.decided import WIDTH as DECIDED_WIDTH
 from ..results.description import Descriptions
-from . import components, cost, planning
+from . import components, cost, evaluating, limits, planning
 from .app_jlens import engine_stack, lens_key, load_configured_jlens, load_jlens
 from .branching import Brancher
 from .cache import ResultCache
@@ -112,6 +112,7 @@ class LensService:
         plan = self._plan_lens(req, max_prompts)
 
         def compute(todo: list[int]) -> list[LensResult]:
+            self.admit(plan.cost)
             outputs = self.engine.lens([plan.specs[i] for i in todo], self.deadline(plan.cost))
             return [LensResult.from_output(out, prompt=req.prompts[i], ids=plan.ids[i], layers=plan.layers,
                                            decode=self.prompts.decode, targets=plan.targets,
@@ -144,6 +145,7 @@ class LensService:
         sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
 
         def compute() -> GenerationResult:
+            self.admit(plan.cost)
             out = self.engine.generate(plan.specs[0], sampling, self.deadline(plan.cost))
             return GenerationResult.from_output(out, prompt=req.prompt, ids=plan.ids[0], layers=plan.layers,
                                                 decode=self.prompts.decode, text=self.prompts.text(out.token_ids),
@@ -153,7 +155,7 @@ class LensService:
         if not _reproducible(req.temperature, req.seed):
             return compute()
         key = self._key("generate", req.prompt, req.chat, plan.lenses, tuple(plan.layers), req.k, req.max_tokens,
-                        float(req.temperature), req.seed, req.raw)
+                        sampling.decides, req.raw)
         return self.cache.get_or_compute(key, compute)
 
     def check(self, req: LensRequest | GenerateRequest | InterveneRequest | ComponentsRequest | DescribeRequest,
@@ -176,6 +178,13 @@ class LensService:
         """A cell (or a column of cells: one per layer) described in words by the model itself (Patchscopes)."""
         self._observe("describe", req)
         return self.describer.run(req)
+
+    def evaluate(self, req: evaluating.EvaluateRequest, files: bool = False) -> evaluating.EvaluationResult:
+        """How well each loaded lens reads the unspoken intermediate of a set of items, layer by layer, at each
+        prompt's last position (service/evaluating.py): a shipped set, computed once per model and lens and kept;
+        with `files` (the command line), a file of the published form too."""
+        self._observe("evaluate", req)
+        return evaluating.run(self, req, files)
 
     def _bos(self, lenses: tuple[str, ...]) -> bool:
         """Prepend BOS to a prompt read through the Jacobian lens, when the lens was fitted so (jlens.py)."""
@@ -242,6 +251,7 @@ class LensService:
         self.check_cost(work, "this chat")
 
         def compute() -> ChatReply:
+            self.admit(work)
             out = self.engine.chat(spec, sampling, self.deadline(work))
             return ChatReply.from_output(out, decode=self.prompts.decode, text=self.prompts.text(out.token_ids),
                                          lens=req.lens, layer=layer, dropped_turns=dropped)
@@ -249,7 +259,7 @@ class LensService:
         if not _reproducible(req.temperature, req.seed):
             return compute()
         key = self._key("chat", tuple((m["role"], m["content"]) for m in req.messages), req.lens, layer,
-                        req.max_tokens, float(req.temperature), req.k, req.seed)
+                        req.max_tokens, req.k, sampling.decides)
         return self.cache.get_or_compute(key, compute)
 
     def intervene(self, req: InterveneRequest, progress=None) -> InterventionResult:
@@ -257,8 +267,10 @@ class LensService:
         computed once (a generation here always has a seed: 0 unless given). `progress(step, p, norm)` hears
         a fitted vector's steps."""
         self._observe("intervene", req)
-        key = self._key("intervene", *(getattr(req, f) for f in req.__dataclass_fields__))
-        return self.cache.get_or_compute(key, lambda: self.intervener.run(req, self.intervention_inputs(), progress))
+        inputs = self.intervention_inputs()
+        plan = self.intervener.plan(req, inputs)
+        return self.cache.get_or_compute(self._key("intervene", *plan.decides()),
+                                         lambda: self.intervener.carry_out(plan, inputs, progress))
 
     def intervention_inputs(self) -> Inputs:
         """What an intervention is planned against, as this service stands (its Jacobian lens may change)."""
@@ -272,12 +284,18 @@ class LensService:
         """Who wrote the target's logit at a position: the embedding, each attention layer and head and each MLP,
         through the frozen final norm, and where the attention looked (service/components.py)."""
         self._observe("components", req)
-        key = self._key("components", *(getattr(req, f) for f in req.__dataclass_fields__))
-        return self.cache.get_or_compute(key, lambda: components.run(self, req))
+        plan = components.plan(self, req)
+        key = self._key("components", plan.spec, req.prompt, req.target, req.foil)
+        return self.cache.get_or_compute(key, lambda: components.run(self, plan))
 
     def check_cost(self, work: cost.Cost, what: str, advice: str = cost.ADVICE) -> None:
         """RequestError when `work` passes the budget (`max_work`), in one line saying what to reduce."""
         cost.check(work, self.token_weight, self.cfg.max_work, what, advice)
+
+    def admit(self, work: cost.Cost) -> None:
+        """Engine work of this cost starts now: whoever asked for it pays for it (`limits.spend`). Called where each
+        request's work starts, after the cache: an answer it already holds costs nothing."""
+        limits.spend(work.units(self.token_weight))
 
     def deadline(self, work: cost.Cost) -> float:
         """The seconds a request of this cost may take before the engine cancels it."""
@@ -293,6 +311,10 @@ class LensService:
     # -- the rest ------------------------------------------------------------------------------------------
     def wait_ready(self, timeout: float | None = None) -> None:
         self.engine.wait_ready(timeout)
+
+    def idle(self) -> bool:
+        """The engine is ready with nothing running or waiting (no process is looked at, unlike `health`)."""
+        return self.engine.idle()
 
     def health(self) -> dict:
         info = self.info

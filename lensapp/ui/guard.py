@@ -1,7 +1,8 @@
 """The one error path: every failure reaches the user as one line of plain text.
 
 A handler runs through `Guard.ui` (the page's events) or `Guard.api` (the API endpoints): the
-client's rate is checked, the engine is told who is asking (its fair turns), and any exception
+client's rate is checked, the engine is told who is asking (its fair turns), the work the engine does
+for it is spent from that client's budget (`service/limits.py`), and any exception
 becomes a `gr.Error` with a one-line message. Who is asking is an address no header a client writes can
 change (`service/identity.py`). The page renders an error's message as HTML, so there it is escaped
 (text, never markup); API clients get it as it is (no HTML entities). Expected failures (bad input, a
@@ -13,10 +14,13 @@ are the host's alone).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import html
 import logging
 import re
 import secrets
+from typing import Iterator
 
 import gradio as gr
 
@@ -25,7 +29,7 @@ from ..engine import EngineBusy, EngineError
 from ..engine.run.turns import asking
 from ..service import identity
 from ..service.field import RequestError
-from ..service.limits import RateLimited, RateLimiter
+from ..service.limits import RateLimited, RateLimiter, paying
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,14 @@ class Guard:
         """Run an API endpoint: failures become a plain-text, one-line gr.Error."""
         return self._run(request, False, fn, *args, **kwargs)
 
+    @contextlib.contextmanager
+    def visitor(self, client: str | None) -> Iterator[None]:
+        """Work done within this block is `client`'s: it waits in that client's turn (engine/run/turns: the host's,
+        None, for the app itself and loopback) and is spent from its budget."""
+        turn = None if client is None or identity.is_loopback(client) else identity.turn(client)
+        with asking(turn), paying(functools.partial(self.limiter.spend, client)):
+            yield
+
     def answered(self, request: gr.Request | None, size: int) -> None:
         """Count an answer of `size` bytes against whoever asked (`RateLimiter.charge`)."""
         self.limiter.charge(client_address(request, self.trusted_proxies), size)
@@ -67,8 +79,7 @@ class Guard:
         try:
             client = client_address(request, self.trusted_proxies)
             self.limiter.check(client)
-            turn = None if client is None or identity.is_loopback(client) else identity.bucket(client)
-            with asking(turn):                   # whose turn (engine/run/turns): the host's (None), or a visitor's
+            with self.visitor(client):
                 return fn(*args, **kwargs)
         except gr.Error:
             raise

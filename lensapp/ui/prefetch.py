@@ -1,4 +1,4 @@
-"""Start a shared link's readout while its page loads.
+"""Start a shared link's readout while its page loads, as the visitor asking for the page.
 
 A permalink's page needs ~2 s to load and start (Gradio's scripts, its config, the link's restore)
 before it asks for the readout, which for a long prompt is seconds of engine time more. The server
@@ -6,18 +6,23 @@ sees the link when the browser first asks for the page, so it starts the same re
 own request, built the same way from the same values (`lens_tab.lens_request`), joins it in the result cache (identical
 requests in flight are computed once) or finds it done.
 
-Only into idle capacity: a link prefetches only while the engine is ready with nothing running or
-queued, one at a time, so a crawler following links cannot take the engine from people. Not with
-a login (the page is the login form) or without a result cache. The lens tabs only: a generation or
-comparison link waits for its page.
+It goes through the guard like any request the visitor makes (`Guard.visitor`): it waits in the visitor's
+turn and its work is spent from the visitor's budget, and it starts only while that budget allows, so a
+crawler following links pays for what it starts and soon starts nothing. Only into idle capacity besides:
+only while the engine is ready with nothing running or queued (two counters read, nothing walked), one at
+a time. It is not counted in a workshop's usage (the page's own request is). Not with a login (the page is
+the login form) or without a result cache. The lens tabs only: a generation or comparison link waits for
+its page.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ..service.usage import not_counted
 from . import permalinks
 from .lens_tab import LENS_TABS, lens_request
 
@@ -25,16 +30,18 @@ log = logging.getLogger(__name__)
 
 
 class LinkPrefetch:
-    def __init__(self, service, enabled: bool = True):
-        self.service = service
+    def __init__(self, service, guard=None, enabled: bool = True):
+        """guard: whose budget and turn a prefetch is (`ui.guard.Guard`); None: the host's (scripts, tests)."""
+        self.service, self.guard = service, guard
         self.enabled = enabled
         self.started = 0
         self._one = threading.Lock()                 # held while a prefetch runs
         self._runner = ThreadPoolExecutor(1, thread_name_prefix="lens-prefetch")
 
-    def __call__(self, query: str) -> bool:
-        """Start the readout `query` (a page URL's query) links to, if it is a lens link and the engine
-        is idle. Never raises; True when a prefetch started."""
+    def __call__(self, query: str, client: str | None = None) -> bool:
+        """Start the readout `query` (a page URL's query) links to, for `client` (its address, as the guard
+        derives it), if it is a lens link, the engine is idle and the client's budget allows. Never raises;
+        True when a prefetch started."""
         if not self.enabled or not query:
             return False
         try:
@@ -42,10 +49,12 @@ class LinkPrefetch:
         except Exception as e:  # noqa: BLE001 - a link the page itself will explain
             log.debug("not prefetching %r: %s", query[:80], e)
             return False
-        if req is None or not self._idle() or not self._one.acquire(blocking=False):
+        if req is None or not self.service.idle() or not self._affords(client):
+            return False
+        if not self._one.acquire(blocking=False):
             return False
         self.started += 1
-        self._runner.submit(self._run, req)
+        self._runner.submit(self._run, req, client)
         return True
 
     def _request(self, query: str):
@@ -57,13 +66,14 @@ class LinkPrefetch:
         req, _ = lens_request(tab, service, tab.view.values_of(view))
         return req
 
-    def _idle(self) -> bool:
-        h = self.service.health()
-        return h.get("state") == "ready" and not h.get("in_flight") and not h.get("queue_depth")
+    def _affords(self, client: str | None) -> bool:
+        return self.guard is None or self.guard.limiter.allows(client)
 
-    def _run(self, req) -> None:
+    def _run(self, req, client: str | None) -> None:
         try:
-            self.service.lens(req)
+            visitor = self.guard.visitor(client) if self.guard is not None else contextlib.nullcontext()
+            with not_counted(), visitor:
+                self.service.lens(req)
         except Exception as e:  # noqa: BLE001 - the page's own request will meet and report it
             log.debug("prefetch failed: %s", e)
         finally:

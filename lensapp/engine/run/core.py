@@ -179,6 +179,11 @@ class Engine(Supervisor):
                 self._admitted -= 1
                 self._per_client.leave(client)
 
+    def idle(self) -> bool:
+        """Ready, with nothing running or waiting (a look at two counters: cheap enough for every page asked for)."""
+        with self._lock:
+            return self.state == "ready" and self._admitted == 0 and self._in_flight == 0
+
     def health(self) -> dict:
         """A snapshot for /health: plain values only."""
         with self._lock:

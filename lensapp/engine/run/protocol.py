@@ -116,7 +116,8 @@ class LensSpec:
     after_attention: where each block's MLP part is read (a block-relative path: `anatomy.Anatomy.mlp_part`);
       given, `run_lens` also reads the logit lens at each requested layer's residual after its attention and
       before its MLP, the block's output less that part (`LensOutput.after_attention`).
-    read_from: `run_generate`'s step 0 reads prompt positions read_from.. only (a branch's continuation: the
+    read_from: `run_lens` (its readouts, not its kept streams, norms or continuations) and `run_generate`'s step 0
+      read prompt positions read_from.. only (an evaluation reads the last one; a branch's continuation: the
       positions before it were read by the generation it branches from); 0: all of them.
     """
 
@@ -178,6 +179,11 @@ class Sampling:
         by 1e-73 overflow to inf, and sampling from them fails."""
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def decides(self) -> tuple:
+        """What decides the tokens besides the input, as a cache key's part: nothing for greedy decoding (its
+        temperature and seed change nothing), else the temperature and the seed."""
+        return () if self.greedy else (float(self.temperature), self.seed)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...config import LENS_CHOICES, MAX_CONTINUATION_TOKENS
-from ...engine.run.protocol import LensSpec, ModelInfo
+from ...engine.run.protocol import LensSpec, ModelInfo, Sampling
 from ...results import Target
 from .. import cost, planning
 from ..fits import FitDesk
@@ -81,6 +81,17 @@ class Plan:
     targets: tuple[Target, ...]
     base: LensSpec
     cost: cost.Cost
+
+    def decides(self) -> tuple:
+        """What decides the result, as a cache key: the request resolved (its layers and positions as indices,
+        the kind's own plan, the targets' tokens, the readout's spec) and, where texts are generated, their
+        sampling (`Sampling.decides`: nothing for greedy decoding). Two spellings of one request are one key."""
+        req = self.request
+        generated = (req.new_tokens, Sampling(req.new_tokens, float(req.temperature), req.seed).decides) \
+            if req.new_tokens else ()
+        r = self.reading
+        return (self.kind, req.prompt, (r.lenses, tuple(r.layers), r.span, r.ids, r.positions), self.change,
+                self.targets, self.base, generated)
 
     def described(self) -> dict:
         """What every kind's description shares (`results.InterventionDone`'s fields, the word aside)."""

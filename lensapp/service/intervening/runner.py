@@ -19,7 +19,8 @@ import torch
 from ...engine.run.families import Family
 from ...engine.run.protocol import LensSpec, Sampling
 from ...results import InterventionResult, LensResult
-from .. import planning
+from .. import cost, planning
+from ..limits import spend
 from ..requests import InterveneRequest
 from . import planner
 from .directions import WordDirections
@@ -48,7 +49,12 @@ class Intervener:
 
     def run(self, req: InterveneRequest, inputs: Inputs, progress=None) -> InterventionResult:
         """`progress(step, p, norm)` hears a fitted vector's steps (fits.py)."""
-        return Run(self, inputs, progress).result(planner.plan(req, inputs))
+        return self.carry_out(planner.plan(req, inputs), inputs, progress)
+
+    def carry_out(self, plan: Plan, inputs: Inputs, progress=None) -> InterventionResult:
+        """The result of a plan made with these `inputs` (`plan`); its work is paid for as it starts."""
+        spend(plan.cost.units(inputs.limits.token_weight))
+        return Run(self, inputs, progress).result(plan)
 
 
 class Run:
@@ -71,7 +77,8 @@ class Run:
 
     def fit(self, ids: tuple[int, ...], layer: int, target_id: int, steer):
         """A vector fitted on the fitting desk (fits.py): cached, or one already under way, or when its turn comes."""
-        return self.inputs.fits.fit(tuple(ids), layer, target_id, steer, self.progress)
+        work = cost.fit(len(ids), steer.max_steps).units(self.limits.token_weight)
+        return self.inputs.fits.fit(tuple(ids), layer, target_id, steer, self.progress, work)
 
     def kept_streams(self, ids: tuple[int, ...], layers: tuple[int, ...]) -> torch.Tensor:
         """The residual streams of a text at `layers`, every position: [layers, positions, d_model] float32."""
