@@ -1,5 +1,5 @@
-"""Command line: `lensapp lens | generate | intervene | components | describe | fit | serve | engine | space`, on
-the service and results the app uses.
+"""Command line: `lensapp lens | generate | intervene | components | describe | evaluate | fit | serve | engine |
+space`, on the service and results the app uses.
 
 Examples:
     lensapp lens "The capital of France is" --lens both --layers 20-29 --k 5 --target Paris
@@ -14,13 +14,15 @@ Examples:
     lensapp intervene "The Colosseum is in the city of" --patch-from "The Eiffel Tower is in the city of" \\
         --layer 6-12 --position 1-3 --target Paris
     lensapp components "The capital of France is" --target Paris --foil Rome --patterns 20 --json
+    lensapp evaluate --split heldout --json        # how good each lens is, on the shipped two-hop items
+    lensapp evaluate --items my_items.json --split all
     lensapp lens "Hello" --model Qwen/Qwen3-8B \\
         --jlens neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt
     lensapp fit --corpus my_texts/ --out my_lens.pt
     lensapp serve --port 7860                      # the web app (python app.py is the same)
-    lensapp engine --port 6677 --key "$KEY"        # the model as its own service (engine_service.py) ...
-    lensapp serve --engine-url http://127.0.0.1:6677 --engine-key "$KEY"     # ... and a page on it
-    lensapp lens "The capital of France is" --engine-url http://127.0.0.1:6677 --engine-key "$KEY"
+    lensapp engine --port 6677 --engine-key-file KEYFILE   # the model as its own service (engine_service.py) ...
+    lensapp serve --engine-url http://127.0.0.1:6677 --engine-key-file KEYFILE     # ... and a page on it
+    lensapp lens "The capital of France is" --engine-url http://127.0.0.1:6677    # the key in LENSAPP_ENGINE_KEY
     lensapp space push user/name --dry-run         # what a Hugging Face Space would get (lensapp/space.py)
 
 (`python -m lensapp ...` is the same command.) Bad input (unknown layers, k outside 1..100, an
@@ -138,6 +140,8 @@ def _run(args, cfg: config.Config) -> int:
     # none is loaded, too: planning.NO_JLENS) before vLLM's minute of start.
     service = LensService.start(cfg, start_engine=False)
     try:
+        if args.command == "evaluate":
+            return _evaluate(service, request, args.json)
         service.check(request, MAX_CLI_PROMPTS)
         if args.command == "lens":
             results = service.lens(request, MAX_CLI_PROMPTS)
@@ -161,6 +165,26 @@ def _run(args, cfg: config.Config) -> int:
     finally:
         service.close()
     return 0
+
+
+def _evaluate(service, request, as_json: bool) -> int:
+    """`evaluate`: the shipped items or a file of the published form (the command line's alone), every item checked
+    before the engine starts (the service plans it all before its first engine call)."""
+    from .results import dumps
+
+    result = service.evaluate(request, files=True)
+    print(dumps(result) if as_json else format_evaluation(result))
+    return 0
+
+
+def format_evaluation(r) -> str:
+    """Per lens: the "some layer" rates and the best bands, then hit@1 and hit@10 per layer."""
+    out = [f"{r.model}: {r.n_items} {r.split} items of {r.items}; an item hits at a layer when its intermediate's "
+           "first token is within the lens's top k at the prompt's last position",
+           r.summary().to_string(index=False, float_format=lambda x: f"{x:.3f}"),
+           "\nper layer (the intermediate's hit rate, the target's, the target's median rank):",
+           r.frame().to_string(index=False, float_format=lambda x: f"{x:.3f}")]
+    return "\n".join(out)
 
 
 def format_lens(r) -> str:

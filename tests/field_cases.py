@@ -101,4 +101,8 @@ CASES = {
                 (NUL, SURROGATE, 3)),
     "INSPECT_LAYER": (((None, None), ("", None), (-1, -1), ("7", 7)),
                       ("x", 1.5, True)),
+    "EVAL_ITEMS": ((("two_hop", "two_hop"), ("my items.json", "my items.json")),
+                   ("", "  ", NUL, SURROGATE, 3, ["two_hop"], "x" * 5000)),
+    "EVAL_SPLIT": ((("heldout", "heldout"), ("dev", "dev"), ("all", "all")),
+                   ("test", "", "HELDOUT", 1, ["dev"])),
 }

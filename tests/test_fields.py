@@ -18,7 +18,14 @@ from hostile import assert_one_line, run_cli
 from lensapp import config
 from lensapp.service import fields as f
 from lensapp.service.field import Field, RequestError, fields_of
-from lensapp.service.requests import ChatRequest, DescribeRequest, GenerateRequest, InterveneRequest, LensRequest
+from lensapp.service.requests import (
+    ChatRequest,
+    DescribeRequest,
+    EvaluateRequest,
+    GenerateRequest,
+    InterveneRequest,
+    LensRequest,
+)
 from lensapp.ui import api, permalinks, views
 from lensapp.ui.permalinks import View, as_text
 
@@ -27,7 +34,7 @@ EXAMPLES = {name: FIELD_CASES.get(name, ((), ())) for name in SCHEMA}
 for _alias, _base in (("CHAT_MAX_TOKENS", "MAX_TOKENS"), ("CHAT_K", "K"),      # a field made from another
                       ("INTERVENE_SEED", "SEED")):
     EXAMPLES[_alias] = (tuple(x for x in FIELD_CASES[_base][0] if x[1] != SCHEMA[_base].default), FIELD_CASES[_base][1])
-REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest, DescribeRequest)
+REQUESTS = (LensRequest, GenerateRequest, ChatRequest, InterveneRequest, DescribeRequest, EvaluateRequest)
 # The API's published parameter order: a parameter is only ever added at the end (old clients keep working).
 PUBLISHED = {
     "lens": ["prompt", "lens", "layers", "k", "targets", "chat", "raw", "skip_punctuation"],
@@ -39,6 +46,7 @@ PUBLISHED = {
                   "k", "targets", "new_tokens", "temperature", "seed", "chat", "raw"],
     "components": ["prompt", "target", "foil", "position", "patterns", "chat"],
     "describe": ["prompt", "layer", "position", "max_tokens", "inspect", "inspect_layer", "chat"],
+    "evaluate": ["items", "split"],
 }
 
 

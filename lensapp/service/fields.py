@@ -26,6 +26,7 @@ from ..config import (
     MAX_TEMPERATURE,
     PUNCTUATION_WIDTH,
 )
+from .evaluation_items import SHIPPED, SPLITS
 from .field import REQUIRED, Field, RequestError, fields_of, show
 from .parsers import (
     choice,
@@ -186,3 +187,12 @@ INSPECT_LAYER = Field("inspect_layer", "the block of the inspection prompt whose
                       "counts from the end; none: the described layer itself)", None,
                       optional_whole("inspect_layer", -(1 << 20), 1 << 20), flag="--inspect-layer",
                       api=(int | None, None))
+
+
+# -- how good is a lens: evaluation items (issue 40) -------------------------------------------------------
+
+EVAL_ITEMS = Field("items", f"the items: a shipped set ({', '.join(SHIPPED)}) or, on the command line, a file of the "
+                   "published form {\"items\": [{name, prompt, target, intermediates}]}", "two_hop",
+                   text("items", 4096), flag="--items", label="Items")
+EVAL_SPLIT = Field("split", "which items: heldout (the half never tuned against), dev or all", "heldout",
+                   **choosing("split", SPLITS, "heldout, dev or all"), flag="--split", label="Items to score")

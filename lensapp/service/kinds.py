@@ -13,7 +13,15 @@ from typing import Any, Callable
 
 from . import fields
 from .field import Field, fields_of
-from .requests import ChatRequest, ComponentsRequest, DescribeRequest, GenerateRequest, InterveneRequest, LensRequest
+from .requests import (
+    ChatRequest,
+    ComponentsRequest,
+    DescribeRequest,
+    EvaluateRequest,
+    GenerateRequest,
+    InterveneRequest,
+    LensRequest,
+)
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,15 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "text, token_ids, source_token, prompt, model}; a list of those, one per layer, for a sweep.",
          command="describe a cell in words: its hidden state patched into an inspection prompt (Patchscopes)",
          answer=dict | list[dict]),
+    Kind("evaluate", EvaluateRequest, lambda service, req: service.evaluate(req),
+         "How good each loaded lens is: on a shipped set of two-hop items, the rank of the unspoken intermediate "
+         "(France in 'The capital of the country where the Eiffel Tower stands is') at the prompt's last position, "
+         "layer by layer; computed once per model and lens.",
+         "The CLI's `evaluate --json` object: model, items, split, n_items, hit_at [1, 10], names, prompts, targets, "
+         "intermediates, and per lens {layers, hit_rate {\"1\", \"10\": [layer]}, some_layer {\"1\", \"10\"}, "
+         "best_band {\"1\", \"10\": {first, last, best, rate, floor} or null}, target_rate, median_target_rank, "
+         "target_rank_last [item], intermediate_rank and target_rank [item][layer]}.",
+         command="how good each lens is: the rank of the unspoken intermediate of two-hop items, layer by layer"),
 )}
 
 

@@ -28,6 +28,8 @@ from .fields import (
     DESCRIBE_POSITION,
     DESCRIBE_TOKENS,
     DIRECTION,
+    EVAL_ITEMS,
+    EVAL_SPLIT,
     FOIL,
     FORCE,
     FROM_WORD,
@@ -185,6 +187,16 @@ class DescribeRequest(Request):
     chat: bool = CHAT.declared()
 
 
-__all__ = ["ChatRequest", "ComponentsRequest", "DescribeRequest", "GenerateRequest", "InterveneRequest",
-           "LensRequest", "Request",
+@dataclass(frozen=True)
+class EvaluateRequest(Request):
+    """How good each loaded lens is: on every item of `items` (a shipped set, or a file on the command line) of
+    one `split`, the rank of the unspoken intermediate at every layer, at the prompt's last position
+    (service/evaluating.py)."""
+
+    items: str = EVAL_ITEMS.declared()
+    split: str = EVAL_SPLIT.declared()
+
+
+__all__ = ["ChatRequest", "ComponentsRequest", "DescribeRequest", "EvaluateRequest", "GenerateRequest",
+           "InterveneRequest", "LensRequest", "Request",
            "RequestError"]

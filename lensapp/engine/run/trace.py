@@ -102,15 +102,18 @@ def model_logits(model, site: Site) -> torch.Tensor:
 
 def lens_trace(model, site: Site, spec: LensSpec) -> dict:
     """A prompt's trace: {"readouts": {lens: Readout [L, P, ...]}, "model_next_id": int}, and when the spec
-    asks, "kept" [len(keep_layers), positions, d_model] and "norms" [len(spec.layers)] (float32)."""
+    asks, "kept" [len(keep_layers), positions, d_model] and "norms" [len(spec.layers)] (float32). The readouts
+    cover positions spec.read_from.. only (P = prompt length - read_from): the rest are never unembedded."""
     inside, mids = mid_reader(model, site, spec.after_attention) if spec.after_attention else (None, {})
     streams = read_streams(model, site, sorted(set(spec.read_layers) | set(spec.keep_layers)), spec.edits,
                            prompt_len=len(spec.input_ids), inside=inside)
     if not site.last_stage():
         return {}
-    saved = {"readouts": lens_readouts(model, spec, site, torch.stack([streams[x] for x in spec.read_layers]))}
+    read = slice(spec.read_from, None)
+    saved = {"readouts": lens_readouts(model, spec, site, torch.stack([streams[x][read] for x in spec.read_layers]))}
     if spec.after_attention:
-        saved["after_attention"] = after_attention_readouts(model, spec, site, mids, streams[spec.read_layers[-1]])
+        saved["after_attention"] = after_attention_readouts(model, spec, site, {x: m[read] for x, m in mids.items()},
+                                                            streams[spec.read_layers[-1]][read])
     saved["model_next_id"] = int(model_logits(model, site).argmax())
     if spec.keep_layers:
         kept = torch.stack([streams[x] for x in spec.keep_layers])
