@@ -185,6 +185,7 @@ def test_chunks_are_cut_into_token_windows():
     (["--model", "/no/such/model", "--max-prompts", "1"], "cannot read its config"),
     (["--tokens", "17", "--skip", "16"], "must exceed skip + 1"),
     (["--shard", "3/2"], "--shard"),
+    (["--probes", "-1"], "probes must be >= 0"),
     (["--snapshot", "--checkpoint-dir", "/no/such/dir"], "no checkpoint"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(argv, message, tmp_path, capsys):
@@ -216,3 +217,110 @@ def test_a_fit_with_a_bos_token_reads_every_prompt_with_it_first_and_says_so(mod
     plain = fitting.fit(model, LLAMA_HF, prompts[:2], cfg(tmp_path / "plain"), tmp_path / "p.pt", progress=False)
     assert load(plain).provenance["bos"] is False
     assert not torch.allclose(load(plain).J[0], lens.J[0])
+
+
+# -- estimator variants and resuming from a lens file ------------------------------------------------------
+
+def exact(model, ids, **kw) -> torch.Tensor:
+    return fitting.prompt_jacobian(model, LLAMA_HF, torch.tensor(ids[:T]), SKIP, 5, **kw)
+
+
+def test_the_prefix_cache_and_batched_cotangents_give_the_full_backward_s_j(model, prompts):
+    """Backpropagating only the valid positions (the first `skip` as a KV cache, the last dropped) and batching
+    the rows through one copy's backward are the same J as every position backpropagated, copy by copy."""
+    for ids in (prompts[0], prompts[3]):
+        full = exact(model, ids, prefix_cache=False, batched=False)
+        assert (full[1] - torch.eye(D_MODEL)).norm() > 0.5
+        for kw in ({}, {"batched": False}, {"prefix_cache": False}):
+            torch.testing.assert_close(exact(model, ids, **kw), full, rtol=1e-6, atol=1e-7)   # fp32 rows
+
+
+def sketch(model, ids, probes, seed, control=None) -> torch.Tensor:
+    return exact(model, ids, probes=probes, control=control, generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_sketched_estimate_is_unbiased_and_exact_with_every_probe(model, prompts):
+    ids = prompts[0]
+    want = exact(model, ids)
+    g = torch.Generator().manual_seed(5)
+    for control in (None, want + 0.3 * torch.randn(want.shape, generator=g, dtype=want.dtype)):
+        draws = torch.stack([sketch(model, ids, 4, seed, control) for seed in range(120)])
+        one = (draws - want).flatten(1).norm(dim=1).pow(2).mean().sqrt() / want.norm()    # one draw's rms error
+        mean = (draws.mean(0) - want).norm() / want.norm()
+        assert one > 0.3                         # one draw of 4 probes in 32 dims is far from J ...
+        assert mean < one / 5                    # ... and 120 draws' mean closes on it (~1/sqrt(120) of one)
+    noise = [(sketch(model, ids, k, 0) - want).norm() for k in (4, 16, 28)]
+    assert noise[0] > noise[1] > noise[2]       # more probes, less noise
+
+
+def test_a_full_set_of_orthonormal_probes_is_exact(model, prompts):
+    """With k = d the probes are an orthonormal basis, Q Q^T = I: the sketch is J for any control."""
+    from lensapp.fitting.estimator import jacobian_rows, prompt_graph
+
+    ids = torch.tensor(prompts[0][:T])
+    graph = prompt_graph(model, LLAMA_HF, ids, SKIP, 1)
+    q, _ = torch.linalg.qr(torch.randn(D_MODEL, D_MODEL, dtype=torch.float64,
+                                       generator=torch.Generator().manual_seed(0)))
+    rows = jacobian_rows(graph, q.T, retain=False)                              # Q^T J, batched
+    torch.testing.assert_close(q.float() @ rows, exact(model, prompts[0]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_sketched_fit_resumes_to_the_same_lens(model, prompts, tmp_path):
+    """Prompt i's probes come from a generator seeded with i: an interrupted sketched fit resumes to the lens an
+    uninterrupted one makes, and the provenance says it was sketched."""
+    fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path, probes=8, max_prompts=2), tmp_path / "k.pt", progress=False)
+    resumed = load(fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path, probes=8), tmp_path / "k.pt", progress=False))
+    straight = load(fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "o", probes=8), tmp_path / "s.pt",
+                                progress=False))
+    assert resumed.provenance["probes"] == 8 and straight.n_prompts == 4
+    assert all(torch.equal(resumed.J[layer], straight.J[layer]) for layer in straight.layers)
+    exact_lens = load(fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "e"), tmp_path / "e.pt", progress=False))
+    assert not torch.allclose(straight.J[1], exact_lens.J[1], atol=1e-3)
+    with pytest.raises(FitError, match="below d_model"):
+        fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "x", probes=D_MODEL), tmp_path / "x.pt", progress=False)
+
+
+def test_a_fit_continues_a_lens_file_and_says_so(model, prompts, tmp_path):
+    """resume_from: the lens's mean x n_prompts as the running sum, its CSV's rows and deltas kept, the corpus
+    taken up after its prompts; the result is the lens a fit of all the prompts makes."""
+    first = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "a", max_prompts=2), tmp_path / "first.pt",
+                        progress=False)
+    cont = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "b", resume_from=str(first)), tmp_path / "cont.pt",
+                       progress=False)
+    straight = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "c"), tmp_path / "straight.pt", progress=False)
+    a, b = load(cont), load(straight)
+    assert a.n_prompts == b.n_prompts == 4
+    for layer in b.layers:                      # the file is fp32: its mean x 2 is the sum to rounding
+        torch.testing.assert_close(a.J[layer], b.J[layer], rtol=1e-5, atol=1e-6)
+    r = a.provenance["resumed_from"]
+    assert (r["file"], r["n_prompts"], r["dtype"]) == ("first.pt", 2, "float32") and len(r["sha256"]) == 16
+    rows = list(csv.reader(open(tmp_path / "cont_convergence.csv")))
+    assert rows[1:3] == list(csv.reader(open(tmp_path / "first_convergence.csv")))[1:]
+    assert [r[:2] for r in rows] == [r[:2] for r in csv.reader(open(tmp_path / "straight_convergence.csv"))]
+    # Interrupted after the resume, it goes on from its checkpoint, and still says where it began.
+    again = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "b"), tmp_path / "cont.pt", progress=False)
+    assert load(again).provenance["resumed_from"] == r
+
+
+def test_a_lens_of_other_prompts_is_not_continued(model, prompts, tmp_path):
+    """A lens fitted without BOS cannot be continued with it: its provenance says so, or, for a file that records
+    no `bos` (the shipped lens), its CSV's token counts differ from this run's prompts."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=model.tokenizer.backend_tokenizer, bos_token="99")
+    plain = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "a", max_prompts=2), tmp_path / "plain.pt",
+                        progress=False)
+    run = cfg(tmp_path / "b", resume_from=str(plain))
+    with pytest.raises(FitError, match="bos=False but this run has True"):
+        fitting.fit(model, LLAMA_HF, prompts, run, tmp_path / "c.pt", tokenizer=tokenizer, progress=False)
+    f = jlens.read(plain)
+    del f.provenance["bos"]
+    jlens.save(plain, f.J, n_prompts=f.n_prompts, provenance=f.provenance, dtype=torch.float32)
+    with pytest.raises(FitError, match="prompt 2 had 20 tokens, this run's has 21.*without BOS first"):
+        fitting.fit(model, LLAMA_HF, prompts, run, tmp_path / "c.pt", tokenizer=tokenizer, progress=False)
+    (tmp_path / "plain_convergence.csv").unlink()
+    with pytest.raises(FitError, match="no convergence CSV"):
+        fitting.fit(model, LLAMA_HF, prompts, run, tmp_path / "c.pt", progress=False)
+    with pytest.raises(FitError, match="skip=4 but this run has 3"):
+        fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "d", skip=3, resume_from=str(plain)), tmp_path / "d.pt",
+                    progress=False)

@@ -4,6 +4,9 @@ The lens is the running mean over prompts (fp32) of `estimator.prompt_jacobian`,
 mean relative change ||dM||_F / ||M||_F over the last `window` prompts is below `threshold` (after
 `min_prompts`), at `max_prompts`, or when the prompts run out. The model is nnsight's
 TransformersModel (vLLM has no backward pass), loaded as the engine's transformers backend loads it.
+A fit starts from its checkpoint when there is one, else from `resume_from`'s lens file, else from zero.
+A sketched fit (`probes`) draws prompt i's probes from a generator seeded with i, so a resumed fit
+draws what an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from .checkpoints import (
     prompts_fingerprint,
     save_checkpoint,
     save_lens,
+    state_from_lens,
     write_csv,
 )
 from .estimator import decoder_layers, frozen, prompt_jacobian
@@ -88,8 +92,19 @@ def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str 
                  "hardware": hardware(cfg.device), "threshold": cfg.threshold, "window": cfg.window})
     key = {"model": str(base["model"]), "n_layers": n_layers, "d_model": d_model, "T": cfg.tokens,
            "skip": cfg.skip, "corpus": prompts_fingerprint(prompts), "bos": base["bos"]}
+    if cfg.probes >= d_model:
+        raise FitError(f"probes ({cfg.probes}) must be below d_model ({d_model}); 0 is the exact estimate")
+    base.update(prefix_cache=cfg.prefix_cache, probes=cfg.probes)
     ckpt = checkpoint_path(out_path, cfg.checkpoint_dir)
-    state = load_checkpoint(ckpt, key) or FitState(total=torch.zeros(n_layers - 1, d_model, d_model))
+    state = load_checkpoint(ckpt, key)
+    if state is None and cfg.resume_from:
+        expected = {"T": cfg.tokens, "skip": cfg.skip, "bos": base["bos"], "unembedding": base["unembedding"],
+                    "corpus": base["corpus"]}
+        state = state_from_lens(cfg.resume_from, n_layers, d_model, expected, n_items=len(prompts),
+                                lengths=lambda i: int(prompt_ids(prompts[i], tokenizer, cfg.tokens, bos_id).shape[0]))
+    state = state or FitState(total=torch.zeros(n_layers - 1, d_model, d_model))
+    if state.resumed_from:
+        base["resumed_from"] = state.resumed_from
 
     def done() -> bool:
         return (state.n >= cfg.max_prompts or state.cursor >= len(prompts)
@@ -107,8 +122,11 @@ def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str 
             if ids.shape[0] <= cfg.skip + 1:
                 continue
             t0 = time.perf_counter()
-            J = prompt_jacobian(model, layout, ids, cfg.skip, cfg.dim_batch)
             old = state.total / max(state.n, 1)
+            J = prompt_jacobian(model, layout, ids, cfg.skip, cfg.dim_batch, prefix_cache=cfg.prefix_cache,
+                                batched=cfg.batched_cotangents, probes=cfg.probes,
+                                control=old if state.n else None,
+                                generator=torch.Generator().manual_seed(state.cursor - 1) if cfg.probes else None)
             state.total += J
             state.n += 1
             new = state.total / state.n

@@ -38,6 +38,22 @@ class FitConfig:
     bos: bool = setting(True, "fit prompts as tokenized, without the tokenizer's BOS token first (the default "
                               "prepends it, as Anthropic's reference jlens does; recorded as provenance 'bos')",
                         flag="--no-bos")
+    prefix_cache: bool = setting(True, "backpropagate through every position, as before; the default runs the "
+                                       "first --skip positions once as a KV cache, no gradient can reach a fitted "
+                                       "position through them, and drops the last: the same J to rounding, "
+                                       "(T-skip-1)/T of the work", flag="--no-prefix-cache")
+    batched_cotangents: bool = setting(True, "run --dim-batch copies of the prompt forward, one row per copy; the "
+                                             "default runs one copy and batches a pass's --dim-batch rows through "
+                                             "its backward (autograd's is_grads_batched): the same J, 2-6% faster "
+                                             "on one CPU thread (one copy's forward)", flag="--no-batched-cotangents")
+    probes: int = setting(0, "0: the exact estimate (every output dim). k (below d_model): a sketch from k random "
+                             "orthonormal probes per prompt around the running mean, unbiased, k/d_model of the "
+                             "backward work but (d_model/k) times the variance per prompt: no better per hour, "
+                             "and the stop test is met with a noisier lens (bench/RESULTS.md)")
+    resume_from: str = setting("", "continue a lens file with its convergence CSV beside it (e.g. the shipped lens): "
+                                   "its mean x n_prompts as the running sum, its CSV's prompts skipped after their "
+                                   "token counts are checked against this run's; recorded as provenance "
+                                   "'resumed_from'. A checkpoint of --out, when there is one, comes first")
 
     def __post_init__(self):
         if self.skip < 0:
@@ -45,6 +61,8 @@ class FitConfig:
         if self.tokens <= self.skip + 1:
             raise FitError(f"tokens ({self.tokens}) must exceed skip + 1 ({self.skip + 1}): "
                            "no position would be fitted")
+        if self.probes < 0:
+            raise FitError(f"probes must be >= 0 (0: exact), got {self.probes}")
         for name in ("dim_batch", "min_prompts", "max_prompts", "window", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise FitError(f"{name} must be >= 1, got {getattr(self, name)}")
