@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -105,9 +106,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def health(url: str) -> dict:
+def health(url: str, token: str = "") -> dict:
+    """/health as everyone sees it, or with the container's health token as its host does (the bench's requests
+    reach the container through its published port, not from its loopback: without the token they get the public
+    part only, which has no `memory`)."""
+    request = urllib.request.Request(url + "health", headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url + "health", timeout=5) as r:
+        with urllib.request.urlopen(request, timeout=5) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:           # 503 while starting, restarting or down: the body is the health
         return json.loads(e.read())
@@ -132,11 +137,12 @@ def peak_memory(name: str) -> int | None:
 def run_and_measure(tag: str = TAG, timeout: float = 900) -> dict:
     """Start the image as a Space would (4 GB, 64 MB /dev/shm, uid 1000, loopback only), read a lens, stop it."""
     port, name = free_port(), f"lens-explorer-bench-{os.getpid()}"
-    url = f"http://127.0.0.1:{port}/"
+    url, token = f"http://127.0.0.1:{port}/", secrets.token_urlsafe(32)
     out: dict = {"image": tag, "image_bytes": int(podman_out("image", "inspect", "--format", "{{.Size}}", tag))}
     t0 = time.perf_counter()
     subprocess.run([*PODMAN, "run", "-d", "--name", name, "--memory", MEMORY, "--memory-swap", MEMORY,
-                    "--shm-size", SHM, "--user", UID, *LIMITS, "-p", f"127.0.0.1:{port}:7860", tag],
+                    "--shm-size", SHM, "--user", UID, *LIMITS, "-p", f"127.0.0.1:{port}:7860",
+                    "-e", f"LENSAPP_HEALTH_TOKEN={token}", tag],
                    check=True, stdout=subprocess.DEVNULL)
     try:
         while "page_s" not in out:
@@ -157,8 +163,10 @@ def run_and_measure(tag: str = TAG, timeout: float = 900) -> dict:
         lens = Client(url, verbose=False).predict(PROMPT, "logit", "all", 5, "Paris", api_name="/lens")
         out["first_lens_s"] = time.perf_counter() - t0
         out["next_token"] = lens["model_next_token"]
-        h = health(url)
+        h = health(url, token)
         plan = h["memory"]["plan"] or {}
+        out["plan_parts_mb"] = {k: v for k, v in plan.items()
+                                if k.endswith("_mb") and k not in ("total_mb", "limit_mb")}
         out["plan_mb"], out["limit_seen_mb"] = plan.get("total_mb"), plan.get("limit_mb")   # the app's own view
         out["uid"] = podman_out("exec", name, "id", "-u")
         out["shm_kib"] = int(podman_out("exec", name, "df", "-k", "/dev/shm").splitlines()[-1].split()[1])

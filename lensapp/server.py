@@ -171,10 +171,12 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
-    from . import ui
+    from . import heap, ui
     from .service.usage import Usage
 
     usage = None
+    pages: dict = {}                 # what the visitors' sessions hold, for the host's /health (set once mounted)
+    trimmer = heap.Trimmer().start()
     if plan is not None:
         usage = Usage(service.info.n_layers, [ex.title for ex in plan.exercises], plan.record_prompts)
         service.observer = usage.record
@@ -184,8 +186,9 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
         built.front.warm_in_background()
     queue_handlers(demo, cfg.max_batch + cfg.queue_size, max(cfg.queue_size, 16))
     app = FastAPI(title="Lens Explorer")
-    app.add_middleware(PrefetchLinks,
-                       prefetch=ui.LinkPrefetch(service, enabled=not cfg.auth_pairs and cfg.cache_entries > 0))
+    app.add_middleware(PrefetchLinks, trusted_proxies=cfg.resolved_trusted_proxies,
+                       prefetch=ui.LinkPrefetch(service, built.guard,
+                                                enabled=not cfg.auth_pairs and cfg.cache_entries > 0))
 
     def health(request):            # a plain Starlette route, as `what_was_run` below
         h = service.health()
@@ -193,6 +196,11 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
         h["front_page"] = "ready" if built.front.warmed.is_set() else "computing"   # every tab's example
         if usage is not None:
             h["workshop"] = usage.summary()
+        h["heap"] = {"trims": trimmer.trims, "returned_mb": trimmer.returned >> 20}
+        if pages:
+            held = pages["sessions"]
+            h["sessions"] = {"held": len(held.session_data), "capacity": held.capacity, "dropped": held.dropped,
+                             "kept": pages["kept"].stats()}
         if not is_host(request, cfg):
             h = {key: h[key] for key in PUBLIC_HEALTH if key in h}
         return JSONResponse(h, status_code=200 if h["state"] in ("ready", "starting") else 503)
@@ -208,25 +216,37 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     if usage is not None:
         app.add_route("/workshop", what_was_run, methods=["GET"])
 
-    return gr.mount_gradio_app(app, demo, path="/", css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"],
-                               auth=cfg.auth_pairs or None, server_name=cfg.host, server_port=cfg.port)
+    app = gr.mount_gradio_app(app, demo, path="/", css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"],
+                              auth=cfg.auth_pairs or None, server_name=cfg.host, server_port=cfg.port)
+    sessions = ui.sessions.install(app, cfg.sessions, cfg.session_idle)
+    pages.update(sessions=sessions, kept=built.kept)
+    return app
 
 
 class PrefetchLinks:
-    """ASGI middleware: a link's readout starts when its page is first asked for (see `ui.prefetch`).
+    """ASGI middleware: a link's readout starts when its page is first asked for, as the visitor asking for it
+    (see `ui.prefetch`: its turn, its budget).
 
     Plain ASGI rather than FastAPI's `@app.middleware("http")`, whose wrapper would sit in every
     response, each API call's event stream included; this one only looks at the request line.
     """
 
-    def __init__(self, app, prefetch):
-        self.app, self.prefetch = app, prefetch
+    def __init__(self, app, prefetch, trusted_proxies: int = 0):
+        self.app, self.prefetch, self.trusted_proxies = app, prefetch, trusted_proxies
 
     async def __call__(self, scope, receive, send):
         if (scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/"
                 and scope.get("query_string")):
-            self.prefetch(scope["query_string"].decode("utf-8", "replace"))
+            self.prefetch(scope["query_string"].decode("utf-8", "replace"), self.client(scope))
         await self.app(scope, receive, send)
+
+    def client(self, scope) -> str:
+        """The address asking, as the guard derives it (`service/identity.py`)."""
+        from .service import identity
+
+        peer = (scope.get("client") or (None,))[0]
+        forwarded = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-forwarded-for"]
+        return identity.client_address(peer, forwarded, self.trusted_proxies) or identity.UNIDENTIFIED
 
 
 # What /health shows everyone: whether the app serves. The rest (the failure's reason, memory, the model,

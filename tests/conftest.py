@@ -178,7 +178,8 @@ def hf_service(embedded_dir):
 
 @pytest.fixture(scope="session")
 def app_url(tmp_path_factory, model_dims):
-    """`python app.py --jlens <random lens> --workshop tests/data/workshop.yaml` (every tab, three exercises) on
+    """`python app.py --jlens <random lens> --workshop tests/data/workshop.yaml --cache-mb 64 --session-mb 32` (every
+    tab, three exercises) on
     a free port, one for the session (the browser tests and the API's hostile-input test share it); SIGTERM at
     the end leaves no vLLM process."""
     import psutil
@@ -199,7 +200,10 @@ def app_url(tmp_path_factory, model_dims):
            "GRADIO_ANALYTICS_ENABLED": "False"}
     log = open(tmp / "app.log", "w")
     APP_LOG[:] = [tmp / "app.log"]
-    proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path), "--workshop", str(WORKSHOP)],
+    # Small result stores (the cache and the pages' kept results), so tests see what a full one does: evictions,
+    # and memory that stays within the plan (tests/test_visitors_memory.py).
+    proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path), "--workshop", str(WORKSHOP),
+                             "--cache-mb", "64", "--session-mb", "32"],
                             cwd=REPO, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
     APP_PID[:] = [proc.pid]

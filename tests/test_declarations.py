@@ -24,7 +24,7 @@ from lensapp.service import kinds, parsers
 from lensapp.service.field import Field, RequestError
 from lensapp.service.limits import RateLimiter
 from lensapp.service.requests import GenerateRequest, InterveneRequest, LensRequest
-from lensapp.ui import api, generate_tab, permalinks, views
+from lensapp.ui import api, generate_tab, kept, permalinks, views
 from lensapp.ui.downloads import Downloads
 from lensapp.ui.guard import Guard
 
@@ -88,7 +88,7 @@ def test_the_field_reaches_a_link_and_a_tab_of_that_kind(shout_kind, tiny_servic
     assert back.shout is False and "shout must be true or false" in notices[0]
 
     guard = Guard(RateLimiter(0))
-    with gr.Blocks():
+    with gr.Blocks(), kept.building(kept.KeptResults(1 << 20)):
         parts = generate_tab.build_generate_tab(tiny_service, guard, Downloads(guard), view)
     box = parts.inputs["shout"]
     assert isinstance(box, gr.Checkbox) and box.label == "say it louder" and box.value is False

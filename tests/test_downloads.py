@@ -75,16 +75,24 @@ def test_old_files_and_files_past_the_disk_bound_are_removed(readout, monkeypatc
 
 
 def test_a_download_is_rate_limited_and_refused_in_one_line(readout):
+    from lensapp.ui import kept
+
     downloads = Downloads(Guard(RateLimiter(per_minute=6, clock=lambda: 0.0)))
-    build = downloads._handler("logit-lens", "csv")
+    with kept.building(kept.KeptResults(1 << 30)) as store:
+        state = kept.kept_state()
+    build = downloads._handler("logit-lens", "csv", state)
     me = SimpleNamespace(client=SimpleNamespace(host="203.0.113.9"), headers={})
+    handle = store.keep(readout)                                  # what the page holds: a handle, not the readout
     for _ in range(5):
-        build(readout, request=me)
+        build(handle, request=me)
     with pytest.raises(gr.Error, match="too many requests"):
-        build(readout, request=me)
+        build(handle, request=me)
     with pytest.raises(gr.Error, match="nothing to download yet") as e:
         build(None)
     assert "\n" not in e.value.message
+    store.drop(handle)                                            # its page is gone
+    with pytest.raises(gr.Error, match="no longer kept on the server.*run it again"):
+        build(handle)
 
 
 # -- in Chromium: the page's buttons save the files -------------------------------------------------------

@@ -78,7 +78,8 @@ def test_on_a_gpu_only_the_host_side_counts():
                                  head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False)
     budget = memory.plan(Config(), gpu, qwen, "Qwen/Qwen3-8B", 35, host.MemoryLimit(32 << 30, "available RAM"))
     assert budget.weights > 15e9 and "weights" not in budget.parts()
-    assert budget.total == budget.runtime + budget.jlens + budget.result_cache + budget.fitter    # fits run on the host
+    assert budget.total == (budget.runtime + budget.jlens + budget.result_cache + budget.sessions   # fits run on
+                            + budget.fitter)                                                   # the host
 
 
 def fake_root(tmp_path: Path, *, cgroup: str, v1_limit: str | None = None, own: dict | None = None) -> Path:

@@ -35,7 +35,8 @@ def stand_in(**health):
     return SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
                            jlens_layers=[], jlens_error=None, chat_layers=lambda lens: [0, 1, 2, 3],
                            model=SimpleNamespace(path="stand-in", family=None), observer=None,
-                           health=lambda: dict(full))
+                           health=lambda: dict(full),
+                           status=lambda: {k: full[k] for k in ("state", "reason", "queue_depth")})
 
 
 def server_paths(*extra) -> list[str]:

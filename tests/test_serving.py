@@ -161,7 +161,8 @@ def test_a_login_guards_the_app_when_asked_for():
     service = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
                               jlens_layers=[], jlens_error=None, chat_layers=lambda lens: [0, 1, 2, 3],
                               model=SimpleNamespace(path="stand-in", family=None),
-                              health=lambda: {"state": "ready", "queue_depth": 0})
+                              health=lambda: {"state": "ready", "queue_depth": 0},
+                              status=lambda: {"state": "ready", "reason": "", "queue_depth": 0})
     with TestClient(make_app(service, Config(auth="alice:secret"))) as client:
         assert client.get("/config").status_code == 401                  # the app's config needs the login
         assert client.post("/login", data={"username": "alice", "password": "wrong"}).status_code >= 400

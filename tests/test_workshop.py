@@ -119,7 +119,8 @@ def test_the_counts_are_the_hosts_behind_the_login():
     service = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
                               jlens_layers=[], jlens_error=None, chat_layers=lambda lens: [0, 1, 2, 3],
                               model=SimpleNamespace(path="stand-in", family=None), observer=None,
-                              health=lambda: {"state": "ready", "queue_depth": 0})
+                              health=lambda: {"state": "ready", "queue_depth": 0},
+                              status=lambda: {"state": "ready", "reason": "", "queue_depth": 0})
     plan = workshop.load(TEST_FILE)
     with TestClient(make_app(service, config.Config(auth="host:secret"), plan)) as client:
         assert client.get("/workshop").status_code == 401

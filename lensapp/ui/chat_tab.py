@@ -12,11 +12,14 @@ from functools import partial
 import gradio as gr
 
 from .. import charts
+from ..config import MAX_CHAT_MESSAGES
 from ..service.kinds import KINDS
 from ..service.planning import default_chat_layer
+from ..service.prompts import recent_turns
 from . import branching
 from .examples import CHAT_EXAMPLES
 from .form import Form, asked
+from .kept import kept_state
 from .tabs import how_to, on, warn
 from .views import TabView
 
@@ -54,7 +57,7 @@ def build_chat(service, guard, view: TabView = CHAT) -> dict:
                                       submit_btn=True)
         clear = gr.Button("Clear", scale=1)
     gr.Examples([[m] for m in CHAT_EXAMPLES], inputs=[parts["message"]], label="Try", api_visibility="private")
-    parts["history"] = gr.State([])     # the real conversation; the Chatbot shows an escaped copy plus readouts
+    parts["history"] = kept_state(empty=[])     # the real conversation; the Chatbot shows an escaped copy plus readouts
     parts.update(branching.build_chat_branch())
     on(parts["message"].submit, partial(send, view, service, guard), parts,
        [*form.inputs, "message", "history", "chatbot"], ["message", "history", "chatbot", *branching.CHAT_UPDATED])
@@ -84,12 +87,18 @@ def send(view: TabView, service, guard, values: dict, request: gr.Request = None
 
 
 def reply_to(view: TabView, service, values: dict) -> dict:
+    """The page sends what the chat can read: at most MAX_CHAT_MESSAGES messages (the oldest turns left out, as the
+    service leaves them out), and keeps only what the service read (it drops more to fit the prompt limit), so a
+    chat goes on for as long as one likes, about its latest turns."""
     text = values["message"]
-    messages = values["history"] + [{"role": "user", "content": text}]
+    history, cut = recent_turns(values["history"], MAX_CHAT_MESSAGES - 1)
+    messages = history + [{"role": "user", "content": text}]
     req = asked(view, service, values, messages=messages)
     reply = KINDS[view.kind].run(service, req)
-    if reply.dropped_turns:
-        warn(f"The conversation outgrew the prompt limit; the {reply.dropped_turns} oldest messages were left out.")
+    messages, _ = recent_turns(messages, MAX_CHAT_MESSAGES, drop=reply.dropped_turns)
+    if cut + reply.dropped_turns:
+        warn(f"The conversation outgrew what the model reads at once; the {cut + reply.dropped_turns} oldest "
+             "messages were left out.")
     lens_name = "J-lens" if req.lens == "jacobian" else "logit lens"
     shown = values["chatbot"] + [
         {"role": "user", "content": _escape(text)},

@@ -12,6 +12,7 @@ from .. import charts
 from .downloads import Downloads
 from .examples import compare_examples
 from .form import Form, add_reading, asked
+from .kept import kept_state
 from .readout import colour_metric, grid_tables, shown_lenses
 from .tabs import Components, TabParts, build_chart, how_to, md_text, on
 from .views import TAB_VIEWS, TabView
@@ -64,7 +65,7 @@ def _outputs(view: TabView, downloads: Downloads) -> Components:
                             show_label=False)
     out["table"] = gr.Dataframe(label="Each prompt's top-1 at its last position, every layer", interactive=False,
                                 wrap=True, elem_id=f"{view.name}-table")
-    out["state"] = gr.State()
+    out["state"] = kept_state()
     out.update(downloads.buttons(view.name, out["state"]))
     return out
 

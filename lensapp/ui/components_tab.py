@@ -22,6 +22,7 @@ from ..service.kinds import KINDS
 from ..snippets import components_snippet, model_reference
 from .downloads import Downloads
 from .form import Form, asked
+from .kept import kept_state
 from .permalinks import query_string
 from .tabs import Components, TabParts, build_chart, how_to, md_text, on
 from .views import TAB_VIEWS, TabView, View
@@ -88,7 +89,7 @@ def _outputs(view: TabView, downloads: Downloads) -> Components:
     for key in ("by_layer", "by_head", "pattern_row", "pattern_grid"):
         out[key] = gr.Plot(elem_id=f"{name}-{key.replace('_', '-')}", elem_classes=["lens-plot"], show_label=False,
                            visible=not key.startswith("pattern"))
-    out["state"] = gr.State()
+    out["state"] = kept_state()
     out.update(downloads.buttons(name, out["state"]))
     with gr.Accordion("Show the code", open=False, elem_id=f"{name}-code-box"):
         gr.Markdown("This view as a short nnsight script (transformers, eager attention): paste it into a "

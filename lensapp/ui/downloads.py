@@ -1,7 +1,7 @@
 """The download buttons: a readout's CSV or JSON, built when the visitor asks for it, bounded, then removed.
 
 Every run used to write both files, for cached readouts too: at k=100 and the full work budget ~1.5
-million rows built in Python per run, kept on disk an hour. Now a tab keeps its result in a gr.State
+million rows built in Python per run, kept on disk an hour. Now a tab keeps its result (`kept.py`)
 and its buttons are plain ones: a click builds the one file asked for from that result, through the
 guard (the rate limit; a failure is one line), then the page saves it (`JS_SAVE`). The bounds:
 
@@ -30,6 +30,7 @@ from gradio.utils import get_upload_folder
 from ..config import MAX_EXPORT_ROWS
 from ..results import Comparison, ComponentsResult, GenerationResult, InterventionResult, LensResult
 from ..service.field import RequestError
+from . import kept
 from .tabs import PRIVATE
 
 # The built file's address arrives as the hidden DownloadButton's value; the browser saves it from there.
@@ -81,14 +82,14 @@ class Downloads:
         atexit.register(shutil.rmtree, self.dir, ignore_errors=True)
 
     def buttons(self, stem: str, state: gr.State) -> dict[str, gr.Button]:
-        """The Download CSV and JSON buttons by kind (hidden until a run shows them: `shown()`) for the result in
-        `state`; call inside the tab's layout. Files are named `<stem>-<random>.csv`."""
+        """The Download CSV and JSON buttons by kind (hidden until a run shows them: `shown()`) for the result kept
+        in `state`; call inside the tab's layout. Files are named `<stem>-<random>.csv`."""
         with gr.Row():
             buttons = {kind: gr.Button(label, visible=False, size="sm") for kind, label in KINDS.items()}
             carrier = gr.DownloadButton(visible="hidden")
         for kind, button in buttons.items():
-            button.click(self._handler(stem, kind), state, carrier, concurrency_limit=2, concurrency_id="downloads",
-                         **PRIVATE).success(None, carrier, None, js=JS_SAVE, **PRIVATE)
+            button.click(self._handler(stem, kind, state), state, carrier, concurrency_limit=2,
+                         concurrency_id="downloads", **PRIVATE).success(None, carrier, None, js=JS_SAVE, **PRIVATE)
         return buttons
 
     @staticmethod
@@ -96,9 +97,9 @@ class Downloads:
         """The buttons' updates once a run has a result: shown (a file is built from it only when asked for)."""
         return {kind: gr.Button(visible=True) for kind in KINDS}
 
-    def _handler(self, stem: str, kind: str):
-        def build(result, request: gr.Request = None):
-            return self.guard.ui(request, self.write, stem, kind, result)
+    def _handler(self, stem: str, kind: str, state: gr.State):
+        def build(handle, request: gr.Request = None):
+            return self.guard.ui(request, lambda: self.write(stem, kind, kept.read(state, handle)))
         return build
 
     def write(self, stem: str, kind: str, result) -> str:

@@ -20,6 +20,7 @@ from .decisions import build_strip, redraw_strip, strip_of
 from .downloads import Downloads
 from .examples import generate_examples
 from .form import Form, asked, single_lenses
+from .kept import kept_state
 from .readout import shown_lenses
 from .tabs import PRIVATE, Components, TabParts, build_chart, how_to, int_or, new_seed, on
 from .views import TAB_VIEWS, TabView
@@ -115,7 +116,7 @@ def _outputs(view: TabView, service, downloads: Downloads, seed: gr.Number) -> C
         out["table_lens"] = gr.Radio(lenses, value="logit", label="Table lens", visible=len(lenses) > 1)
     out["table"] = gr.Dataframe(label="Top-k at this step's newest token, every layer", interactive=False,
                                 wrap=True, elem_id=f"{view.name}-table")
-    out["state"] = gr.State()
+    out["state"] = kept_state()
     out.update(downloads.buttons("generation", out["state"]))
     out.update(branching.build_branch_panel(service.info.n_layers))
     return out

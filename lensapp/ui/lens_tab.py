@@ -22,8 +22,10 @@ from .components_tab import cell_link
 from .decisions import build_strip, redraw_strip, strip_of
 from .describing import build_describe_panel, describe
 from .downloads import Downloads
+from .evaluation import build_evaluation_panel
 from .examples import lens_examples
 from .form import Form, asked
+from .kept import kept_state
 from .notes import highlight_of
 from .readout import colour_metric, grid_tables, lens_summary, position_choices, shown_lenses, top_k_tables
 from .tabs import Components, TabParts, build_chart, how_to, int_or, md_text, on, warn
@@ -137,6 +139,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
         examples = lens_examples(form.inputs["prompt"], form.inputs["targets"])
         outputs = _outputs(tab, downloads)
         more = _more(tab, service)
+        if tab.lens != "logit":                 # how good is each lens: the shipped items, computed once
+            build_evaluation_panel(tab.name, service, guard)
     reads = {"note": note} if note is not None else {}
     parts = {**form.inputs, **outputs, **more, **reads}
     run_fn = partial(run, tab, service, guard)
@@ -198,7 +202,7 @@ def _outputs(tab: LensTab, downloads: Downloads) -> Components:
     out["table"] = gr.Dataframe(label="Top-k at this position, every layer (p = probability)", interactive=False,
                                 wrap=True, elem_id=f"{tab.name}-table")
     out["curves"] = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False, elem_id=f"{tab.name}-curves")
-    out["state"] = gr.State()
+    out["state"] = kept_state()
     out.update(downloads.buttons(f"{tab.name}-lens", out["state"]))
     return out
 

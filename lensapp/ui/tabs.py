@@ -19,6 +19,7 @@ import altair as alt
 import gradio as gr
 from gradio.components.plot import PlotData
 
+from . import kept
 from .views import TabView, View
 
 PRIVATE = {"api_visibility": "private"}          # UI events are not API endpoints (api.py's are)
@@ -69,29 +70,38 @@ def on(triggers, fn: Callable[..., dict], parts: Components, reads: Iterable[str
     """Call `fn(values, request=...) -> updates` when a trigger fires (a list of them, or one listener such as
     `button.click` or `event.then`): `values` the `reads` components' values by name, `updates` values for any
     of the `writes` components by name (the others are left as they are). With `progress` fn gets a `progress`
-    callable too; with `select`, the selection (`gr.SelectData`) after the values."""
-    reads, writes = {name: parts[name] for name in reads}, {name: parts[name] for name in writes}
+    callable too; with `select`, the selection (`gr.SelectData`) after the values.
 
-    def updates(out: dict) -> dict:
+    A kept state (`kept.py`) holds a handle on the page: fn reads the value it names and writes a value, which is
+    kept under a new handle (the old one, read for that, is dropped)."""
+    reads, writes = {name: parts[name] for name in reads}, {name: parts[name] for name in writes}
+    replaced = {name: c for name, c in writes.items() if kept.is_kept(c)}      # their old handles
+
+    def updates(out: dict, by_component: dict) -> dict:
         unknown = set(out) - set(writes)
         if unknown:
             raise KeyError(f"{fn} answered {sorted(unknown)}, which it does not write")
-        return {c: out.get(name, gr.skip()) for name, c in writes.items()}     # Gradio takes {} for one value
+        return {c: (kept.write(c, out[name], by_component.get(c)) if kept.is_kept(c) else out[name])
+                if name in out else gr.skip() for name, c in writes.items()}       # Gradio takes {} for one value
 
     def values(by_component: dict) -> dict:
-        return {name: by_component[c] for name, c in reads.items()}
+        try:
+            return {name: kept.read(c, by_component[c]) if kept.is_kept(c) else by_component[c]
+                    for name, c in reads.items()}
+        except kept.Expired as e:
+            raise gr.Error(str(e), title="Run it again", print_exception=False) from None
 
     if progress:
         def handler(by_component, request: gr.Request = None, bar=gr.Progress()):  # noqa: B008 - Gradio's way
-            return updates(fn(values(by_component), request=request, progress=bar))
+            return updates(fn(values(by_component), request=request, progress=bar), by_component)
     elif select:
         def handler(by_component, evt: gr.SelectData):
-            return updates(fn(values(by_component), evt))
+            return updates(fn(values(by_component), evt), by_component)
     else:
         def handler(by_component, request: gr.Request = None):
-            return updates(fn(values(by_component), request=request))
+            return updates(fn(values(by_component), request=request), by_component)
     handler.__name__ = getattr(fn, "__name__", "handler")
-    inputs, outputs = set(reads.values()), list(writes.values())
+    inputs, outputs = set(reads.values()) | set(replaced.values()), list(writes.values())
     if isinstance(triggers, list):
         return gr.on(triggers, handler, inputs=inputs, outputs=outputs, **PRIVATE, **event)
     return triggers(handler, inputs, outputs, **PRIVATE, **event)       # one listener: `button.click`, `event.then`

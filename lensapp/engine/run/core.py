@@ -179,6 +179,12 @@ class Engine(Supervisor):
                 self._admitted -= 1
                 self._per_client.leave(client)
 
+    def status(self) -> dict:
+        """The state, its reason and the requests waiting (a page's status line), from counters only."""
+        with self._lock:
+            waiting = max(0, self._admitted - self._in_flight)
+        return {"state": self.state, "reason": self.reason, "queue_depth": waiting}
+
     def idle(self) -> bool:
         """Ready, with nothing running or waiting (a look at two counters: cheap enough for every page asked for)."""
         with self._lock:

@@ -10,6 +10,7 @@ takes that size as given (`kv_cache_memory_bytes`) and reads no fraction.
 The rest of the plan adds up what the app holds: the weights in the serving dtype, that KV cache,
 the Jacobian lens (the web process's copy and the worker's), the readout's peak (one chunk of
 `[rows, vocab]` float32 logits and the final distribution of the longest prompt), the result cache,
+what the visitors' pages keep (their results, `session_mb`, and each session's own tables, `sessions` of them),
 the processes' own memory (Python, torch, vLLM, Gradio), as measured in bench/RESULTS.md, and, when
 fitting is on, the steering fitter's process (a float32 copy of the weights: fitting/worker.py). When
 that exceeds what the machine or container allows (`host.memory_limit`), the app says so in one line
@@ -36,6 +37,9 @@ FITTER_RUNTIME_BYTES = int(0.85 * GiB)     # measured: 1.32 GiB in all for the e
 # its peak: the logits' float32 copy where the model serves another dtype, and one byte per cell for a
 # target's rank.
 READOUT_ROWS = 1024
+# A visitor's session in the web process beside the results its page keeps (ui/sessions.py: its copy of the page's
+# block and event tables, its states' handles, the props its events changed; 21 KB fresh, tests/test_sessions.py).
+SESSION_BYTES = 64 << 10
 KV_CAP = 64 * GiB              # no app needs more; a typo'd max_batch must not ask vLLM for a terabyte
 
 
@@ -49,6 +53,7 @@ class Budget:
     readout: int
     result_cache: int
     runtime: int
+    sessions: int
     limit: int
     limit_source: str
     device: str = "cpu"
@@ -58,7 +63,7 @@ class Budget:
     def total(self) -> int:
         """What the host's memory must hold (on a GPU, weights, KV cache and readouts live there; the fitter
         fits on the CPU)."""
-        on_host = self.runtime + self.jlens + self.result_cache + self.fitter
+        on_host = self.runtime + self.jlens + self.result_cache + self.sessions + self.fitter
         return on_host if self.device == "cuda" else on_host + self.weights + self.kv_cache + self.readout
 
     @property
@@ -67,10 +72,11 @@ class Budget:
 
     def parts(self) -> dict[str, int]:
         parts = {"weights": self.weights, "KV cache": self.kv_cache, "Jacobian lens": self.jlens,
-                 "readout": self.readout, "result cache": self.result_cache, "processes": self.runtime,
-                 "fitter": self.fitter}
+                 "readout": self.readout, "result cache": self.result_cache, "sessions": self.sessions,
+                 "processes": self.runtime, "fitter": self.fitter}
         if self.device != "cpu":                     # a GPU's, or an engine service's ("remote"): not this host's
-            parts = {k: v for k, v in parts.items() if k in ("Jacobian lens", "result cache", "processes", "fitter")}
+            parts = {k: v for k, v in parts.items()
+                     if k in ("Jacobian lens", "result cache", "sessions", "processes", "fitter")}
         return parts
 
     def describe(self) -> str:
@@ -97,6 +103,7 @@ def plan(cfg: Config, info, hf_config, path: str, jlens_layers: int, limit) -> B
         readout=readout_bytes(info.vocab_size, longest, dtype_bytes) if here else 0,
         result_cache=cfg.cache_mb * MiB * 5 // 4 if cfg.cache_entries else 0,     # and its answers' JSON (ui/api)
         runtime=kind.runtime_bytes,
+        sessions=cfg.session_mb * MiB + cfg.sessions * SESSION_BYTES,
         limit=limit.bytes, limit_source=limit.source, device=info.device,
         fitter=fitter_bytes(param_count(hf_config, path)) if fitting_on(cfg) else 0)
 
@@ -120,7 +127,8 @@ def check(budget: Budget) -> None:
     if budget.fits:
         return
     raise ConfigError(f"not enough memory: the app needs {budget.describe()}; give it more memory (a larger "
-                      "container or machine), or lower --max-batch, --max-model-len, --cache-mb or --kv-cache-mb")
+                      "container or machine), or lower --max-batch, --max-model-len, --cache-mb, --session-mb or "
+                      "--kv-cache-mb")
 
 
 def max_prompt_tokens(cfg: Config, info) -> int:

@@ -1,0 +1,90 @@
+"""Giving the web process's freed memory back to the system.
+
+Answering a visitor builds large transient objects (a long all-layer lens at k=100 is a 26 MB answer, its chart's
+spec and tables as much again), freed once sent. glibc's allocator keeps what was freed in its heaps for reuse,
+spread over one arena per thread, and returns little of it: twenty-four visitors who each opened a distinct such
+link grew the web process by 738 MB, of which `malloc_trim(0)` handed 613 MB back at once (bench/RESULTS.md). What
+the app holds on purpose is bounded elsewhere (the result cache, the pages' kept results, the sessions); this is the
+rest. `Trimmer` is a daemon thread that trims when the process has grown by `GROWTH` since it last did, looking
+every `SECONDS` (a trim takes a few milliseconds per GB of heap). Not glibc (musl, macOS): it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+SECONDS = 10.0
+GROWTH = 64 << 20
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def resident_bytes() -> int:
+    """This process's resident memory, from /proc (0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_LIBC = _libc()
+
+
+def trim() -> int:
+    """Return freed heap memory to the system now; the bytes the process shrank by (0 where it cannot)."""
+    if _LIBC is None:
+        return 0
+    before = resident_bytes()
+    _LIBC.malloc_trim(0)
+    return max(0, before - resident_bytes())
+
+
+class Trimmer:
+    """Trim whenever the process has grown by `growth` bytes since the last trim, looking every `seconds`."""
+
+    def __init__(self, seconds: float = SECONDS, growth: int = GROWTH):
+        self.seconds, self.growth = seconds, growth
+        self.trims, self.returned = 0, 0
+        self._floor = resident_bytes()
+        self._stop = threading.Event()
+
+    def start(self) -> Trimmer:
+        if _LIBC is not None:
+            threading.Thread(target=self._run, name="lens-heap-trim", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def look(self) -> None:
+        """Trim if the process has grown enough since the last trim (what the thread does every `seconds`)."""
+        if resident_bytes() - self._floor < self.growth:
+            return
+        t = time.perf_counter()
+        freed = trim()
+        self.trims, self.returned = self.trims + 1, self.returned + freed
+        self._floor = resident_bytes()
+        log.info("gave %d MB of freed memory back to the system in %.0f ms", freed >> 20,
+                 (time.perf_counter() - t) * 1000)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.seconds):
+            try:
+                self.look()
+            except Exception:  # noqa: BLE001 - a failed trim must not end the thread; the next look may pass
+                log.exception("trimming the heap failed")

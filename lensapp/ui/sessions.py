@@ -1,0 +1,122 @@
+"""What Gradio keeps for each visitor's session, bounded: how many sessions, how long, and how much each holds.
+
+Gradio (6.x) keeps a `SessionState` per session id for as long as it has room for 10,000 of them, and a closed
+page's `gr.State` values for an hour. Besides those values, each session keeps its own copy of every component's
+config and of the last value every output showed (`SessionState.config_values`: a long lens's heatmap spec,
+tables and code, megabytes a visit), which only Gradio's "deep links" read (`/gradio_api/deep_link`, a route that
+also writes a file of them to disk for anyone who names a session). This app shows neither (its links are its own:
+`permalinks.py`), so `install` puts in Gradio's place:
+
+- `LeanSession`: a session that keeps no copy of its components' values (their props are still kept: a
+  dropdown's choices, a hidden button shown);
+- `LeanSessions`: at most `capacity` sessions (least recently used out first), and a session unused for
+  `idle_seconds` (its page closed: an open page polls the engine's status every few seconds) dropped whole;
+  either way its `Kept` handles are given back to the store (`kept.py`), whose values are bounded in bytes;
+- the deep-link route removed.
+
+A session's own cost is then at most `memory.SESSION_BYTES` (its copy of the blocks' and events' tables, its
+states' handles), and the memory plan (`engine/start/memory.py`) counts `capacity` of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+
+from gradio.state_holder import SessionState, StateHolder
+
+log = logging.getLogger(__name__)
+
+DEEP_LINK_PATH = "/gradio_api/deep_link"
+CLOSED_STATE_SECONDS = 600           # a closed page's states (Gradio: an hour); the session goes when idle
+
+
+class LeanSession(SessionState):
+    """A session that keeps its components' props but no copy of the values they last showed.
+
+    Its `__init__` is Gradio's less the per-block copy of the page's config, which cost 540 KB and ~0.1 s of
+    CPU for every new session of this page (tests/test_sessions.py checks it sets what Gradio's sets)."""
+
+    def __init__(self, blocks):      # not SessionState.__init__: it builds what this class leaves out
+        self.blocks_config = copy.copy(blocks.default_config)
+        self.config_values = {}
+        self.state_data = {}
+        self._state_ttl = {}
+        self.is_closed = False
+        self.STATE_TTL_WHEN_CLOSED = CLOSED_STATE_SECONDS
+
+    def _update_value_in_config(self, key: int, value) -> None:
+        pass
+
+    def _update_config(self, key: int) -> None:
+        pass
+
+
+class LeanSessions(StateHolder):
+    """Gradio's session store with a bound on sessions and on how long an unused one is kept."""
+
+    def __init__(self, capacity: int, idle_seconds: float, clock=time.monotonic):
+        super().__init__()
+        self.idle_seconds, self.clock = idle_seconds, clock
+        self._capacity = capacity
+        self._used: dict[str, float] = {}
+        self.dropped = 0
+
+    def set_blocks(self, blocks) -> None:
+        super().set_blocks(blocks)
+        self.capacity = self._capacity           # Gradio's own setting would put it back to 10,000
+
+    def __getitem__(self, session_id: str) -> SessionState:
+        if session_id not in self.session_data:
+            with self.lock:
+                self.session_data.setdefault(session_id, LeanSession(self.blocks))
+        self._used[session_id] = self.clock()
+        return super().__getitem__(session_id)
+
+    def update(self, session_id: str) -> None:
+        evicted = []
+        with self.lock:
+            if session_id in self.session_data:
+                self.session_data.move_to_end(session_id)
+            while len(self.session_data) > self.capacity:
+                evicted.append(self._pop(next(iter(self.session_data))))
+        for session in evicted:
+            _give_back(session)
+
+    def delete_all_expired_state(self) -> None:
+        """Gradio's sweep (every second): expired states, then every session unused for `idle_seconds`."""
+        super().delete_all_expired_state()
+        now = self.clock()
+        with self.lock:
+            idle = [sid for sid in self.session_data if now - self._used.get(sid, now) > self.idle_seconds]
+            gone = [self._pop(sid) for sid in idle]
+        for session in gone:
+            _give_back(session)
+
+    def _pop(self, session_id: str) -> SessionState:
+        """Forget a session (the lock held)."""
+        self.time_last_used.pop(session_id, None)
+        self._used.pop(session_id, None)
+        self.dropped += 1
+        return self.session_data.pop(session_id)
+
+
+def _give_back(session: SessionState) -> None:
+    """Run the session's states' delete callbacks (a `Kept` handle goes back to its store)."""
+    for component, value, _ in list(session.state_components):
+        try:
+            component.delete_callback(value)
+        except Exception:  # noqa: BLE001 - one state's callback must not keep the others
+            log.exception("a session state's delete callback failed")
+
+
+def install(fastapi_app, capacity: int, idle_seconds: float) -> LeanSessions:
+    """Put `LeanSessions` in the mounted Gradio app's place and remove its deep-link route; returns the store."""
+    gradio_app = next(route.app for route in fastapi_app.routes if hasattr(route, "app")
+                      and hasattr(route.app, "state_holder"))
+    sessions = LeanSessions(capacity, idle_seconds)
+    sessions.set_blocks(gradio_app.get_blocks())
+    gradio_app.state_holder = sessions
+    gradio_app.router.routes[:] = [r for r in gradio_app.router.routes if getattr(r, "path", "") != DEEP_LINK_PATH]
+    return sessions

@@ -1,0 +1,134 @@
+"""What a visitor leaves behind is bounded: a page keeps handles, not results (`ui/kept.py`), and Gradio's sessions
+are few, short-lived and lean (`ui/sessions.py`). On the tiny app; the Chromium check with the real app is
+tests/test_visitors_memory.py."""
+
+from __future__ import annotations
+
+import tracemalloc
+import urllib.error
+import urllib.request
+
+import gradio as gr
+import pytest
+from gradio.state_holder import SessionState
+from tiny_app import served
+
+from lensapp import config
+from lensapp.engine.start.memory import SESSION_BYTES
+from lensapp.ui import kept, sessions
+from lensapp.ui.kept import Expired, KeptResults
+from lensapp.ui.tabs import on
+
+
+def sized(value) -> int:
+    return len(value)
+
+
+def test_the_store_is_bounded_by_bytes_least_recently_used_first_out():
+    store = KeptResults(max_bytes=35, size=sized)
+    handles = [store.keep("x" * 10 + str(i)) for i in range(3)]     # 11 bytes each: 33
+    store.get(handles[0])                                           # the first is used again: the second is oldest
+    fourth = store.keep("y" * 11)
+    assert store.bytes == 33 and store.get(fourth) == "y" * 11 and store.get(handles[0]).startswith("x")
+    with pytest.raises(Expired, match="run it again"):
+        store.get(handles[1])
+    assert store.get(None, empty=[]) == [] and store.keep(None) is None
+
+
+def test_a_value_shown_on_many_pages_is_counted_once_and_freed_with_its_last_handle():
+    store = KeptResults(max_bytes=100, size=sized)
+    front = "the front page's example"                              # every page shows it
+    handles = [store.keep(front) for _ in range(50)]
+    assert store.bytes == len(front) and store.stats()["handles"] == 50
+    for h in handles[:-1]:
+        store.drop(h)
+    assert store.bytes == len(front)
+    store.drop(handles[-1])
+    store.drop(handles[-1])                                         # twice: nothing more happens
+    store.drop(12345)                                               # not a handle: ignored
+    assert store.bytes == 0 and store.stats()["values"] == 0
+
+
+def test_handles_are_bounded_too():
+    store = KeptResults(max_bytes=1 << 30, size=sized, max_handles=10)
+    value = "v"
+    handles = [store.keep(value) for _ in range(25)]
+    assert store.stats()["handles"] == 10
+    with pytest.raises(Expired):
+        store.get(handles[0])
+
+
+def test_a_handler_reads_the_value_and_writes_a_handle_dropping_the_one_it_replaces():
+    store = KeptResults(max_bytes=1 << 20, size=sized)
+    with gr.Blocks() as demo, kept.building(store):
+        state, box, button = kept.kept_state(), gr.Textbox(), gr.Button()
+        parts = {"state": state, "box": box}
+        seen = []
+
+        def grow(values, request=None):
+            seen.append(values["state"])
+            return {"state": (values["state"] or "") + values["box"]}
+        on(button.click, grow, parts, ["state", "box"], ["state"])
+    (fn,) = [f.fn for f in demo.fns.values() if f.name == "grow"]
+    first = fn({state: None, box: "ab"})[state]
+    assert first.startswith(kept.PREFIX) and store.get(first) == "ab"
+    second = fn({state: first, box: "cd"})[state]
+    assert seen == [None, "ab"] and store.get(second) == "abcd"
+    with pytest.raises(Expired):                                    # the handle it replaced is gone
+        store.get(first)
+    with pytest.raises(gr.Error, match="no longer kept on the server"):
+        fn({state: first, box: "ef"})                               # a stale page: one line, run it again
+    assert store.stats()["handles"] == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_app(tiny_service):
+    from lensapp.server import make_app
+
+    app = make_app(tiny_service, config.Config(rate_limit=0, sessions=3, session_idle=60.0))
+    holder = next(r.app for r in app.routes if hasattr(r, "app") and hasattr(r.app, "state_holder")).state_holder
+    return app, holder
+
+
+def test_a_lean_session_sets_what_gradios_sets_at_a_fraction_of_its_size(tiny_app):
+    _, holder = tiny_app
+    assert set(vars(sessions.LeanSession(holder.blocks))) == set(vars(SessionState(holder.blocks)))
+    tracemalloc.start()
+    made = [sessions.LeanSession(holder.blocks) for _ in range(50)]
+    size, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert size / len(made) < SESSION_BYTES / 2, size / len(made)
+    tracemalloc.start()
+    gradios = [SessionState(holder.blocks) for _ in range(5)]
+    theirs, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert theirs / len(gradios) > 5 * size / len(made)             # what Gradio's own kept per session
+
+
+def test_sessions_are_bounded_and_an_idle_one_goes_giving_back_its_results(tiny_app, tiny_service):
+    app, holder = tiny_app
+    now = [0.0]
+    store = KeptResults(1 << 20, size=sized)
+    with gr.Blocks() as demo, kept.building(store):
+        state = kept.kept_state()
+    lean = sessions.LeanSessions(capacity=3, idle_seconds=60, clock=lambda: now[0])
+    lean.set_blocks(demo)
+    for i in range(5):
+        lean[f"s{i}"][state._id] = store.keep(f"result {i}")
+    assert list(lean.session_data) == ["s2", "s3", "s4"] and store.stats()["handles"] == 3     # two given back
+    now[0] = 30.0
+    lean["s4"]                                                      # s4's page still asks; s2 and s3 do not
+    now[0] = 75.0
+    lean.delete_all_expired_state()
+    assert list(lean.session_data) == ["s4"] and store.stats()["handles"] == 1 and lean.dropped == 4
+    assert holder.capacity == 3 and isinstance(holder, sessions.LeanSessions)     # the app's own, from its settings
+
+
+def test_gradios_deep_link_route_is_gone(tiny_app):
+    app, _ = tiny_app
+    with served(app) as url:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{url}gradio_api/deep_link?session_hash=anyone", timeout=30)
+        assert e.value.code == 404
+        with urllib.request.urlopen(url, timeout=30) as page:                # the page itself is served
+            assert page.status == 200
