@@ -107,11 +107,38 @@ def test_a_sampled_branch_keeps_its_seed(tiny_service):
 def test_what_cannot_be_forced_says_so(tiny_service):
     for req, says in [(GenerateRequest(prompt=PROMPT, max_tokens=4, temperature=1.0, force="1=#5"), "needs a seed"),
                       (GenerateRequest(prompt=PROMPT, max_tokens=4, force="4=#5"), "past the 4 tokens"),
-                      (GenerateRequest(prompt=PROMPT, max_tokens=4, force="1=#99999999"), "outside this model's"),
-                      (GenerateRequest(prompt=PROMPT, max_tokens=4, force="1=Parisiennes"), "not one")]:
+                      (GenerateRequest(prompt=PROMPT, max_tokens=4, force="1=#99999999"), "outside this model's")]:
         with pytest.raises(RequestError, match=says):
             tiny_service.check(req)
     assert tiny_service.check(GenerateRequest(prompt=PROMPT, max_tokens=4, force="1= Paris")).forwards == 2
+
+
+def test_a_word_is_forced_as_the_model_would_write_it_there(tiny_service):
+    """A word is read as targets are (prompts.py: `word`): 'patience' (two tokens on its own, 'pat' 'ience') is the
+    one token ' patience' after the prompt; a word of several tokens puts its first; #ID and a typed space as ever.
+    The reference is the tokenizer: the tokens the prompt's text with the word has after the prompt's own."""
+    tok = tiny_service.prompts.tokenizer
+
+    def writes(word: str) -> list[int]:
+        return tok(PROMPT + " " + word)["input_ids"][len(tok(PROMPT)["input_ids"]):]
+
+    assert len(tok("patience", add_special_tokens=False)["input_ids"]) == 2 and len(writes("patience")) == 1
+    assert len(writes("Parisiennes")) > 1
+    for force, want in [("0=patience", writes("patience")[0]), ("0= patience", writes("patience")[0]),
+                        ("0=Parisiennes", writes("Parisiennes")[0]), ("0=#9369", 9369)]:
+        branch = tiny_service.generate(GenerateRequest(prompt=PROMPT, max_tokens=3, force=force))
+        assert branch.forced == [(0, want)] and branch.token_ids[0] == want, force
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_branch_keeps_every_decision_rule_whatever_k(tiny_service, k):
+    """The forced step's strip is decided again from its top five as the worker read them (results/branching.py),
+    so a branch made with k < 5 keeps the top-5 rule, and its decisions are the k = 5 branch's."""
+    req = GenerateRequest(prompt=PROMPT, max_tokens=4, layers="all", k=k, force="1=#11")
+    wide = tiny_service.generate(dataclasses.replace(req, k=5)).decided_json()
+    narrow = tiny_service.generate(req).decided_json()
+    assert set(narrow) == {"decided_at", "decided_at_top5", "decided_at_p50"}
+    assert narrow == wide
 
 
 def test_a_chat_reply_branches_too(tiny_service):

@@ -44,7 +44,8 @@ def served(request, make_component_model):  # noqa: F811 - the fixture imported 
     tokens = LensService.start(config.Config(model=str(folder), backend="transformers", jlens="none"),
                                start_engine=False)
     try:
-        ids, paris, london = tokens.prompts.ids(PROMPT), target_id(tokens, "Paris"), target_id(tokens, "London")
+        ids = tokens.prompts.ids(PROMPT)
+        paris, london = (target_id(tokens, word, ids[:-1]) for word in ("Paris", "London"))    # ASK: position -2
         assert tokens.check(ASK).forwards == 1
     finally:
         tokens.close()
@@ -60,8 +61,8 @@ def served(request, make_component_model):  # noqa: F811 - the fixture imported 
     return model_type, want, between, got, lens
 
 
-def target_id(service, word: str) -> int:
-    return service.prompts.target(word).token_ids[0]
+def target_id(service, word: str, after: list[int]) -> int:
+    return service.prompts.word(word, after).token_ids[0]
 
 
 def test_each_familys_components_on_vllm_are_the_references(served):

@@ -121,13 +121,14 @@ def test_ranks_and_hits_match_a_hooked_transformers_reference(service, items_fil
     assert list(result.lenses) == ["logit", "jacobian"] and result.n_items == 6
     J = jlens.read(lens_file).J
     doc = json.loads(items_file.read_text())["items"]
-    first = [[service.prompts.target(w).token_ids[0] for w in item["intermediates"]] for item in doc]
+    first = [[t.token_ids[0] for t in service.prompts.words(item["intermediates"], service.prompts.ids(item["prompt"]))]
+             for item in doc]
     for name, transport in (("logit", None), ("jacobian", J)):
         s = result.lenses[name]
         assert s.layers.tolist() == [0, 1, 2]
         inter, control, target = [], [], []
         for i, item in enumerate(doc):
-            mine = first[i] + [service.prompts.target(item["target"]).token_ids[0]]
+            mine = first[i] + [service.prompts.word(item["target"], service.prompts.ids(item["prompt"])).token_ids[0]]
             others = [first[j % len(doc)] for j in range(i + 1, i + len(doc))]
             other = next(o for o in others if not set(o) & set(mine))         # the next item naming none of them
             ranks = reference_ranks(tiny_llama, service.prompts.ids(item["prompt"]), mine + other, transport)
@@ -155,7 +156,7 @@ def test_the_last_position_alone_is_what_a_whole_readout_reads_there_on_transfor
     ids = service.prompts.ids("The capital of the country where the Eiffel Tower stands is")
     n = service.info.n_layers
     spec = planning.lens_spec(ids, list(range(n)), 5, ("logit", "jacobian"), n, service.jlens_layers,
-                              target_ids=[[service.prompts.target("France").token_ids[0]]])
+                              target_ids=[[service.prompts.word("France", ids).token_ids[0]]])
     import dataclasses
 
     whole, last = service.engine.lens([spec, dataclasses.replace(spec, read_from=len(ids) - 1)])

@@ -23,7 +23,7 @@ def test_the_last_position_alone_is_what_a_whole_readout_reads_there_on_vllm(vll
     ids = s.prompts.ids("The capital of the country where the Eiffel Tower stands is")
     n = s.info.n_layers
     spec = planning.lens_spec(ids, [0, 12, 20, n - 1], 5, ("logit",), n, [],
-                              target_ids=[[s.prompts.target("France").token_ids[0]]])
+                              target_ids=[[s.prompts.word("France", ids).token_ids[0]]])
     whole, last = s.engine.lens([spec, dataclasses.replace(spec, read_from=len(ids) - 1)])
     for key, value in last.readouts["logit"].items():
         assert value.shape[1] == 1, key
@@ -46,7 +46,7 @@ def test_the_shipped_items_evaluate_end_to_end(vllm_service, embedded_dir):
         x = items[i]
         with torch.no_grad():
             logits = hf(torch.tensor([s.prompts.ids(x.prompt)])).logits[0, -1]
-        words = [s.prompts.target(w).token_ids[0] for w in (*x.intermediates, x.target)]
+        words = [t.token_ids[0] for t in s.prompts.words((*x.intermediates, x.target), s.prompts.ids(x.prompt))]
         ranks = [1 + int((logits > logits[w]).sum()) for w in words]
         assert abs(scores.target_rank[i, -1] - ranks[-1]) <= max(1, ranks[-1] // 1000), x.name
         assert abs(scores.intermediate_rank[i, -1] - min(ranks[:-1])) <= max(1, min(ranks[:-1]) // 1000), x.name

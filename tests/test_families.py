@@ -5,18 +5,29 @@ final norm, head and logit arithmetic, and the last layer is the model's own log
 Jacobian lens reads norm(h @ J.T) for a random, non-symmetric J; (c) the fitter's Jacobian equals a
 brute-force one; (d) the unembedding fingerprint read from the files is the loaded model's. Then: a
 model of an unknown layout fails at start with one line.
+
+And an oracle, in the spirit of NDIF nnbench's, for what a user reads off a cell: (e) a target word's rank and
+probability at every cell, and a multi-token word's whole continuation, (f) a steered readout, (g) the
+components of a logit (the families whose blocks the readout knows; the others refused in one line), each
+against an independent reference (plain transformers in fp32, forward hooks, eager attention: nothing of the
+app's but its layout table), the words resolved by the tokenizer itself (the tokens `prompt + " " + word` has
+after the prompt's). A silently wrong cell fails. The word on other tokenizers: test_words.py.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from components_reference import PARTS, assert_parts_match, load_eager
+from components_reference import reference as components_reference
 from conftest import random_jacobians
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lensapp import cli, config, fitting, jlens
 from lensapp.engine.run.families import FAMILIES, detect, find
-from lensapp.service import LensRequest, LensService
+from lensapp.service import ComponentsRequest, InterveneRequest, LensRequest, LensService, RequestError
+from lensapp.service.intervening.norms import REFERENCE_TEXT
 
 # Each family's own settings: grouped-query attention (one KV head) where it has it, and its logit arithmetic
 # on, hard enough that leaving it out shows.
@@ -132,6 +143,123 @@ def test_unembedding_fingerprint_from_the_files_is_the_models(family):
     family_ = detect(hf.config)
     assert jlens.model_unembedding_fingerprint(folder, family_.weights) == \
         jlens.unembedding_fingerprint(hf.get_output_embeddings().weight)
+
+
+# -- the oracle: what a user reads off a cell ------------------------------------------------------------
+
+WORDS = ("Paris", "river bank")             # one token and two, as this tokenizer writes them after PROMPT
+PLUS_ONE = {"gemma", "gemma2", "gemma3_text"}        # their final norm multiplies by (1 + weight)
+
+
+def writes(folder, context: str, word: str) -> list[int]:
+    """The tokens the model writes for `word` after `context`, by its tokenizer alone."""
+    tok = AutoTokenizer.from_pretrained(folder)
+    before, after = tok(context)["input_ids"], tok(context + " " + word)["input_ids"]
+    assert after[:len(before)] == before
+    return after[len(before):]
+
+
+def assert_ranks_match(ranks: np.ndarray, probs: np.ndarray, logits: torch.Tensor, token: int, what: str):
+    """ranks, probs [P] of `token` against the reference logits [P, vocab]: rank 1 + the tokens above it, give or
+    take the tokens whose logit is within float error of its own (deep in a random model's tail there are many)."""
+    p = logits.softmax(-1)
+    mine = logits[:, token:token + 1]
+    want = (logits > mine).sum(-1) + 1
+    near = ((logits - mine).abs() <= 1e-4 * mine.abs().clamp(min=1)).sum(-1) - 1
+    got = torch.from_numpy(ranks)
+    assert ((got - want).abs() <= near).all(), f"{what}: ranks {got.tolist()} != {want.tolist()}"
+    torch.testing.assert_close(torch.from_numpy(probs), p[:, token], rtol=1e-4, atol=1e-7, msg=what)
+
+
+def test_a_targets_ranks_and_continuation_are_the_models_own(family, service):
+    model_type, folder, hf = family
+    r = service.lens(LensRequest(prompts=(PROMPT,), targets=WORDS, k=1))[0]
+    refs = references(hf, r.input_ids)
+    for j, word in enumerate(WORDS):
+        ids = writes(folder, PROMPT, word)
+        score = r.lenses["logit"].targets[j]
+        assert score.token_ids == ids, f"{model_type}: {word!r}"
+        for layer, logits in enumerate(refs):
+            assert_ranks_match(score.ranks[layer], score.probs[layer], logits, ids[0], f"{model_type} {word} {layer}")
+    ids = writes(folder, PROMPT, WORDS[1])
+    assert len(ids) == 2
+    with torch.no_grad():
+        logp = hf(torch.tensor([r.input_ids + ids[:-1]])).logits[0, -len(ids):].log_softmax(-1)
+    want = float(sum(logp[i, t] for i, t in enumerate(ids)))
+    assert r.lenses["logit"].targets[1].continuation_logprob[-1] == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+def steered(hf, ids: list[int], layer: int, v: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer, the readout's logits [P, vocab] with v added to block `layer`'s output at every position (a
+    hook), each block's output read through the final norm and head; the last layer is the model's logits."""
+    layout = detect(hf.config).hf
+    blocks, norm, head = find(hf, layout.blocks), find(hf, layout.norm), hf.get_output_embeddings()
+    seen = {}
+
+    def hook(i):
+        def run(module, args, out):
+            h = out[0] if isinstance(out, tuple) else out
+            if i == layer:
+                h = h + v
+            seen[i] = h[0]
+            return (h, *out[1:]) if isinstance(out, tuple) else h
+        return run
+
+    handles = [block.register_forward_hook(hook(i)) for i, block in enumerate(blocks)]
+    try:
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0]
+            return [family_logits(hf.config, head(norm(seen[i]))) for i in range(len(blocks) - 1)] + [logits]
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_a_steered_readout_is_the_hooked_models(family, service):
+    """Steering toward the word the model writes: alpha times the layer's typical norm (the median ||h|| over the
+    reference paragraph's positions but the first) along scale * W_U[word], added to the block's output."""
+    model_type, folder, hf = family
+    layer, alpha = 1, 4.0
+    res = service.intervene(InterveneRequest(prompt=PROMPT, intervention="steer", word="Paris", layer=str(layer),
+                                             alphas=(alpha,), layers="all", k=5))
+    paris = writes(folder, PROMPT, "Paris")[0]
+    assert res.intervention.word == "Paris"
+    layout = detect(hf.config).hf
+    norm = find(hf, layout.norm)
+    scale = norm.weight.detach() + (1 if model_type in PLUS_ONE else 0)
+    w = scale * hf.get_output_embeddings().weight.detach()[paris]
+    with torch.no_grad():
+        reference_ids = AutoTokenizer.from_pretrained(folder)(REFERENCE_TEXT)["input_ids"]
+        kept = {}
+
+        def keep(module, args, out):          # returns None: the block's output stays as it is
+            kept["h"] = (out[0] if isinstance(out, tuple) else out)[0]
+
+        handle = find(hf, layout.blocks)[layer].register_forward_hook(keep)
+        try:
+            hf(torch.tensor([reference_ids]))
+        finally:
+            handle.remove()
+    typical = float(np.median(kept["h"][1:].norm(dim=-1).numpy()))
+    v = w / w.norm() * alpha * typical
+    refs = steered(hf, res.before.input_ids, layer, v)
+    assert_readout_matches(res.after[0].lenses["logit"], refs, f"{model_type} steered")
+    assert not np.array_equal(res.after[0].lenses["logit"].top_ids, res.before.lenses["logit"].top_ids)
+
+
+def test_a_logits_components_are_the_references(family, service):
+    model_type, folder, _ = family
+    req = ComponentsRequest(prompt=PROMPT, target="Paris", foil="London")
+    if model_type not in PARTS:
+        with pytest.raises(RequestError, match="not read for") as e:
+            service.components(req)
+        assert "\n" not in str(e.value)
+        return
+    got = service.components(req)
+    paris, london = writes(folder, PROMPT, "Paris")[0], writes(folder, PROMPT, "London")[0]
+    want = components_reference(load_eager(folder), got.input_ids, got.position, paris, london)
+    assert_parts_match({"logit": got.logit, "embed": got.embed, "bias": got.bias, "attn": got.attn, "mlp": got.mlp,
+                        "heads": got.heads, "attn_bias": got.attn_bias}, want, model_type)
 
 
 # -- the fitter ------------------------------------------------------------------------------------------

@@ -147,9 +147,10 @@ def test_bos_as_the_lens_was_fitted(tmp_path):
 
 
 def test_the_service_reads_a_bos_lens_with_bos_and_warns_when_a_prompt_differs(tiny_service, monkeypatch):
-    """The transformers backend (the service decides the ids for both backends): the J-lens of a lens fitted
-    with BOS reads BOS first; the logit lens alone reads the prompt as tokenized; a chat prompt (its template
-    starts with the tokenizer's BOS) read by a lens fitted without BOS carries a warning."""
+    """The transformers backend (the service decides the ids for both backends): with a lens fitted with BOS
+    every prompt is read with BOS first, whichever lens reads it (one rule: tests/test_bos.py has every kind);
+    a chat prompt (its template starts with the tokenizer's BOS) read by a lens fitted without BOS carries a
+    warning."""
     from lensapp import config, ui
     from lensapp.service import LensRequest
     from lensapp.ui import lens_tab
@@ -163,7 +164,7 @@ def test_the_service_reads_a_bos_lens_with_bos_and_warns_when_a_prompt_differs(t
                                                       d_model=d, provenance={"bos": True}))
         r = tiny_service.lens(LensRequest(prompts=("Water boils",), lens="both", k=1))[0]
         assert r.input_ids == [bos] + plain and "warnings" not in r.jlens
-        assert tiny_service.lens(LensRequest(prompts=("Water boils",), lens="logit", k=1))[0].input_ids == plain
+        assert tiny_service.lens(LensRequest(prompts=("Water boils",), lens="logit", k=1))[0].input_ids == [bos] + plain
         tiny_service.install_jlens(jlens.JacobianLens(J=jlens.identity(d, list(range(n - 1))), n_prompts=0,
                                                       d_model=d, provenance={"bos": False}))
         r = tiny_service.lens(LensRequest(prompts=("Water boils",), lens="jacobian", k=1, chat=True))[0]

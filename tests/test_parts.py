@@ -90,5 +90,33 @@ def test_a_generation_never_holds_the_big_turn_and_the_cost_counts_its_parts(pos
                     k=1, lenses=("logit",))
     prompt, generation = parts.split_generation(spec, max_cells)
     assert parts.cells(generation, generation=True) < parts.big_cells(max_cells)
-    planned = cost.generation(positions, 4, layers, 1, max_cells)
+    planned = cost.generation(spec, 4, max_cells)
     assert planned.forwards == 1 + len(prompt)
+
+
+@pytest.mark.parametrize("positions", range(30, 40))
+def test_near_the_threshold_the_cost_counts_what_the_engine_reads_apart(positions):
+    """A generation reading 30 of a 31-layer model's layers reads 31 (the last one too: the final distribution).
+    The engine and the cost model ask one function whether its prompt is read apart (`parts.prompt_read_apart`), so
+    at 34 positions (34 x 30 = 1020 cells asked, 34 x 31 = 1054 read, the threshold 1024) neither misses a forward."""
+    from lensapp.service import planning
+
+    spec = planning.lens_spec(list(range(positions)), list(range(30)), 1, ("logit",), 31, [])
+    assert spec.read_layers == tuple(range(31))
+    prompt, _ = parts.split_generation(spec, 4096)
+    assert cost.generation(spec, 4, 4096).forwards == 1 + len(prompt)
+    assert bool(prompt) == (positions * 31 >= parts.big_cells(4096))
+
+
+def test_a_readout_of_the_last_position_counts_and_cuts_its_cells_from_read_from():
+    """An evaluation's spec reads only its last position (`read_from`): that is what its cells are (the engine's
+    turns) and what it is cut by, so it stays one forward, as the cost model counts it."""
+    from lensapp.engine.run.protocol import LensSpec
+
+    n = 200
+    spec = LensSpec(input_ids=tuple(range(n)), read_layers=tuple(range(30)), rows=tuple(range(30)), k=1,
+                    lenses=("logit", "jacobian"), jlens_rows=tuple(range(30)), read_from=n - 1)
+    assert parts.cells(spec) == 1 * 30 * 2
+    assert len(parts.split_lens(spec, 256)) == 1
+    assert cost.last_positions([n], 30, 2, 256).forwards == 1
+    assert cost.last_positions([n], 30, 2, 16).forwards == len(parts.split_lens(spec, 16)) == 4

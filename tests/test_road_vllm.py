@@ -37,8 +37,8 @@ def test_a_branch_continues_as_its_prefix_would(vllm_service, temperature, seed)
     req = GenerateRequest(prompt=PROMPT, max_tokens=8, temperature=temperature, seed=seed, k=5)
     trunk = vllm_service.generate(req)
     branch = vllm_service.generate(dataclasses.replace(req, force=((2, " Rome"),)))
-    rome = vllm_service.prompts.token_of(" Rome", vllm_service.info.vocab_size)
     ids = vllm_service.prompts.ids(PROMPT)
+    rome = vllm_service.prompts.forced(" Rome", ids + trunk.token_ids[:2], vllm_service.info.vocab_size)
     alone = direct(vllm_service, ids + trunk.token_ids[:2] + [rome], 5, temperature, seed)
     assert branch.token_ids == trunk.token_ids[:2] + [rome] + alone.token_ids
     for s in range(3):                                           # the prefix's readouts: the trunk's, reused

@@ -16,6 +16,7 @@ import dataclasses
 
 import numpy as np
 
+from . import decided as decisions
 from .generation import ChatReply, GenerationResult, GenerationStep
 from .lens import Decode, LensResult, in_context
 
@@ -31,22 +32,36 @@ def graft(parent: GenerationResult, step: int, token_id: int, continuation: Gene
     ids = parent.token_ids[:step] + [int(token_id)] + (continuation.token_ids if continuation is not None else [])
     shown = in_context(decode, list(prompt_ids) + ids)[len(prompt_ids):]
     steps = [dataclasses.replace(s, token=shown[i]) for i, s in enumerate(parent.steps[:step])]
-    steps.append(GenerationStep(token_id=int(token_id), token=shown[step],
-                                readout=forced_readout(parent.steps[step].readout, int(token_id), decode)))
+    at = parent.steps[step]
+    steps.append(GenerationStep(token_id=int(token_id), token=shown[step], newest_top=at.newest_top,
+                                readout=forced_readout(at.readout, int(token_id), decode, at.newest_top)))
     steps += [dataclasses.replace(s, token=shown[step + 1 + i]) for i, s in enumerate(after)]
     return dataclasses.replace(parent, text=text, token_ids=ids, tokens=shown, steps=steps,
                                forced=list(parent.forced) + [(step, int(token_id))])
 
 
-def forced_readout(readout: LensResult, token_id: int, decode: Decode) -> LensResult:
-    """A step's readout with `token_id` as the token chosen from its newest position: its strip is about it now."""
+def forced_readout(readout: LensResult, token_id: int, decode: Decode,
+                   newest_top: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> LensResult:
+    """A step's readout with `token_id` as the token chosen from its newest position: its strip is about it now.
+    With `newest_top` (the step's top tokens there before the cut to k: `GenerationStep`), every rule the step
+    had is decided again for the forced token, whatever k; without it, from the readout's own top-k."""
     lenses = {}
     for name, r in readout.lenses.items():
         ids = (r.decided_ids if r.decided_ids is not None else r.top_ids[-1, :, 0]).copy()
         ids[-1] = token_id
         tokens = list(r.decided_tokens) if r.decided_tokens is not None else decode([int(i) for i in ids])
         tokens[-1] = decode([token_id])[0]
-        lenses[name] = dataclasses.replace(r, decided_ids=ids, decided_tokens=tokens, decided=None)
+        decided = None
+        if newest_top is not None and name in newest_top:
+            top_ids, top_probs = newest_top[name]
+            decided = {}
+            for rule, rows in r.decisions().items():
+                if rule == "top5" and top_ids.shape[-1] < decisions.WIDTH:
+                    continue
+                rows = rows.copy()
+                rows[-1] = decisions.decided_rows(top_ids[:, None], top_probs[:, None], np.array([token_id]), rule)[0]
+                decided[rule] = rows
+        lenses[name] = dataclasses.replace(r, decided_ids=ids, decided_tokens=tokens, decided=decided)
     return dataclasses.replace(readout, lenses=lenses, model_next_id=token_id, model_next_token=decode([token_id])[0])
 
 

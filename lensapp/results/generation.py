@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from . import decided as decisions
@@ -17,11 +18,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class GenerationStep:
-    """One generation step: the readout of the newest position (step 0: every prompt position)."""
+    """One generation step: the readout of the newest position (step 0: every prompt position).
+
+    newest_top {lens: (ids [L, WIDTH], probs [L, WIDTH])}: each lens's top tokens at the newest position as the worker
+    read them (before the cut to k), enough for every decision rule (`decided.WIDTH`): a token forced in place of
+    the one generated here gets its strip from them (branching.py). None: not kept."""
 
     token_id: int
     token: str
     readout: LensResult
+    newest_top: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
 
     def to_json(self) -> dict:
         return {"token_id": self.token_id, "token": self.token, **self.readout.to_json()}
@@ -63,7 +69,9 @@ class GenerationResult:
                                  lenses={n: LensReadout.from_readout(r, decode, k=k, next_ids=nexts)
                                          for n, r in raw.items()},
                                  model_next_id=tok, model_next_token=decode([tok])[0], model=model)
-            steps.append(GenerationStep(token_id=tok, token=shown[len(ids) + s], readout=readout))
+            newest = {n: (r["top_ids"][:, -1, :decisions.WIDTH].cpu().numpy().astype(np.int64),
+                          r["top_probs"][:, -1, :decisions.WIDTH].float().cpu().numpy()) for n, r in raw.items()}
+            steps.append(GenerationStep(token_id=tok, token=shown[len(ids) + s], readout=readout, newest_top=newest))
         return cls(prompt=prompt, text=text, token_ids=gen, tokens=shown[len(ids):], steps=steps,
                    model=model, seed=seed, temperature=temperature)
 

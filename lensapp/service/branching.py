@@ -1,7 +1,9 @@
 """Forced tokens: a generation (or a chat reply) branched at a step, and a branch branched again.
 
 `force` [(step, token)] on a generate or chat request names the tokens put in place of what the model said,
-earliest first. The generation without them (the trunk) is computed as ever (and cached when it is
+earliest first: a token id, or a word, read as the model would write it after the text so far (the prompt and
+the tokens kept before the step: prompts.py's `word`, its first token), so it is resolved when that text is
+known, as its branch grows. The generation without them (the trunk) is computed as ever (and cached when it is
 reproducible); then, for each force in turn, the branch so far keeps its tokens before the step and their
 readouts, takes the forced token, and the model goes on from prompt + kept tokens + forced token as a new
 request with the same settings and seed, which reads only the forced token's position and its own new
@@ -29,7 +31,7 @@ from .requests import ChatRequest, GenerateRequest
 
 
 class BranchPlan(NamedTuple):
-    forces: tuple[tuple[int, int], ...]       # (step, token id), earliest first
+    forces: tuple[tuple[int, int | str], ...]     # (step, token id or word), earliest first
     cost: cost.Cost                           # the trunk's and every continuation's, at most
 
 
@@ -39,11 +41,11 @@ class Brancher:
 
     # -- generate ------------------------------------------------------------------------------------------
     def plan(self, req: GenerateRequest) -> BranchPlan:
-        """The forces as token ids and what the whole costs (the trunk as if it were not cached), or RequestError."""
+        """The forces checked and what the whole costs (the trunk as if it were not cached), or RequestError."""
         s = self.service
         self._check_seeded(req.sampled, req.seed)
         base = s._plan_generate(req)
-        forces = self._token_ids(req.force, req.max_tokens)
+        forces = self._checked(req.force, req.max_tokens)
         work = base.cost
         for step, _ in forces:
             work = work + cost.branch(len(base.ids[0]) + step + 1, req.max_tokens - step - 1, len(base.layers),
@@ -69,9 +71,10 @@ class Brancher:
     def _grow(self, trunk: GenerateRequest, forces: tuple) -> GenerationResult:
         s = self.service
         parent = self._branch(trunk, forces[:-1])
-        step, token = forces[-1]
+        step, word = forces[-1]
         _check_step(step, len(parent.token_ids), "generation")
         plan = s._plan_generate(trunk)
+        token = s.prompts.forced(word, plan.ids[0] + parent.token_ids[:step], s.info.vocab_size)
         prefix = plan.ids[0] + parent.token_ids[:step] + [token]
         n_new = 0 if token in s.prompts.stop_ids else trunk.max_tokens - step - 1
         continuation = None
@@ -93,21 +96,22 @@ class Brancher:
     def chat(self, req: ChatRequest) -> ChatReply:
         s = self.service
         self._check_seeded(float(req.temperature) >= GREEDY_BELOW, req.seed)
-        forces = self._token_ids(req.force, req.max_tokens)
+        forces = self._checked(req.force, req.max_tokens)
         layer, ids, _ = s.chat_plan(req)
         work = cost.Cost(1, len(ids) + req.max_tokens, req.max_tokens)
         for step, _ in forces:
             work = work + cost.branch(len(ids) + step + 1, req.max_tokens - step - 1, 1, 1)
         s.check_cost(work, "this reply and its branches")
         reply = s._chat(dataclasses.replace(req, force=()))
-        for step, token in forces:
-            reply = self._grow_chat(req, reply, ids, layer, step, token)
+        for step, word in forces:
+            reply = self._grow_chat(req, reply, ids, layer, step, word)
         return reply
 
     def _grow_chat(self, req: ChatRequest, parent: ChatReply, ids: list[int], layer: int, step: int,
-                   token: int) -> ChatReply:
+                   word: int | str) -> ChatReply:
         s = self.service
         _check_step(step, len(parent.token_ids), "reply")
+        token = s.prompts.forced(word, ids + parent.token_ids[:step], s.info.vocab_size)
         prefix = ids + parent.token_ids[:step] + [token]
         n_new = 0 if token in s.prompts.stop_ids else req.max_tokens - step - 1
         continuation = None
@@ -122,13 +126,17 @@ class Brancher:
         return graft_chat(parent, step, token, continuation, decode=s.prompts.decode, text=s.prompts.text(path))
 
     # -- shared --------------------------------------------------------------------------------------------
-    def _token_ids(self, force: tuple, max_tokens: int) -> tuple[tuple[int, int], ...]:
+    def _checked(self, force: tuple, max_tokens: int) -> tuple[tuple[int, int | str], ...]:
+        """The forces, each step within the generation and each token id within the vocabulary (a word is read
+        when the text before it is known: `_grow`)."""
         s = self.service
-        for step, _ in force:
+        for step, word in force:
             if step >= max_tokens:
                 raise RequestError(f"force step {step} is past the {max_tokens} tokens generated "
                                    f"(steps 0..{max_tokens - 1})")
-        return tuple((step, s.prompts.token_of(word, s.info.vocab_size)) for step, word in force)
+            if isinstance(word, int):
+                s.prompts.forced(word, (), s.info.vocab_size)
+        return tuple(force)
 
     @staticmethod
     def _check_seeded(sampled: bool, seed: int | None) -> None:

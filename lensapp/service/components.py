@@ -2,7 +2,8 @@
 
 The plan needs no engine (the CLI asks it before vLLM starts): the family must be one whose blocks are
 known (`engine/run/anatomy.py`: one line otherwise), the position and the patterns' layer must fit, the target
-and foil are the first tokens of their words as they would follow the prompt, and the cost (one forward,
+and foil are the first tokens of their words as the model would write them after the prompt's tokens up to the
+position (prompts.py: `word`), and the cost (one forward,
 and a layer's heads x positions^2 attention weights when asked: `cost.components`) must fit the budget.
 The engine reads everything in one trace of the prompt (`engine/run/components.py`).
 """
@@ -53,8 +54,8 @@ def plan(service, req: ComponentsRequest) -> ComponentsPlan:
         raise RequestError(why)
     ids = service.prompts.ids(req.prompt, req.chat)
     position = resolve(req.position, len(ids), "position", "the prompt's positions")
-    target = service.prompts.target(req.target)
-    foil = service.prompts.target(req.foil) if req.foil.strip() else None
+    target, *rest = service.prompts.words([req.target, *([req.foil] if req.foil.strip() else [])], ids[:position + 1])
+    foil = rest[0] if rest else None
     if foil is not None and foil.token_ids[0] == target.token_ids[0]:
         raise RequestError(f"the target {req.target!r} and the foil {req.foil!r} start with the same token: "
                            "their difference is zero")

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine.run import parts
+from ..engine.run.protocol import LensSpec
 from .field import RequestError
 
 
@@ -71,20 +72,23 @@ def readout(n_prompt: int, n_layers: int, n_lenses: int, continuations: list[int
     return cost
 
 
-def generation(n_prompt: int, max_tokens: int, n_layers: int, n_lenses: int, max_part_cells: int) -> Cost:
-    """A generation read at every step: its prompt's positions (read apart, in parts, when that readout is big:
-    `parts.prompt_read_apart`), then each new token."""
+def generation(spec: LensSpec, max_tokens: int, max_part_cells: int) -> Cost:
+    """A generation of `spec` read at every step: its prompt's positions (read apart, in parts, when the engine
+    does: `parts.prompt_read_apart`, the one rule both ask), then each new token."""
+    n_prompt, n_layers, n_lenses = len(spec.input_ids), len(spec.layers), len(spec.lenses) + bool(spec.after_attention)
     steps = Cost(1, n_prompt + max_tokens, max_tokens * n_layers * n_lenses)
-    if not parts.prompt_read_apart(n_prompt * n_layers * n_lenses, max_part_cells):
+    if not parts.prompt_read_apart(spec, max_part_cells):
         return steps + Cost(0, 0, n_prompt * n_layers * n_lenses)
     return steps + readout(n_prompt, n_layers, n_lenses, [], max_part_cells)
 
 
-def last_positions(prompt_lengths: list[int], n_layers: int, n_lenses: int) -> Cost:
-    """An evaluation (service/evaluating.py): one forward per prompt, each reading its last position only
-    (`LensSpec.read_from`) at n_layers x n_lenses, so items x layers x lenses cells in all, whatever the prompts'
-    lengths (their tokens still go through the model)."""
-    return sum((forward(n, n_layers, n_lenses, read_positions=1) for n in prompt_lengths), NOTHING)
+def last_positions(prompt_lengths: list[int], n_layers: int, n_lenses: int, max_part_cells: int) -> Cost:
+    """An evaluation (service/evaluating.py): one forward per prompt (or per part, where the engine cuts one
+    position's layers: `parts.n_parts`), each reading its last position only (`LensSpec.read_from`) at
+    n_layers x n_lenses, so items x layers x lenses cells in all, whatever the prompts' lengths (their tokens still
+    go through the model)."""
+    k = parts.n_parts(1, n_layers, n_lenses, max_part_cells)
+    return sum((Cost(k, n * k, n_layers * n_lenses) for n in prompt_lengths), NOTHING)
 
 
 # A layer's attention pattern is heads x positions^2 weights, each computed, returned and drawn: this many of

@@ -5,10 +5,11 @@ split (a shipped set; with `files`, the command line's, a file of the published 
 per item one `LensSpec` per group of lenses that read the same layers (the logit lens every layer, the Jacobian
 lens the layers it has J for, plus the last; the shipped lens has every layer, so one spec reads both). A spec's
 targets are the first tokens of the item's intermediates, of its control (`control_of`: another item's
-intermediates) and of its target, scored at every cell; k is 1; it reads the prompt's last position only
+intermediates) and of its target, each word as the model would write it after the prompt (prompts.py: `word`),
+scored at every cell; k is 1; it reads the prompt's last position only
 (`LensSpec.read_from`), so the whole evaluation costs items x layers x lenses cells and each prompt's forward
-(`cost.last_positions`). Each lens reads the prompt as its tab does (with
-BOS first where the Jacobian lens was fitted so, for both lenses of a spec that reads it).
+(`cost.last_positions`). Each lens reads the prompt as every tab does (with BOS first where the Jacobian lens
+was fitted so: prompts.py's one rule).
 
 `run` carries it out in batches that each fit the work budget (`max_work`), each admitted and paid for as it
 starts. A shipped set's answer is computed once per model and lens and pinned in the result cache (never
@@ -23,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .. import jlens as jlens_files
 from ..engine.run.turns import asking
 from ..results.evaluation import EvaluationResult
 from . import cost, planning
@@ -81,19 +81,19 @@ def plan(service, req: EvaluateRequest, files: bool = False) -> Plan:
     items = source.split(req.split)
     groups = lens_groups(service)
     n, jlens_layers = service.info.n_layers, service.jlens_layers
-    bos_fitted = service.jlens is not None and jlens_files.fitted_with_bos(service.jlens) is True
-    first = [[service.prompts.target(w).token_ids[0] for w in x.intermediates] for x in items]
-    target = [service.prompts.target(x.target).token_ids[0] for x in items]
+    ids = [service.prompts.ids(x.prompt) for x in items]
+    words = [[t.token_ids[0] for t in service.prompts.words((*x.intermediates, x.target), i)]
+             for x, i in zip(items, ids)]
+    first, target = [w[:-1] for w in words], [w[-1] for w in words]
     specs, counts, controls, costs = [], [], [], []
-    for i, item in enumerate(items):
+    for i in range(len(items)):
         control = control_of(first, target, i)
-        words = [[t] for t in (*first[i], *control, target[i])]
+        scored = [[t] for t in (*first[i], *control, target[i])]
         per_item, work = [], cost.NOTHING
         for g in groups:
-            ids = service.prompts.ids(item.prompt, bos=bos_fitted and "jacobian" in g.lenses)
-            spec = planning.lens_spec(ids, list(g.layers), 1, g.lenses, n, jlens_layers, target_ids=words)
-            per_item.append(dataclasses.replace(spec, read_from=len(ids) - 1))
-            work = work + cost.last_positions([len(ids)], len(g.layers), len(g.lenses))
+            spec = planning.lens_spec(ids[i], list(g.layers), 1, g.lenses, n, jlens_layers, target_ids=scored)
+            per_item.append(dataclasses.replace(spec, read_from=len(ids[i]) - 1))
+            work = work + cost.last_positions([len(ids[i])], len(g.layers), len(g.lenses), service.cfg.part_cells)
         specs.append(tuple(per_item))
         counts.append(len(first[i]))
         controls.append(len(control))

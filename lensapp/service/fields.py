@@ -170,8 +170,9 @@ __all__ = ["Field", "RequestError", "fields_of", "show"]
 # -- the road not taken: forcing a token, describing a cell (issue 28) ------------------------------------
 
 FORCE = Field("force", "put a token in place of the one generated at STEP (counted from 0) and generate on from it, "
-              "with the same settings and seed: STEP=WORD (the exact text of one token, spaces included) or "
-              "STEP=#ID; several, earliest first, branch a branch", (),
+              "with the same settings and seed: STEP=WORD (the word's first token as the model would write it after "
+              "the text there; a leading space is kept as typed) or STEP=#ID; several, earliest first, branch a "
+              "branch", (),
               forces(MAX_FORCES, MAX_GENERATE_TOKENS - 1), flag="--force", api=(list[str], []))
 DESCRIBE_LAYER = Field("layer", "the block whose output is described: L (negative counts from the end), a list, a "
                        "range or all (one description per layer, run together)", "", indices("layer"), flag="--layer",

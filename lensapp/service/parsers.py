@@ -207,12 +207,13 @@ _message_text = text("a message", MAX_PROMPT_CHARS, empty_ok=True)
 
 # -- forcing tokens (a branch: service/branching.py) -------------------------------------------------------
 
-Force = tuple[int, "int | str"]          # (generated step, token id or the exact text of one token)
+Force = tuple[int, "int | str"]          # (generated step, token id or a word as typed)
 
 
 def force(raw, max_step: int) -> Force:
-    """One forced token: 'STEP=WORD' (WORD: the exact text of one token, spaces included: '3= Paris') or
-    'STEP=#ID' (a token id), STEP counted from 0 over the generated tokens; or such a pair as read already."""
+    """One forced token: 'STEP=WORD' (WORD kept as typed, spaces included: read as the model would write it after
+    the text there, its first token: service/prompts.py's `word`) or 'STEP=#ID' (a token id), STEP counted from 0
+    over the generated tokens; or such a pair as read already."""
     if isinstance(raw, (tuple, list)) and len(raw) == 2 and isinstance(raw[1], str):
         return force(f"{whole('a forced step', 0, max_step)(raw[0])}={raw[1]}", max_step)
     if isinstance(raw, (tuple, list)) and len(raw) == 2 and type(raw[1]) is int and raw[1] >= 0:

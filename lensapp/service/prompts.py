@@ -1,12 +1,24 @@
-"""Text -> token ids: prompts, chat templates (with the oldest turns dropped to fit), target words.
+"""Text -> token ids: prompts, chat templates (with the oldest turns dropped to fit), words.
 
 The engine deals in token ids; this is where text becomes them, with the model's own tokenizer
 (loaded from the same folder or hub id the engine loads). Every failure is a `RequestError`.
+
+BOS, one rule: every prompt the model reads (a lens's, a generation's, a chat's, an intervention's, a
+description's, a components readout's, an evaluation's) gets the tokenizer's BOS first when the app's
+Jacobian lens was fitted so (`bos`, set by the service from the lens: jlens.fitted_with_bos), and is read
+as tokenized otherwise; so a cell is the same cell in every tab, whichever lens reads it.
+
+Words, one function (`word`): a word typed in any field (a lens's targets, a steering or ablation word and its
+from-word, a components target and foil, a forced token, an evaluation's words) is read as the model would
+write it after the text it follows: the tokens that `text + word` has after the text's own tokens. So on a
+SentencePiece tokenizer with a dummy prefix (Llama 2, Mistral v0.x) "Paris" after "...France is" is `▁Paris`,
+never the lone `▁` that `tokenize(" Paris")` starts with.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import unicodedata
+from typing import NamedTuple, Sequence
 
 from ..config import MAX_PROMPT_CHARS
 from ..jlens import with_bos
@@ -24,10 +36,11 @@ def load_tokenizer(path: str):
 class Prompts:
     """The model's tokenizer, with the limits of this app."""
 
-    def __init__(self, tokenizer, max_prompt_tokens: int):
+    def __init__(self, tokenizer, max_prompt_tokens: int, bos: bool = False):
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         self.decode = TokenDecoder(tokenizer)
+        self.bos = bos          # every prompt with the tokenizer's BOS first (the Jacobian lens was fitted so)
 
     @property
     def has_chat_template(self) -> bool:
@@ -37,43 +50,57 @@ class Prompts:
     def bos_id(self) -> int | None:
         return getattr(self.tokenizer, "bos_token_id", None)
 
-    def ids(self, prompt: str, chat: bool = False, bos: bool = False) -> list[int]:
+    def ids(self, prompt: str, chat: bool = False) -> list[int]:
         """A prompt's token ids (in the chat template when `chat`; with the tokenizer's BOS first when `bos`,
         as a lens fitted so reads: see jlens.with_bos), within the token limit."""
-        if chat:
-            ids = self._template([{"role": "user", "content": prompt}])
-        else:
-            ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        if bos and ids:
-            ids = with_bos(ids, self.bos_id)
+        ids = self._template([{"role": "user", "content": prompt}]) if chat else self._bos(
+            self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
         if not ids:
             raise RequestError("the prompt has no tokens")
         if len(ids) > self.max_prompt_tokens:
             raise RequestError(f"the prompt has {len(ids)} tokens; the limit is {self.max_prompt_tokens}")
         return ids
 
-    def target(self, word: str) -> Target:
-        """A target is scored as it would follow the prompt: a leading space is added unless it has one."""
-        word = word.strip()
-        ids = tuple(self.tokenizer(" " + word, add_special_tokens=False)["input_ids"])
-        if not ids:
-            raise RequestError(f"target {word!r} has no tokens")
-        return Target(text=word, token_ids=ids)
+    def word(self, word: str, after: Sequence[int]) -> Target:
+        """`word` as the model would write it after the tokens `after`: the tokens that the text with the word
+        joined on (`joined`) has after the text's own. Where the text's last tokens merge with the word's (the text
+        ends in a space, CJK text), the word's own text is tokenized as it would go on from them."""
+        return self.words([word], after)[0]
 
-    def token_of(self, word: str | int, vocab_size: int) -> int:
-        """A forced token (service/branching.py): an id as given (within the vocabulary), or the one token whose
-        text is exactly `word` (spaces included); RequestError naming its pieces when it is not one token."""
+    def words(self, words: Sequence[str], after: Sequence[int]) -> list[Target]:
+        """`word` for each of `words`, after the same tokens (their text tokenized once)."""
+        context = self.tokenizer.decode([int(i) for i in after], skip_special_tokens=True,
+                                        clean_up_tokenization_spaces=False)
+        before = self._plain(context)
+        return [self._word(w, context, before) for w in words]
+
+    def forced(self, word: str | int, after: Sequence[int], vocab_size: int) -> int:
+        """A forced token (service/branching.py): an id as given (within the vocabulary), or the first token of
+        `word` as the model would write it after `after` (`word`)."""
         if isinstance(word, int):
             if not 0 <= word < vocab_size:
                 raise RequestError(f"token id {word} is outside this model's vocabulary (0..{vocab_size - 1})")
             return word
-        ids = list(self.tokenizer(word, add_special_tokens=False)["input_ids"])
-        if len(ids) != 1:
-            spaced = list(self.tokenizer(" " + word, add_special_tokens=False)["input_ids"])
-            hint = f"; ' {word}' (with a space) is one: #{spaced[0]}" if len(spaced) == 1 and ids != spaced else ""
-            raise RequestError(f"{word!r} is {len(ids)} tokens ({', '.join(map(repr, self.decode(ids)))}), not one; "
-                               f"force one of them, or a token id as #ID{hint}")
-        return ids[0]
+        return self.word(word, after).token_ids[0]
+
+    def _word(self, word: str, context: str, before: list[int]) -> Target:
+        text = word.rstrip()
+        if not text.strip():
+            raise RequestError(f"the word {word!r} is empty")
+        full = joined(context, text)
+        ids = self._plain(full)
+        if ids[:len(before)] == before:
+            added = ids[len(before):]
+        else:                                     # the text's last tokens merge with the word's: go on from them
+            anchor = self._plain(ANCHOR)
+            alone = self._plain(ANCHOR + full[len(context):])
+            added = alone[len(anchor):] if alone[:len(anchor)] == anchor else ids[_common(ids, before):]
+        if not added:
+            raise RequestError(f"{text.strip()!r} adds no token after this text")
+        return Target(text=text.strip(), token_ids=tuple(added))
+
+    def _plain(self, text: str) -> list[int]:
+        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
 
     @property
     def stop_ids(self) -> set[int]:
@@ -121,12 +148,56 @@ class Prompts:
         if not self.has_chat_template:
             raise RequestError("this model's tokenizer has no chat template; turn chat off")
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return self._bos(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def _bos(self, ids) -> list[int]:
+        ids = [int(i) for i in ids]
+        return with_bos(ids, self.bos_id) if self.bos and ids else ids
 
 
 class Conversation(NamedTuple):
     ids: list[int]
     dropped_turns: int
+
+
+def recent_turns(messages: Sequence[dict], most: int, drop: int = 0) -> tuple[list[dict], int]:
+    """The conversation without its oldest turns, as `Prompts.conversation` drops them: at least `drop` messages,
+    then until at most `most` are left (the last user message always stays); and how many were dropped. A page
+    keeps what its chat read so, and sends only what fits (ui/chat_tab.py)."""
+    msgs = list(messages)
+    dropped = 0
+    while (dropped < drop or len(msgs) > most) and (n := _drop_oldest_turn(msgs)):
+        dropped += n
+    return msgs, dropped
+
+
+# A text the word's own text is tokenized after when the context's last tokens merge with it: a line break, which
+# no tokenizer merges with what follows it (byte-level BPE splits it off; SentencePiece has it as a byte).
+ANCHOR = "\n"
+# Punctuation that attaches to the word before it (no space before it): Unicode's closing, final and other
+# punctuation (. , ; : ! ? ) ] } ' " ...), dashes and connectors.
+ATTACHED = ("Pe", "Pf", "Po", "Pd", "Pc")
+
+
+def joined(context: str, word: str) -> str:
+    """`word` after `context` as a new word: a space between them, unless the context is empty or ends in
+    whitespace, the word starts with whitespace (its own, kept as typed) or with punctuation that attaches, or
+    either side is written without spaces (Chinese, Japanese, Korean: East Asian wide characters)."""
+    if (not context or context[-1].isspace() or word[0].isspace()
+            or unicodedata.category(word[0]) in ATTACHED or _unspaced(context[-1]) or _unspaced(word[0])):
+        return context + word
+    return context + " " + word
+
+
+def _unspaced(ch: str) -> bool:
+    return unicodedata.east_asian_width(ch) in ("W", "F")
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _drop_oldest_turn(msgs: list[dict]) -> int:

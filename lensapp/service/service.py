@@ -49,6 +49,7 @@ class LensService:
         self.info = model.info
         self.jlens, self.jlens_error = jlens, jlens_error
         self._jlens_key = lens_key(jlens)
+        prompts.bos = _reads_with_bos(jlens)
         self.cache = ResultCache(cfg.cache_entries, cfg.cache_mb << 20)
         self.budget: Budget | None = None        # the memory plan checked at start (engine/start/memory.py)
         self.token_weight = cost.token_weight(model.info.n_layers, model.info.d_model, model.info.vocab_size)
@@ -96,8 +97,10 @@ class LensService:
         return lens
 
     def install_jlens(self, lens: jlens_files.JacobianLens | None) -> None:
-        """Use `lens` from now on (None: none). Cached results of another lens are never served for it."""
+        """Use `lens` from now on (None: none), every prompt read as it was fitted (BOS first or not: prompts.py).
+        Cached results of another lens are never served for it."""
         self.jlens, self._jlens_key = lens, lens_key(lens)
+        self.prompts.bos = _reads_with_bos(lens)
         stack = engine_stack(lens, self.model)
         if stack is not None:
             self.engine.set_jlens(stack)
@@ -115,14 +118,14 @@ class LensService:
             self.admit(plan.cost)
             outputs = self.engine.lens([plan.specs[i] for i in todo], self.deadline(plan.cost))
             return [LensResult.from_output(out, prompt=req.prompts[i], ids=plan.ids[i], layers=plan.layers,
-                                           decode=self.prompts.decode, targets=plan.targets,
-                                           continuation_of=plan.continuation_of, model=self.info.name,
+                                           decode=self.prompts.decode, targets=plan.targets[i],
+                                           continuation_of=plan.continuation_of[i], model=self.info.name,
                                            jlens=self._jlens_note(plan.ids[i]), k=req.k,
                                            skip_punctuation=req.skip_punctuation)
                     for i, out in zip(todo, outputs)]
 
         keys = [self._key("lens", p, req.chat, plan.lenses, tuple(plan.layers), req.k,
-                          tuple(t.text for t in plan.targets), req.raw, req.skip_punctuation)
+                          req.targets, req.raw, req.skip_punctuation)
                 + (("sublayers",) if req.sublayers else ()) for p in req.prompts]
         return self.cache.get_many(keys, compute)
 
@@ -186,10 +189,6 @@ class LensService:
         self._observe("evaluate", req)
         return evaluating.run(self, req, files)
 
-    def _bos(self, lenses: tuple[str, ...]) -> bool:
-        """Prepend BOS to a prompt read through the Jacobian lens, when the lens was fitted so (jlens.py)."""
-        return "jacobian" in lenses and self.jlens is not None and jlens_files.fitted_with_bos(self.jlens) is True
-
     def _jlens_note(self, ids: list[int]) -> dict | None:
         """The lens's description for a result, with a warning when the prompt starts unlike the fitted ones."""
         if self.jlens is None:
@@ -202,29 +201,31 @@ class LensService:
         planning.check_prompt_count(len(req.prompts), max_prompts)
         names = LENS_CHOICES[req.lens]
         layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
-        targets = [self.prompts.target(t) for t in req.targets]
-        target_ids = [list(t.token_ids) for t in targets]
-        ids = [self.prompts.ids(p, req.chat, self._bos(names)) for p in req.prompts]
-        continuations = [len(t) for t in target_ids if 1 < len(t) <= MAX_CONTINUATION_TOKENS]
+        ids = [self.prompts.ids(p, req.chat) for p in req.prompts]
+        # Each prompt's targets as the model would write them after it (prompts.py: `word`).
+        targets = [self.prompts.words(req.targets, i) if req.targets else [] for i in ids]
+        target_ids = [[list(t.token_ids) for t in mine] for mine in targets]
         between = components.sublayer_part(self) if req.sublayers else ""      # the logit lens between attn and MLP
-        work = sum((cost.readout(len(i), len(layers), len(names) + bool(between), continuations, self.cfg.part_cells)
-                    for i in ids), cost.NOTHING)
+        work = sum((cost.readout(len(i), len(layers), len(names) + bool(between),
+                                 [len(t) for t in tids if 1 < len(t) <= MAX_CONTINUATION_TOKENS], self.cfg.part_cells)
+                    for i, tids in zip(ids, target_ids)), cost.NOTHING)
         self.check_cost(work, "this request")
         # Skipping punctuation widens the top-k the worker reads (bounded) so a word can be found in it.
         k = max(req.k, PUNCTUATION_WIDTH) if req.skip_punctuation else req.k
         specs = [dataclasses.replace(planning.lens_spec(i, layers, k, names, self.info.n_layers, self.jlens_layers,
-                                                        target_ids, req.raw), after_attention=between) for i in ids]
-        return _Plan(names, layers, ids, specs, work, targets, planning.continuation_index(target_ids))
+                                                        tids, req.raw), after_attention=between)
+                 for i, tids in zip(ids, target_ids)]
+        return _Plan(names, layers, ids, specs, work, targets, [planning.continuation_index(t) for t in target_ids])
 
     def _plan_generate(self, req: GenerateRequest) -> _Plan:
         names = LENS_CHOICES[req.lens]
         layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
-        ids = self.prompts.ids(req.prompt, req.chat, self._bos(names))
-        work = cost.generation(len(ids), req.max_tokens, len(layers), len(names), self.cfg.part_cells)
-        self.check_cost(work, "this generation")
+        ids = self.prompts.ids(req.prompt, req.chat)
         # The top-5 decision strip (results/decided.py) needs five of each cell's top tokens, whatever k shows.
         k = max(req.k, DECIDED_WIDTH)
         spec = planning.lens_spec(ids, layers, k, names, self.info.n_layers, self.jlens_layers, raw=req.raw)
+        work = cost.generation(spec, req.max_tokens, self.cfg.part_cells)
+        self.check_cost(work, "this generation")
         return _Plan(names, layers, [ids], [spec], work)
 
     def chat(self, req: ChatRequest) -> ChatReply:
@@ -312,6 +313,11 @@ class LensService:
     def wait_ready(self, timeout: float | None = None) -> None:
         self.engine.wait_ready(timeout)
 
+    def status(self) -> dict:
+        """What a page's status line needs (state, reason, queue depth), read from the engine's counters: cheap
+        enough for every open page every few seconds, unlike `health`, which looks at every process."""
+        return self.engine.status()
+
     def idle(self) -> bool:
         """The engine is ready with nothing running or waiting (no process is looked at, unlike `health`)."""
         return self.engine.idle()
@@ -361,8 +367,13 @@ class _Plan:
     ids: list[list[int]]
     specs: list
     cost: cost.Cost
-    targets: list[Target] = field(default_factory=list)
-    continuation_of: list[int | None] = field(default_factory=list)
+    targets: list[list[Target]] = field(default_factory=list)             # per prompt
+    continuation_of: list[list[int | None]] = field(default_factory=list)  # per prompt
+
+
+def _reads_with_bos(lens: jlens_files.JacobianLens | None) -> bool:
+    """The one BOS rule (prompts.py): every prompt with BOS first when the Jacobian lens was fitted so."""
+    return lens is not None and jlens_files.fitted_with_bos(lens) is True
 
 
 def _reproducible(temperature: float, seed: int | None) -> bool:

@@ -28,11 +28,12 @@ def big_cells(max_cells: int) -> int:
     return max(1, max_cells // 4)
 
 
-def prompt_read_apart(prompt_cells: int, max_cells: int) -> bool:
-    """Whether a generation reads its prompt's `prompt_cells` apart, in lens parts (`split_generation`): when they
-    are big, so the generation's own request, many steps long, never holds the big turn. The cost model asks the
-    same question (`service/cost.py`)."""
-    return prompt_cells >= big_cells(max_cells)
+def prompt_read_apart(spec: LensSpec, max_cells: int) -> bool:
+    """Whether a generation of `spec` reads its prompt apart, in lens parts (`split_generation`): when it reads its
+    whole prompt at step 0 and those cells (`cells`: the layers it reads, the last among them) are big, so the
+    generation's own request, many steps long, never holds the big turn. The one rule: the engine cuts by it and
+    the cost model counts by it (`service/cost.py`)."""
+    return spec.read_prompt and not spec.read_from and cells(spec, generation=True) >= big_cells(max_cells)
 
 
 def layers_per_part(n_positions: int, n_lenses: int, max_cells: int) -> int:
@@ -45,21 +46,26 @@ def n_parts(n_positions: int, n_layers: int, n_lenses: int, max_cells: int) -> i
     return math.ceil(n_layers / layers_per_part(n_positions, n_lenses, max_cells))
 
 
+def read_positions(spec: LensSpec) -> int:
+    """The prompt positions a lens readout of `spec` unembeds: from `read_from` on."""
+    return len(spec.input_ids) - spec.read_from
+
+
 def cells(spec: LensSpec, generation: bool = False) -> int:
     """The cells the heaviest step of `spec`'s engine request reads (positions x read layers x lenses): a lens
-    reads its prompt; a generation reads its prompt's positions (from `read_from`) at step 0 if `read_prompt`,
-    then one position a step."""
-    positions = len(spec.input_ids)
-    if generation:
-        positions = max(1, positions - spec.read_from) if spec.read_prompt else 1
-    return positions * len(spec.read_layers) * (len(spec.lenses) + bool(spec.after_attention))
+    reads its prompt's positions from `read_from`; a generation reads them at step 0 if `read_prompt`, then one
+    position a step."""
+    positions = read_positions(spec)
+    if generation and not spec.read_prompt:
+        positions = 1
+    return max(1, positions) * len(spec.read_layers) * (len(spec.lenses) + bool(spec.after_attention))
 
 
 def split_lens(spec: LensSpec, max_cells: int) -> list[LensSpec]:
     """`spec` as parts reading consecutive groups of its layers (the first part keeps its continuations);
     [spec] when it is small enough, or when it keeps streams or measures norms (read in one forward)."""
     layers = spec.layers
-    group = layers_per_part(len(spec.input_ids), len(spec.lenses) + bool(spec.after_attention), max_cells)
+    group = layers_per_part(read_positions(spec), len(spec.lenses) + bool(spec.after_attention), max_cells)
     if len(layers) <= group or spec.keep_layers or spec.norms:
         return [spec]
     parts = []
@@ -87,10 +93,10 @@ def merge_lens(parts: list[LensOutput]) -> LensOutput:
 
 
 def split_generation(spec: LensSpec, max_cells: int) -> tuple[list[LensSpec], LensSpec]:
-    """(the prompt's readout as lens parts, the generation reading only its new tokens), when the prompt's
-    readout is big (`big_cells`); ([], spec) when it is not, or when the spec reads no prompt or only its last
-    positions (`read_from`: a branch's continuation reads the one token it forced)."""
-    if not spec.read_prompt or spec.read_from or not prompt_read_apart(cells(spec, generation=True), max_cells):
+    """(the prompt's readout as lens parts, the generation reading only its new tokens), when `prompt_read_apart`;
+    ([], spec) when not (a small readout, no prompt read, or only its last positions: `read_from`, as a branch's
+    continuation reads the one token it forced)."""
+    if not prompt_read_apart(spec, max_cells):
         return [], spec
     prompt = dataclasses.replace(spec, continuations=(), keep_layers=(), keep_positions=None, norms=False)
     return split_lens(prompt, max_cells), dataclasses.replace(spec, read_prompt=False)

@@ -30,7 +30,8 @@ from .registry import Changes, intervention
 
 @dataclass(frozen=True)
 class AblatePlan:
-    """word_ids: the word's first token, then the from-word's; reference_ids: a mean ablation's reference text
+    """word_ids: the word's first token, then the from-word's, each as the model would write it after the prompt
+    (prompts.py: `word`); reference_ids: a mean ablation's reference text
     (empty for project); positions: the prompt positions changed (None: all)."""
 
     word: str
@@ -74,7 +75,8 @@ class Ablate:
         if req.direction == "jacobian":
             for layer in reading.span:
                 inputs.jacobians.at(layer)                 # RequestError now, not after a minute of work
-        word_ids = tuple(inputs.prompts.target(w).token_ids[0] for w in (req.word, req.from_word) if w.strip())
+        words = [w for w in (req.word, req.from_word) if w.strip()]
+        word_ids = tuple(t.token_ids[0] for t in inputs.prompts.words(words, reading.ids))
         reference, reference_ids, extra = "", (), cost.NOTHING
         if req.ablation == "mean":
             reference = req.reference or REFERENCE_TEXT

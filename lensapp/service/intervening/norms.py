@@ -24,14 +24,16 @@ class TypicalNorms:
     """One model's typical residual norms, by layer: measured on first use, then kept."""
 
     def __init__(self):
-        self._norms: list[float] | None = None
+        self._norms: dict[tuple[int, ...], list[float]] = {}
         self._lock = threading.Lock()
 
     def get(self, engine, reference_ids: list[int], n_layers: int) -> list[float]:
-        """[n_layers] floats: each layer's median ||h|| over the reference's positions (one engine readout, once)."""
+        """[n_layers] floats: each layer's median ||h|| over the reference's positions (one engine readout, once per
+        reading of the reference: with BOS first or not, as every prompt is read: prompts.py)."""
+        key = tuple(reference_ids)
         with self._lock:
-            if self._norms is None:
+            if key not in self._norms:
                 spec = planning.lens_spec(reference_ids, list(range(n_layers)), 1, ("logit",), n_layers, [])
                 (out,) = engine.lens([dataclasses.replace(spec, norms=True)])
-                self._norms = [float(x) for x in out.norms]
-            return self._norms
+                self._norms[key] = [float(x) for x in out.norms]
+            return self._norms[key]

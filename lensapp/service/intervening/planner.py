@@ -1,7 +1,8 @@
 """From a validated `InterveneRequest` to a plan: every rule checked, every forward counted, no engine call.
 
 `plan(request, inputs)` resolves what every kind shares (the lenses and layers read, the layers and
-positions changed, the prompt's ids, the plain readout's `LensSpec`), asks the request's kind for its own
+positions changed, the prompt's ids, the plain readout's `LensSpec`, the words read as the model would write them
+after the prompt: prompts.py's `word`), asks the request's kind for its own
 plan (`registry.py`), and counts the cost: the readout before and one per change (each with its targets'
 continuations), the forwards the kind makes besides (a patch's source, a mean ablation's reference), and the
 generations before and after. It takes what it needs explicitly (`Inputs`), never the service, so the CLI
@@ -109,7 +110,8 @@ def plan(req: InterveneRequest, inputs: Inputs) -> Plan:
     ids = tuple(prompts.ids(req.prompt, req.chat))
     reading = Reading(lenses, layers, span, ids, prompt_positions(req.positions, len(ids)))
     change = kind.plan(req, reading, inputs)
-    targets = tuple(prompts.target(t) for t in change.words + req.targets)
+    words = change.words + req.targets
+    targets = tuple(prompts.words(words, ids)) if words else ()
     target_ids = [list(t.token_ids) for t in targets]
     base = planning.lens_spec(list(ids), layers, req.k, lenses, info.n_layers, inputs.jacobians.layers, target_ids,
                               req.raw)

@@ -34,7 +34,8 @@ from .registry import Changes, intervention
 
 @dataclass(frozen=True)
 class SteerPlan:
-    """word_ids: the word's first token, then the from-word's (when given); alphas: as asked (empty: the default
+    """word_ids: the word's first token, then the from-word's (when given), each as the model would write it after
+    the prompt (prompts.py: `word`); alphas: as asked (empty: the default
     sweep); positions: the prompt positions steered (None: all); generated: every generated token too."""
 
     word: str
@@ -91,7 +92,8 @@ class Steer:
         elif req.direction == "jacobian":
             for layer in span:
                 inputs.jacobians.at(layer)                 # RequestError now, not after a minute of work
-        word_ids = tuple(inputs.prompts.target(w).token_ids[0] for w in (req.word, req.from_word) if w.strip())
+        words = [w for w in (req.word, req.from_word) if w.strip()]
+        word_ids = tuple(t.token_ids[0] for t in inputs.prompts.words(words, reading.ids))
         n = len(req.alphas) or len(FITTED_MULTIPLES if req.direction == "fitted" else DEFAULT_ALPHAS)
         return SteerPlan(req.word, word_ids, req.from_word, req.direction, req.alphas, req.objective, positions,
                          generated=not req.prompt_only and positions is None, n_changes=n)

@@ -1,0 +1,69 @@
+"""The page's chat goes on for as long as one likes (ui/chat_tab.py): it sends only the latest turns that fit (at
+most MAX_CHAT_MESSAGES, the oldest turns left out as the service leaves them out: prompts.py's `recent_turns`) and
+keeps only what the model read, saying when older turns were left out. And a word typed in a branch box is read as
+the model would write it there, the page saying which token it put."""
+
+from __future__ import annotations
+
+import pytest
+
+from lensapp import config
+from lensapp.config import MAX_CHAT_MESSAGES
+from lensapp.service import ChatRequest, GenerateRequest
+from lensapp.service.prompts import recent_turns
+from lensapp.ui import branching, chat_tab
+
+
+@pytest.fixture(scope="module")
+def app(tiny_service):
+    from lensapp import ui
+
+    return ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+
+
+def conversation(n: int, system: bool = True) -> list[dict]:
+    msgs = [{"role": "system", "content": "Be brief."}] if system else []
+    for i in range(n):
+        msgs += [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+    return msgs + [{"role": "user", "content": "last"}]
+
+
+def test_recent_turns_drop_the_oldest_whole_turns():
+    msgs = conversation(100)
+    kept, dropped = recent_turns(msgs, MAX_CHAT_MESSAGES)
+    assert len(kept) <= MAX_CHAT_MESSAGES and dropped == len(msgs) - len(kept)
+    assert kept[0] == msgs[0] and kept[1]["role"] == "user" and kept[1:] == msgs[-(len(kept) - 1):]
+    assert recent_turns(msgs, 1000, drop=3) == (msgs[:1] + msgs[5:], 4)          # whole turns: 3 asked, 4 dropped
+    assert recent_turns([{"role": "user", "content": "x"}], 0) == ([{"role": "user", "content": "x"}], 0)
+
+
+def test_a_chat_keeps_answering_for_100_exchanges(app, tiny_service, monkeypatch):
+    said = []
+    monkeypatch.setattr(chat_tab, "warn", said.append)
+    values = {**chat_tab.CHAT.initial(), "lens": "logit", "layer": None, "max_tokens": 1, "history": [],
+              "chatbot": []}
+    for i in range(100):
+        out = chat_tab.send(chat_tab.CHAT, tiny_service, app.guard, {**values, "message": f"Question {i}?"})
+        history = out["history"]
+        assert history[-2] == {"role": "user", "content": f"Question {i}?"} and history[-1]["role"] == "assistant"
+        assert len(history) <= MAX_CHAT_MESSAGES + 1 and len(out["chatbot"]) == 3 * (i + 1)
+        values = {**values, "history": history, "chatbot": out["chatbot"]}
+    assert said and "oldest messages were left out" in said[-1]
+    # what the page keeps is what the model read: asked again, the service drops none of it
+    again = tiny_service.chat(ChatRequest(messages=tuple(values["history"][:-1]), lens="logit", max_tokens=1))
+    assert again.dropped_turns == 0
+
+
+def test_the_page_says_which_token_a_word_put(app, tiny_service, monkeypatch):
+    said = []
+    monkeypatch.setattr(branching.gr, "Info", said.append)
+    prompt = "The capital of France is"
+    req = GenerateRequest(prompt=prompt, max_tokens=3)
+    gen = tiny_service.generate(req)
+    out = branching.add_branch(tiny_service, gen, req, [], branching.TRUNK, 0, "patience")
+    (branch,) = out["branch_results"]
+    tok = tiny_service.prompts.tokenizer
+    want = tok(prompt + " patience")["input_ids"][len(tok(prompt)["input_ids"]):]
+    assert branch.forced == [(0, want[0])] and tok.convert_ids_to_tokens(want) == ["Ġpatience"]
+    assert said == [f"Put ␣patience (#{want[0]}) at step 0."]
+    assert branching.branch_label(gen, branch, 0).endswith(f"→ ␣patience (#{want[0]})")
