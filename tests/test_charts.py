@@ -148,7 +148,7 @@ def test_compare_aligns_prompts_at_the_end_and_draws_no_padding():
     comparison = Comparison([short, long])
     assert comparison.width == 5 and comparison.padding(0) == 2 and comparison.padding(1) == 0
     d = spec(charts.compare_heatmaps(comparison))
-    first, second = d["vconcat"]
+    first, second = d["hconcat"]                                                   # side by side
     assert len(first["data"]["values"]) == 4 * 3 and len(second["data"]["values"]) == 4 * 5   # cells: tokens only
     order = first["layer"][0]["encoding"]["x"]["sort"]
     assert len(order) == 5 and order[-3:] == ["The", "␣capital", "␣is"]           # two empty columns first

@@ -99,7 +99,7 @@ def n_tokens(embedded_dir, text: str) -> int:
 def test_page_loads(page, app_url):
     open_app(page, app_url)
     assert page.title() == "Test workshop · Lens Explorer"                # the app runs tests/data/workshop.yaml
-    assert "SmolLM2-135M-Instruct" in page.inner_text("#header")
+    assert "SmolLM2-135M-Instruct" in page.inner_text("#model-line")
     for name in ("Logit lens", "Jacobian lens", "Generation"):
         assert page.get_by_role("tab", name=name).count() == 1
     assert page.get_by_role("tab", name="Logit lens").get_attribute("aria-selected") == "true"
@@ -265,7 +265,8 @@ def test_app_without_a_jlens_says_how_to_load_one():
     service = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
                               jlens_layers=[], jlens_error=None, chat_layers=lambda lens: [0, 1, 2, 3],
                               model=SimpleNamespace(path="stand-in", family=None),
-                              health=lambda: {"state": "ready"})
+                              health=lambda: {"state": "ready"},
+                              status=lambda: {"state": "ready", "reason": "", "queue_depth": 0})
     demo = ui.build_app(service, Config(jlens="none"))
     texts = [b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown) and isinstance(b.value, str)]
     assert any("No Jacobian lens is loaded" in t and "--jlens" in t for t in texts)

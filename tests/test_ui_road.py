@@ -40,13 +40,18 @@ def grow(app, tiny_service, out: dict, results: list, source, step, token) -> di
     return branching.grow(tiny_service, app.guard, "branch_alternatives", values)
 
 
+def drawn(update) -> bool:
+    """A branch chart's update shows a chart."""
+    return update.constructor_args["visible"] and update.constructor_args["value"] is not None
+
+
 def test_a_links_branches_are_grown_with_the_generation(app, tiny_service):
     out = generate(app, "2=#11;2=#11,4=#12")
     gen, results = out["state"], out["branch_results"]
     assert [r.forced for r in results] == [[(2, 11)], [(2, 11), (4, 12)]]
     assert out["branches"] == "2=#11;2=#11,4=#12" and results[1].token_ids[:3] == results[0].token_ids[:3]
-    assert "parts at step 2" in out["branch_listing"] and out["branch_heatmap"] is not None
-    assert out["branch_divergence"] is not None
+    assert "parts at step 2" in out["branch_listing"] and drawn(out["branch_heatmap"])
+    assert drawn(out["branch_divergence"]) and out["branch_shown"].constructor_args["visible"]
     direct = tiny_service.generate(GenerateRequest(prompt=PROMPT, max_tokens=6, force=["2=#11", "4=#12"]))
     assert results[1].token_ids == direct.token_ids and gen.token_ids == generate(app)["state"].token_ids
     assert "settle" in out["decided"] and out["strip"] is not None
@@ -57,6 +62,8 @@ def test_a_links_branches_are_grown_with_the_generation(app, tiny_service):
                                    {**TAB_VIEWS["generate"].values_of(View(tab="generate", prompt=PROMPT, max_tokens=6,
                                                                            branches="2=#11")), "rule": "top1"})
     assert fresh["branch_results"] == [] and fresh["branches"] == ""
+    # no branch: its charts and its choice are hidden, not empty frames
+    assert not any(fresh[name].constructor_args["visible"] for name in (*branching.SHOWN, "branch_shown"))
 
 
 def test_a_clicked_token_shows_its_alternatives_and_grows_a_branch(app, tiny_service):
@@ -69,6 +76,7 @@ def test_a_clicked_token_shows_its_alternatives_and_grows_a_branch(app, tiny_ser
     picked = branching.pick_step(app.guard, {"state": gen, "branch_results": [], "branch_source": branching.TRUNK,
                                              "branch_step": 1, "branch_layer": 2})
     assert picked["branch_alternatives"].constructor_args["choices"] == choices
+    assert picked["branch_alternatives"].constructor_args["visible"]
     first = grow(app, tiny_service, out, [], branching.TRUNK, 1, "#21")
     assert set(first) == set(branching.UPDATED)
     assert first["branches"] == "1=#21" and first["branch_results"][0].token_ids[1] == 21
@@ -80,8 +88,12 @@ def test_a_clicked_token_shows_its_alternatives_and_grows_a_branch(app, tiny_ser
     assert same["branches"] == "1=#21;1=#21,3=#22"
     shown = branching.show(app.guard, {"state": gen, "branch_results": again["branch_results"], "branch_shown": 0,
                                        "rule": "top5"})
-    assert set(shown) == set(branching.SHOWN) and shown["branch_heatmap"] is not None
-    for bad in ("Parisiennes", "", "#99999999"):
+    assert set(shown) == set(branching.SHOWN) and drawn(shown["branch_heatmap"]) and drawn(shown["branch_strip"])
+    # a word is read as the model would write it after the text there: its first token is taken (and named)
+    word = grow(app, tiny_service, out, [], branching.TRUNK, 1, "Parisiennes")
+    before = tiny_service.prompts.ids(PROMPT) + gen.token_ids[:1]
+    assert word["branch_results"][0].token_ids[1] == tiny_service.prompts.word("Parisiennes", before).token_ids[0]
+    for bad in ("", "#99999999"):
         with pytest.raises(gr.Error) as e:
             grow(app, tiny_service, out, [], branching.TRUNK, 1, bad)
         assert_page_error(e.value)

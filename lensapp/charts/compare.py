@@ -19,7 +19,8 @@ from .tokens import clip, show_token
 
 def compare_heatmaps(comparison: Comparison, lenses: tuple[str, ...] = ("logit",), metric: str = "top1_prob",
                      target: int = 0, settings: DisplaySettings = DisplaySettings()):
-    """A heatmap per prompt (rows of prompts; with two lenses, a column per lens), one colour legend."""
+    """A heatmap per prompt (side by side; with two lenses, a row per prompt and a column per lens), one colour
+    legend."""
     width = min(comparison.width, settings.max_columns)
     grids = {}
     for n, result in enumerate(comparison.results):
@@ -36,7 +37,10 @@ def compare_heatmaps(comparison: Comparison, lenses: tuple[str, ...] = ("logit",
                           x_title="prompt tokens, aligned at the last one")
                   for lens in lenses for grid, pad in [grids[n, lens]]]
         rows.append(charts[0] if len(charts) == 1 else alt.hconcat(*charts, spacing=24))
-    chart = alt.vconcat(*rows, spacing=18).resolve_scale(color="shared")
+    # One lens: the prompts side by side (a wide screen shows them at once; a narrow one scrolls the chart's own
+    # box); two lenses: a row per prompt, a column per lens.
+    concat = alt.hconcat if len(lenses) == 1 else alt.vconcat
+    chart = concat(*rows, spacing=24 if len(lenses) == 1 else 18).resolve_scale(color="shared")
     return finish(chart, settings, "compare")
 
 

@@ -18,7 +18,7 @@ import gradio as gr
 from ..service.limits import RateLimiter
 from ..service.usage import Usage, not_counted
 from ..workshop import Workshop
-from . import notes, permalinks, status
+from . import kept, notes, permalinks, sessions, status
 from .api import register_api
 from .compare_tab import build_compare_tab
 from .components_tab import build_components_tab
@@ -28,6 +28,7 @@ from .front import FRONT, FrontPage
 from .generate_tab import build_generate_tab
 from .guard import Guard
 from .intervene_tab import build_intervene_tab
+from .kept import KeptResults
 from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, build_lens_tab
 from .prefetch import LinkPrefetch
 from .tabs import PRIVATE, Components, TabParts, md_text, on
@@ -49,13 +50,14 @@ CSS = """
 .lens-tok .gen { font-family: var(--font-mono); }
 .lens-tok .top1 { font-size: 0.75em; opacity: 0.75; }
 .lens-tok .topk { font-size: 0.75em; display: block; }
+.model-line p { font-size: 0.85em; opacity: 0.8; margin: 0; }
 #exercise-question { border-left: 4px solid #56b4e9; padding-left: 0.75em; }
-/* A phone (390 px): rows and Gradio's groups of form fields wrap to the width (tests/test_first_visit.py
-   checks that no control lies outside it); nothing scrolls sideways but a chart inside its own box. */
+/* A phone (390 px): every field of a row, or of Gradio's group of form fields, takes the whole width, one under
+   another (tests/test_first_minute.py checks that none is squeezed); nothing scrolls sideways but a chart inside
+   its own box. Gradio prefixes these rules with its container's classes, so they name only what lies inside. */
 @media (max-width: 640px) {
-  .gradio-container { padding-left: 4px !important; padding-right: 4px !important; }
-  .gradio-container .row, .gradio-container .form { flex-wrap: wrap !important; }
-  .gradio-container .row > *, .gradio-container .form > .block { flex: 1 1 100% !important; min-width: 0 !important; }
+  .row, .form { flex-wrap: wrap !important; }
+  .row > *, .form > .block { flex: 1 1 100% !important; min-width: 0 !important; }
   .lens-plot, .lens-plot .altair { max-width: 100%; }
 }
 """
@@ -78,13 +80,15 @@ JS_OPENED_WITH = "() => (window.lensOpenedWith ?? window.location.search)"
 @dataclass
 class UI:
     """What `build_ui` made: the Blocks, each tab's parts by its link name, the page-load restore, the front
-    page's examples and the guard every handler goes through (tests call the handlers as the page does)."""
+    page's examples, the guard every handler goes through (tests call the handlers as the page does) and the
+    store the pages keep their results in."""
 
     demo: gr.Blocks
     tabs: dict[str, TabParts]
     restore: Callable
     front: FrontPage
     guard: Guard
+    kept: KeptResults
 
 
 def build_app(service, cfg, workshop: Workshop | None = None) -> gr.Blocks:
@@ -93,17 +97,19 @@ def build_app(service, cfg, workshop: Workshop | None = None) -> gr.Blocks:
 
 def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None = None) -> UI:
     """The app; with a workshop, its title, only its tabs and its Exercises panel (openings counted in `usage`)."""
-    guard = Guard(RateLimiter(cfg.rate_limit), cfg.resolved_trusted_proxies)
+    guard = Guard(RateLimiter.of(cfg), cfg.resolved_trusted_proxies)
     downloads = Downloads(guard)
+    kept_results = KeptResults(cfg.session_mb << 20)
     shown = workshop.tabs if workshop is not None else permalinks.TABS
     page_title = f"{workshop.title} · Lens Explorer" if workshop is not None else "Lens Explorer"
-    with gr.Blocks(title=page_title, delete_cache=(Downloads.KEEP_SECONDS, Downloads.KEEP_SECONDS)) as demo:
+    with gr.Blocks(title=page_title, delete_cache=(Downloads.KEEP_SECONDS, Downloads.KEEP_SECONDS)) as demo, \
+            kept.building(kept_results):
         page = _top(service, workshop)
         panel = build_exercise_panel(workshop) if workshop is not None else None
         page["notice"] = gr.Markdown(visible=False, elem_id="link-notice")
         page["note_view"] = gr.Markdown(visible=False, elem_id="link-note")
         page["title"], page["note"] = notes.note_boxes()   # placed by the link below; the lens tabs read the note
-        with gr.Tabs(selected=shown[0], elem_id="tabs") as page["tabs"]:
+        with gr.Tabs(selected=landing_tab(service, shown, workshop), elem_id="tabs") as page["tabs"]:
             parts = {p.name: p for p in (build_lens_tab(LOGIT_TAB, service, guard, downloads, page["note"]),
                                          build_lens_tab(JACOBIAN_TAB, service, guard, downloads, page["note"]),
                                          build_generate_tab(service, guard, downloads),
@@ -120,23 +126,49 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
         def restore(opened_with: str | None):
             return restored(page, parts, service, shown, opened_with)
 
-        runnable = [p for p in parts.values() if p.run is not None and p.name in shown]
+        # The tab the page lands on draws its example first (front.py).
+        runnable = sorted((p for p in parts.values() if p.run is not None and p.name in shown),
+                          key=lambda p: p.name != landing_tab(service, shown, workshop))
         restores = ["tabs", "pending", "notice", "title", "note", "note_view"]
+        # No loading veil over the page while a link is restored (it covered the tabs for seconds on a busy host).
         loaded = demo.load(restore, page["query"], [page[name] for name in restores] + _all_inputs(parts),
-                           js=JS_OPENED_WITH, **PRIVATE)
+                           js=JS_OPENED_WITH, show_progress="hidden", **PRIVATE)
         _then_run(loaded, page["pending"], runnable, service)
         for i, button in enumerate(panel.buttons if panel is not None else []):
             opened = button.click(_open_exercise(workshop, panel, i, restore, usage), None,
                                   [page[name] for name in restores] + _all_inputs(parts) + panel.outputs, **PRIVATE)
             _then_run(opened, page["pending"], runnable, service)
-    return UI(demo, parts, restore, FrontPage(service, runnable), guard)
+    return UI(demo, parts, restore, FrontPage(service, runnable), guard, kept_results)
+
+
+def landing_tab(service, shown, workshop: Workshop | None) -> str:
+    """The tab a page without a link opens on: the two lenses side by side when a Jacobian lens is loaded (the
+    most telling picture: the logit lens reads punctuation in most middle-layer cells of the default model, the
+    Jacobian lens the words it is working toward), else the logit lens; a workshop's first tab."""
+    if workshop is None and service.jlens is not None and "jacobian" in shown:
+        return "jacobian"
+    return shown[0]
+
+
+# The first lines a newcomer reads: what the page is, and where to look first.
+LEDE_BOTH = ("See what a language model is thinking at every layer, before it speaks. Below, two *lenses* read "
+             "the same prompt layer by layer: **look at the middle layers, where they differ**. The Jacobian lens "
+             "often reads the words the model is working toward long before the plain logit lens does. Change "
+             "the prompt and press *Run*; every tab has a *How to read this*.")
+LEDE_LOGIT = ("See what a language model is thinking at every layer, before it speaks. Below, the *logit lens* "
+              "reads a prompt layer by layer: **read a column from the bottom up** to watch the answer form. "
+              "Change the prompt and press *Run*; every tab has a *How to read this*.")
 
 
 def _top(service, workshop: Workshop | None) -> Components:
-    """The heading and the engine's status line."""
-    heading = f"# {md_text(workshop.title)}\nLens Explorer · " if workshop is not None else "# Lens Explorer\n"
-    gr.Markdown(heading + _header(service), elem_id="header")
-    line = status.status_line(service.health())
+    """The heading, the lede (without a workshop: its own text leads), the model line and the status line."""
+    if workshop is not None:
+        gr.Markdown(f"# {md_text(workshop.title)}\nLens Explorer · " + _header(service), elem_id="header")
+    else:
+        lede = LEDE_BOTH if landing_tab(service, permalinks.TABS, None) == "jacobian" else LEDE_LOGIT
+        gr.Markdown(f"# Lens Explorer\n{lede}", elem_id="header")
+        gr.Markdown(_header(service), elem_id="model-line", elem_classes=["model-line"])
+    line = status.status_line(service.status())
     return {"banner": gr.Markdown(line, visible=bool(line), elem_id="engine-status"), "pending": gr.State("")}
 
 
@@ -156,16 +188,22 @@ def _link_row(title: gr.Textbox, note: gr.Textbox) -> Components:
 
 
 def _wire_status(service, banner: gr.Markdown, parts: dict[str, TabParts]) -> None:
-    """The status line, and every run button enabled only while the engine can serve."""
+    """The status line, and every run button enabled only while the engine can serve. Each open page asks every
+    POLL_SECONDS; while its line stays the same nothing is sent back (no redraw in the visitor's browser), and
+    what it reads is two counters (`LensService.status`)."""
     buttons = [p.run_button for p in parts.values() if p.run_button is not None]
 
-    def poll():
-        h = service.health()
+    synced = gr.State(False)          # this page's buttons have been set once
+
+    def poll(shown: str, was_synced: bool):
+        h = service.status()
         line = status.status_line(h)
-        return {banner: gr.Markdown(line, visible=bool(line)),
+        if was_synced and line == (shown or ""):
+            return {banner: gr.skip(), synced: gr.skip(), **{b: gr.skip() for b in buttons}}
+        return {banner: gr.Markdown(line, visible=bool(line)), synced: True,
                 **{b: gr.Button(interactive=status.is_ready(h)) for b in buttons}}
 
-    gr.Timer(status.POLL_SECONDS).tick(poll, None, [banner, *buttons], queue=False, **PRIVATE)
+    gr.Timer(status.POLL_SECONDS).tick(poll, [banner, synced], [banner, synced, *buttons], queue=False, **PRIVATE)
 
 
 def _wire_links(parts: dict[str, TabParts], page: Components) -> None:
@@ -230,7 +268,7 @@ def run_pending(p: TabParts, service, values: dict, request: gr.Request = None) 
         return {}
     if pending != FRONT:
         return p.run(values, request=request)
-    if service.health().get("state") == "down":   # the status line says so once, not a failure per tab
+    if service.status()["state"] == "down":   # the status line says so once, not a failure per tab
         return {}
     with not_counted():                      # the example every visit draws: nobody's choice, not counted
         out = p.run(values, request=request)
@@ -255,4 +293,4 @@ def _header(service) -> str:
             f"{md_text(info.backend)} ({info.dtype}) · {lens}")
 
 
-__all__ = ["CSS", "HEAD", "UI", "LinkPrefetch", "build_app", "build_ui", "check_links"]
+__all__ = ["CSS", "HEAD", "UI", "LinkPrefetch", "build_app", "build_ui", "check_links", "sessions"]

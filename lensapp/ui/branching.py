@@ -24,6 +24,7 @@ from ..service import GenerateRequest, parsers
 from ..service import fields as f
 from ..service.field import RequestError
 from .decisions import draw_strip
+from .kept import kept_state
 from .tabs import build_chart, md_text, warn
 
 HOW_TO = ("Click a generated token to see what else the model could have said there, at the output and at a "
@@ -42,16 +43,20 @@ def build_branch_panel(n_layers: int) -> dict[str, gr.components.Component]:
         with gr.Row():
             out["branch_layer"] = gr.Dropdown(list(range(n_layers)), value=2 * n_layers // 3,
                                               label="Alternatives at layer", elem_id="branch-layer", scale=1)
-            out["branch_word"] = gr.Textbox(label="…or put this token there (its exact text, or #ID)",
+            out["branch_word"] = gr.Textbox(label="…or put this word there (as it would follow the text, or #ID)",
                                             elem_id="branch-word", scale=3)
             out["branch_force"] = gr.Button("Branch", size="sm", scale=0, min_width=90, elem_id="branch-force")
-        out["branch_alternatives"] = gr.Radio([], label="Pick a token to put there", elem_id="branch-alternatives")
+        # What has nothing to show yet is hidden until it has: the alternatives until a token is clicked, the
+        # branches' list, choice and charts until a branch exists (no empty frames on a first view).
+        out["branch_alternatives"] = gr.Radio([], label="Pick a token to put there", elem_id="branch-alternatives",
+                                              visible=False)
         out["branch_listing"] = gr.Markdown(elem_id="branch-listing")
-        out["branch_shown"] = gr.Radio([], label="Show beside the generation", elem_id="branch-shown")
+        out["branch_shown"] = gr.Radio([], label="Show beside the generation", elem_id="branch-shown", visible=False)
         for name in ("heatmap", "strip", "divergence"):
-            out[f"branch_{name}"] = gr.Plot(elem_id=f"branch-{name}", elem_classes=["lens-plot"], show_label=False)
-        out["branch_results"] = gr.State([])
-        out["req"] = gr.State()           # the request the generation on the page answered (its branches')
+            out[f"branch_{name}"] = gr.Plot(elem_id=f"branch-{name}", elem_classes=["lens-plot"], show_label=False,
+                                            visible=False)
+        out["branch_results"] = kept_state(empty=[])
+        out["req"] = kept_state()           # the request the generation on the page answered (its branches')
     return out
 
 
@@ -90,22 +95,23 @@ def panel_updates(gen, results: list, show: int | None = None, rule: str = "top1
             "branch_source": gr.Radio(choices=[("the generation", TRUNK)] + [(lab, i) for i, lab in enumerate(labels)],
                                       value=TRUNK),
             "branch_step": gr.Radio(choices=step_choices(gen), value=None),
-            "branch_alternatives": gr.Radio(choices=[], value=None),
+            "branch_alternatives": gr.Radio(choices=[], value=None, visible=False),
             "branch_listing": listing(gen, results, labels),
             "branch_shown": gr.Radio(choices=[(lab, i) for i, lab in enumerate(labels)],
-                                     value=show if results else None),
+                                     value=show if results else None, visible=bool(results)),
             **drawn(gen, results, show, rule)}
 
 
 def drawn(gen, results: list, show: int, rule: str = "top1") -> dict:
     """Branch `show`'s heatmap, strip and divergence beside the generation (nothing where there is none)."""
     if gen is None or not 0 <= show < len(results):
-        return dict.fromkeys(SHOWN)
+        return {name: gr.Plot(None, visible=False) for name in SHOWN}
     branch = results[show]
     lens = gen.lens_names[0]
     divergence = build_chart(charts.branch_divergence, gen, branch, lens) if parting(gen, branch) is not None else None
-    return {"branch_heatmap": build_chart(charts.generation_heatmap, branch, lens),
-            "branch_strip": draw_strip(branch, rule)[0], "branch_divergence": divergence}
+    return {"branch_heatmap": gr.Plot(build_chart(charts.generation_heatmap, branch, lens), visible=True),
+            "branch_strip": gr.Plot(draw_strip(branch, rule)[0], visible=True),
+            "branch_divergence": gr.Plot(divergence, visible=divergence is not None)}
 
 
 # -- what the panel's events call (values by name -> updates by name) ---------------------------------------------
@@ -120,7 +126,8 @@ def show(guard, values: dict, request: gr.Request = None) -> dict:
 def branch_label(gen, branch, i: int) -> str:
     step, token = branch.forced[-1]
     was = gen.tokens[step] if step < len(gen.tokens) else "…"
-    return f"branch {i + 1}: step {step}, {charts.show_token(was)} → {charts.show_token(branch.tokens[step])}"
+    now = f"{charts.show_token(branch.tokens[step])} (#{token})"
+    return f"branch {i + 1}: step {step}, {charts.show_token(was)} → {now}"
 
 
 def listing(gen, results: list, labels: list[str]) -> str:
@@ -159,7 +166,7 @@ def pick_source(guard, values: dict, request: gr.Request = None) -> dict:
     def choices():
         origin, _ = source_of(values["state"], values["branch_results"] or [], values["branch_source"])
         return {"branch_step": gr.Radio(choices=step_choices(origin), value=None),
-                "branch_alternatives": gr.Radio(choices=[], value=None)}
+                "branch_alternatives": gr.Radio(choices=[], value=None, visible=False)}
     return guard.ui(request, choices)
 
 
@@ -174,7 +181,7 @@ def alternatives_at(gen, results, source, step, layer):
     """A clicked token's alternatives: the readout's top-k at the output (the deepest layer read) and at `layer`."""
     origin, _ = source_of(gen, results, source)
     if origin is None or not isinstance(step, int) or not 0 <= step < len(origin.steps):
-        return gr.Radio(choices=[], value=None)
+        return gr.Radio(choices=[], value=None, visible=False)
     readout = origin.steps[step].readout
     lens = "logit" if "logit" in readout.lenses else next(iter(readout.lenses))
     r = readout.lenses[lens]
@@ -190,7 +197,7 @@ def alternatives_at(gen, results, source, step, layer):
     chosen = origin.token_ids[step]
     return gr.Radio(choices=[(f"{charts.show_token(decode[t])}  ({', '.join(w)})" + (" · the one taken" if t == chosen
                                                                                    else ""), f"#{t}")
-                             for t, w in seen.items()], value=None)
+                             for t, w in seen.items()], value=None, visible=True)
 
 
 def grow(service, guard, token_from: str, values: dict, request: gr.Request = None) -> dict:
@@ -201,8 +208,8 @@ def grow(service, guard, token_from: str, values: dict, request: gr.Request = No
 
 
 def add_branch(service, gen, req, results, source, step, token, rule="top1") -> dict:
-    """Branch `source` at `step` with `token` ('#ID', or the exact text of one token): the new branch joins the
-    page's (a branch the page has already is shown again, not added twice)."""
+    """Branch `source` at `step` with `token` ('#ID', or a word: its first token as it would follow the text there):
+    the new branch joins the page's (a branch the page has already is shown again, not added twice)."""
     if gen is None or req is None:
         raise gr.Error("Generate first: a branch grows from the generation on the page.")
     if not isinstance(step, int):
@@ -210,12 +217,18 @@ def add_branch(service, gen, req, results, source, step, token, rule="top1") -> 
     _, forces = source_of(gen, results, source)
     chain = f.FORCE([*(x for x in forces if x[0] < step), (step, token)])
     branch = service.generate(dataclasses.replace(req, force=chain))
+    say_taken(branch, step)
     chains = [tuple(r.forced) for r in results]
     if tuple(branch.forced) in chains:
         return panel_updates(gen, results, show=chains.index(tuple(branch.forced)), rule=rule)
     if len(chains) >= MAX_BRANCHES:
         raise gr.Error(f"A page holds at most {MAX_BRANCHES} branches; generate again to start afresh.")
     return panel_updates(gen, [*results, branch], rule=rule)
+
+
+def say_taken(branch, step: int) -> None:
+    """Which token a branch put at `step` (a word typed is read as it would follow the text: its first token)."""
+    gr.Info(html.escape(f"Put {charts.show_token(branch.tokens[step])} (#{branch.token_ids[step]}) at step {step}."))
 
 
 # -- the chat ------------------------------------------------------------------------------------------------
@@ -226,9 +239,9 @@ def build_chat_branch() -> dict[str, gr.components.Component]:
         out = {"chat_branch_step": gr.Radio([], label="Click a token of the reply", elem_id="chat-branch-step"),
                "chat_branch_alternatives": gr.Radio([], label="Pick a token to put there (the readout's top-k at "
                                                     "its layer)", elem_id="chat-branch-alternatives"),
-               "chat_branch_word": gr.Textbox(label="…or put this token there (its exact text, or #ID)",
+               "chat_branch_word": gr.Textbox(label="…or put this word there (as it would follow the text, or #ID)",
                                               elem_id="chat-branch-word")}
-    return {**out, "chat_last": gr.State(None)}
+    return {**out, "chat_last": kept_state()}
 
 
 CHAT_UPDATED = ("chat_last", "chat_branch_step", "chat_branch_alternatives")
@@ -268,8 +281,9 @@ def chat_branch(service, last, step, token, shown: list, readout_html) -> dict:
     if not isinstance(step, int):
         raise gr.Error("Click a token of the reply first.")
     branch = service.chat(dataclasses.replace(req, force=f.FORCE([(step, token)])))
+    say_taken(branch, step)
     what = (f"↳ branch at token {step}: {charts.show_token(reply.tokens[step])} → "
-            f"{charts.show_token(branch.tokens[step])}")
+            f"{charts.show_token(branch.tokens[step])} (#{branch.token_ids[step]})")
     shown = shown + [{"role": "assistant", "content": html.escape(branch.text, quote=False) or "(empty reply)",
                       "metadata": {"title": what}},
                      {"role": "assistant", "content": readout_html(branch),

@@ -21,6 +21,7 @@ from ..results import AblateDone, PatchDone, SteerDone
 from ..snippets import intervention_snippet, model_reference
 from .downloads import Downloads
 from .form import Form, add_reading, asked, single_lenses
+from .kept import kept_state
 from .readout import colour_metric
 from .tabs import Components, TabParts, build_chart, how_to, int_or, md_text, on
 from .views import TAB_VIEWS, TabView
@@ -50,6 +51,25 @@ exactly as before.
 """
 
 
+# The fields each kind reads (service/intervening/<kind>.py); while a kind is chosen the others' are hidden. Layer,
+# positions and the reading are every kind's. Some show only for one choice of another field (`WHEN`).
+KIND_FIELDS = {"steer": ("word", "from_word", "direction", "alphas", "objective", "prompt_only"),
+               "ablate": ("word", "from_word", "direction", "ablation", "reference"),
+               "patch": ("source", "source_positions")}
+WHEN = {"objective": ("direction", "fitted"), "reference": ("ablation", "mean")}
+SWITCHES = ("intervention", "direction", "ablation")
+
+
+def fields_shown(values: dict, request: gr.Request = None) -> dict:
+    """Each kind's field shown or hidden for the `SWITCHES`' values (a kind this tab does not know: all shown)."""
+    own = KIND_FIELDS.get(values.get("intervention"), {n for names in KIND_FIELDS.values() for n in names})
+    out = {}
+    for name in {n for names in KIND_FIELDS.values() for n in names}:
+        by, needs = WHEN.get(name, (None, None))
+        out[name] = gr.update(visible=name in own and (by is None or values.get(by) == needs))
+    return out
+
+
 def build_intervene_tab(service, guard, downloads: Downloads, view: TabView = TAB_VIEWS["intervene"]) -> TabParts:
     with gr.Tab("Intervene", id=view.name):
         gr.Markdown("Change what a layer passes on (steer, ablate, patch), then read every lens again: does "
@@ -63,6 +83,8 @@ def build_intervene_tab(service, guard, downloads: Downloads, view: TabView = TA
     parts = {**form.inputs, **outputs}
     run_fn = partial(run, view, service, guard)
     on([run_button.click, form.inputs["prompt"].submit], run_fn, parts, form.inputs, outputs, progress=True)
+    on([parts[name].change for name in SWITCHES], fields_shown, parts, SWITCHES, fields_shown({}).keys(),
+       queue=False)
     on([parts["change"].input, parts["shown_lens"].input], partial(show_change, guard), parts,
        ["state", "change", "shown_lens", "metric"], ["pair", "diff", "by_layer"])
     on(parts["source_table"].select, pick_source, parts, ["state"], ["layer", "source_positions"], select=True)
@@ -71,20 +93,24 @@ def build_intervene_tab(service, guard, downloads: Downloads, view: TabView = TA
 
 
 def _inputs(form: Form, service) -> None:
+    shown = {name: update["visible"] for name, update in fields_shown(form.values).items()}
+
+    def add(name: str, **props):
+        form.add(name, visible=shown.get(name, True), **props)
+
     with gr.Row():
         form.add("prompt", lines=2, max_lines=6, scale=3)
         form.add("intervention", elem_id="intervene-kind")
     with gr.Row():
-        form.add("word")
-        form.add("from_word", elem_id="intervene-from")
-        form.add("layer", label=f"Layer or span (L or L-L2; this model: 0..{service.info.n_layers - 1})")
-        form.add("positions")
+        add("word")
+        add("from_word", elem_id="intervene-from")
+        add("source", scale=3)
+        add("source_positions")
+        add("layer", label=f"Layer or span (L or L-L2; this model: 0..{service.info.n_layers - 1})")
+        add("positions")
     with gr.Row():
         for name in ("alphas", "direction", "objective", "ablation"):
-            form.add(name)
-    with gr.Row():
-        form.add("source", scale=3)
-        form.add("source_positions")
+            add(name)
     with gr.Accordion("Reading and generating", open=False):
         with gr.Row():
             add_reading(form, layers="Layers read", targets="More target words (comma-separated)")
@@ -93,8 +119,8 @@ def _inputs(form: Form, service) -> None:
             form.add("new_tokens")
             form.add("temperature", label="Temperature")
             form.add("seed", label="Seed (empty: 0)")
-            form.add("prompt_only")
-            form.add("reference")
+            add("prompt_only")
+            add("reference")
             form.add("chat", label="Wrap in the chat template")
             form.add("raw", info=None)
             form.rest()
@@ -110,9 +136,9 @@ def _outputs(view: TabView, service, downloads: Downloads) -> Components:
                                      elem_id="intervene-shown-lens")
     out["pair"] = gr.Plot(elem_id="intervene-pair", elem_classes=["lens-plot"], show_label=False)
     out["diff"] = gr.Plot(elem_id="intervene-diff", elem_classes=["lens-plot"], show_label=False)
-    with gr.Row():
-        out["dose"] = gr.Plot(elem_id="intervene-dose", elem_classes=["lens-plot"], show_label=False, visible=False)
-        out["by_layer"] = gr.Plot(elem_id="intervene-by-layer", elem_classes=["lens-plot"], show_label=False)
+    # One under the other: side by side, each had half the width and the wider was cut off at the right edge.
+    out["dose"] = gr.Plot(elem_id="intervene-dose", elem_classes=["lens-plot"], show_label=False, visible=False)
+    out["by_layer"] = gr.Plot(elem_id="intervene-by-layer", elem_classes=["lens-plot"], show_label=False)
     out["generated"] = gr.Markdown(elem_id="intervene-generated")
     with gr.Accordion("Patch: pick the cells", open=False, visible=False) as out["picker"]:
         gr.Markdown("Click a cell of the source's table to copy from its position (at its layer); click a "
@@ -121,7 +147,7 @@ def _outputs(view: TabView, service, downloads: Downloads) -> Components:
                                            interactive=False, wrap=True, elem_id="intervene-source-table")
         out["target_table"] = gr.Dataframe(label="Target: top-1 by layer and position, before", interactive=False,
                                            wrap=True, elem_id="intervene-target-table")
-    out["state"] = gr.State()
+    out["state"] = kept_state()
     out.update(downloads.buttons("intervention", out["state"]))
     with gr.Accordion("Show the code", open=False):
         out["code"] = gr.Code(language="python", interactive=False, elem_id="intervene-code")
