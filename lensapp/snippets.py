@@ -152,7 +152,16 @@ POSITIONS = {positions!r}          # the prompt positions changed (None: all)
 WORD = {word!r}
 model = TransformersModel(MODEL, task="text-generation", dispatch=True)
 blocks, norm, head = model.{blocks}, model.{norm}._module, model.{head}._module
-target = model.tokenizer(" " + WORD.strip(), add_special_tokens=False).input_ids[0]
+
+
+def token(word, context):
+    """The first token `word` adds after `context`, as the model would write it there (the app's rule for every
+    word: a space between them, the tokens of context + word past the context's own)."""
+    before = model.tokenizer(context, add_special_tokens=False).input_ids
+    return model.tokenizer(context + " " + word.strip(), add_special_tokens=False).input_ids[len(before)]
+
+
+target = token(WORD, PROMPT)
 
 
 def stream(out):
@@ -294,7 +303,12 @@ def frozen(norm, h):
 
 
 def token(word):
-    return model.tokenizer(" " + word.strip(), add_special_tokens=False).input_ids[0]
+    """The first token `word` adds after the prompt up to POSITION, as the model would write it there (the app's
+    rule for every word: a space between them, the tokens of context + word past the context's own)."""
+    tok = model.tokenizer
+    context = tok.decode(tok(PROMPT, add_special_tokens=False).input_ids[:POSITION + 1 or None])
+    before = tok(context, add_special_tokens=False).input_ids
+    return tok(context + " " + word.strip(), add_special_tokens=False).input_ids[len(before)]
 
 
 norm, W_U = model.{norm}._module, model.{head}._module.weight
