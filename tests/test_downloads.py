@@ -120,6 +120,7 @@ def save(page, tab: str) -> dict:
 def test_every_tab_saves_its_csv_and_json_built_on_click(page, tiny_url, tiny_service):
     page.goto(tiny_url)
     n = tiny_service.info.n_layers
+    page.get_by_role("tab", name="Logit lens").first.click()                      # it lands on both lenses
     page.wait_for_selector("#logit-heatmap svg.marks", timeout=RUN_TIMEOUT)      # the front page's example
     logit = save(page, "logit")
     assert logit["csv"][0][:3] == ["lens", "layer", "position"] and logit["json"]["layers"] == list(range(n))

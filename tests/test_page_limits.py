@@ -100,6 +100,7 @@ def tiny_url(tiny_service):
 def test_a_megabyte_note_typed_past_the_box_is_refused_on_the_page(page, tiny_url):
     """The box stops at MAX_NOTE_CHARS; a page script that sets its value anyway still gets one line."""
     page.goto(tiny_url)
+    page.get_by_role("tab", name="Logit lens").first.click()                     # it lands on both lenses
     page.wait_for_selector("#logit-heatmap svg.marks", timeout=120_000)         # the front page's example
     page.eval_on_selector("#link-note-text textarea", """(box, n) => {
         box.removeAttribute("maxlength");

@@ -99,7 +99,7 @@ def n_tokens(embedded_dir, text: str) -> int:
 def test_page_loads(page, app_url):
     open_app(page, app_url)
     assert page.title() == "Test workshop · Lens Explorer"                # the app runs tests/data/workshop.yaml
-    assert "SmolLM2-135M-Instruct" in page.inner_text("#model-line")
+    assert "SmolLM2-135M-Instruct" in page.inner_text("#header")
     for name in ("Logit lens", "Jacobian lens", "Generation"):
         assert page.get_by_role("tab", name=name).count() == 1
     assert page.get_by_role("tab", name="Logit lens").get_attribute("aria-selected") == "true"

@@ -38,6 +38,8 @@ def wait_plot(page, elem_id: str) -> None:
 
 def test_the_front_page_draws_every_tab_and_the_link_follows_by_name(page, tiny_url):
     page.goto(tiny_url)
+    wait_plot(page, "jacobian-heatmap")                            # it lands on both lenses (a J lens is loaded)
+    page.get_by_role("tab", name="Logit lens").first.click()
     wait_plot(page, "logit-heatmap")
     box(page, "logit-k").fill("3")
     box(page, "logit-k").press("Tab")

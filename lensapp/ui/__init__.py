@@ -203,7 +203,10 @@ def _wire_status(service, banner: gr.Markdown, parts: dict[str, TabParts]) -> No
         return {banner: gr.Markdown(line, visible=bool(line)), synced: True,
                 **{b: gr.Button(interactive=status.is_ready(h)) for b in buttons}}
 
-    gr.Timer(status.POLL_SECONDS).tick(poll, [banner, synced], [banner, synced, *buttons], queue=False, **PRIVATE)
+    # No progress shown: each tick would otherwise set every output's loading state, a walk of the page's whole
+    # component tree in the visitor's browser every POLL_SECONDS.
+    gr.Timer(status.POLL_SECONDS).tick(poll, [banner, synced], [banner, synced, *buttons], queue=False,
+                                       show_progress="hidden", **PRIVATE)
 
 
 def _wire_links(parts: dict[str, TabParts], page: Components) -> None:

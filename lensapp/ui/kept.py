@@ -52,7 +52,8 @@ class KeptResults:
         self._values: dict[int, list] = {}                          # id -> [value, bytes, handles naming it]
         self._lock = threading.Lock()
         self.bytes = 0
-        self.expired = 0
+        self.expired = 0            # reads of a handle no longer kept
+        self.evicted = 0            # handles let go to stay within the bounds
 
     def keep(self, value) -> str | None:
         """A new handle for `value` (None for None: nothing to keep)."""
@@ -92,11 +93,12 @@ class KeptResults:
     def stats(self) -> dict:
         with self._lock:
             return {"handles": len(self._handles), "values": len(self._values), "bytes": self.bytes,
-                    "max_bytes": self.max_bytes, "expired": self.expired}
+                    "max_bytes": self.max_bytes, "expired": self.expired, "evicted": self.evicted}
 
     def _evict(self) -> None:
         while self._handles and (self.bytes > self.max_bytes or len(self._handles) > self.max_handles):
             self._forget(next(iter(self._handles)))
+            self.evicted += 1
 
     def _forget(self, handle: str) -> None:
         key = self._handles.pop(handle, None)
