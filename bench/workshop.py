@@ -15,6 +15,14 @@ two cores):
   fit       2 steer with a fitted vector (the fitting desk: one at a time, in its own process)
   heavy     1 replays the heaviest request the app accepts (the first of a descending list it does)
 
+With `--hostile`, a hostile crowd beside them (each its own address, 10.77.1.N):
+
+  leaver    4 short sessions, one after another, each opening a distinct long link (the page, whose readout the
+              app may start for it: ui/prefetch.py) and asking for that link's readout once, then leaving
+  crawler   1 walks distinct long links (only the page's GET, five a second), never asking for a readout
+  buster    1 varies a heavy request: a 160-word all-layer lens at k 100, its k, targets and metric changed
+              each time (every one a distinct readout), as fast as it is answered
+
 A person reads an answer before asking again: every visitor but the heavy one pauses a think time drawn
 around `--think` seconds (a link visitor reads for 5 s; a refused one waits REFUSED_PAUSE). `--think 0` is the
 stress case, everyone asking again the moment they have an answer; `--only KIND` runs one kind alone.
@@ -87,7 +95,8 @@ class Visitor:
     def __init__(self, url: str, n: int, kind: str, api: dict | None = None):
         """api: the app's endpoints (`http_visitor.endpoints`) for a browser-light client; None: gradio_client."""
         self.kind, self.n = kind, n
-        headers = {"X-Forwarded-For": f"10.77.0.{n + 1}"}
+        headers = {"X-Forwarded-For": f"10.77.{1 if kind in HOSTILE else 0}.{n + 1}"}
+        self.headers = headers
         if api is None:
             from gradio_client import Client
 
@@ -116,7 +125,18 @@ class Visitor:
         return outcome
 
 
+def long_link_prompt(n: int, i: int) -> str:
+    """A distinct long prompt (about 120 words) for a hostile visitor's link."""
+    return fresh(" ".join((PARAGRAPH * 3).split()[:120]), f"h{n}.{i}")
+
+
 def request_of(kind: str, n: int, i: int, heavy: dict | None) -> dict:
+    if kind == "leaver":
+        return {"api_name": "/lens", "prompt": long_link_prompt(n, i), "lens": "logit", "layers": "all", "k": 5}
+    if kind == "buster":
+        words = " ".join((PARAGRAPH * 3).split()[:160])
+        return {"api_name": "/lens", "prompt": words, "lens": "logit", "layers": "all", "k": 90 + i % 11,
+                "targets": ["Paris", "bread", "river", "school"][i % 4], "metric": ["top1_prob", "entropy"][i % 2]}
     if kind == "link":
         return {"api_name": "/lens", "prompt": EIFFEL, "lens": "logit", "layers": "all", "k": 5, "targets": "Paris"}
     if kind == "short":
@@ -136,10 +156,27 @@ def request_of(kind: str, n: int, i: int, heavy: dict | None) -> dict:
     return dict(heavy)
 
 
-def plan(visitors: int, only: str | None = None) -> list[str]:
+HOSTILE = ["leaver"] * 4 + ["crawler", "buster"]
+
+
+def plan(visitors: int, only: str | None = None, hostile: bool = False) -> list[str]:
     base = ["heavy"] + ["fit"] * 2 + ["sweep"] * 3 + ["generate"] * 5 + ["short"] * 4
-    kinds = (base + ["link"] * max(0, visitors - len(base)))[:visitors]
+    kinds = (base + ["link"] * max(0, visitors - len(base)))[:visitors] + (HOSTILE if hostile else [])
     return [k for k in kinds if only in (None, k)]
+
+
+def open_link(url: str, prompt: str, headers: dict) -> str:
+    """A page's GET of a long lens link (what a browser asks first); "answered" when the page came."""
+    import urllib.request
+    from urllib.parse import quote
+
+    link = f"{url}?v=1&tab=logit&prompt={quote(prompt)}&layers=all&k=5"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(link, headers=headers), timeout=30) as r:
+            r.read()
+            return "answered"
+    except Exception as e:  # noqa: BLE001 - what the visitor heard is the measure
+        return f"lost: {' '.join(str(e).split()).lower()[:60]}"
 
 
 def choose_heavy(url: str, api: dict | None) -> dict:
@@ -162,7 +199,7 @@ def memory_mb(pid: int) -> float:
 
 
 def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENESS, think: float = THINK_S,
-        only: str | None = None, client: str = "http") -> dict:
+        only: str | None = None, client: str = "http", hostile: bool = False) -> dict:
     url, pid = app.url, app.proc.pid if app.proc is not None else None
     api = endpoints(url) if client == "http" else None
     alone = Visitor(url, 240, "alone", api)
@@ -177,7 +214,7 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
             peak[0] = max(peak[0], memory_mb(pid))
             time.sleep(1)
 
-    kinds = plan(visitors, only)
+    kinds = plan(visitors, only, hostile)
     with multiprocessing.Manager() as manager, ProcessPoolExecutor(len(kinds)) as pool:
         # Every visitor's process starts and makes its client first (thirty interpreters importing gradio_client
         # at once hold both cores for seconds, which thirty browsers elsewhere would not), then all begin at once.
@@ -195,7 +232,8 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
            "machine_s": round(seconds * psutil.cpu_count()), "visitors_niceness": niceness}
     lost_at = sorted(round(t - start) for v in crowd for t in v.lost_at)
     return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds) | {
-        "cpu": cpu, "lost_at_s": lost_at, "think_s": think, "only": only, "client": client}
+        "cpu": cpu, "lost_at_s": lost_at, "think_s": think, "only": only, "client": client, "hostile": hostile,
+        "prefetched": end_health.get("prefetch", {}), "sessions": end_health.get("sessions", {})}
 
 
 def settle(pid: int | None, quiet: float = 0.15, most: float = 180.0) -> None:
@@ -216,9 +254,16 @@ def visit(url: str, n: int, kind: str, heavy: dict, ready, seconds: float, nicen
     ready.wait(timeout=600)
     until, before = time.time() + seconds, cpu_of_this_process()
     while time.time() < until:
+        if kind in ("crawler", "leaver"):           # the page's GET of a distinct long link first
+            page = open_link(url, long_link_prompt(n, i), v.headers)
+            v.outcomes["page " + page] += 1
+            if kind == "crawler":
+                i += 1
+                time.sleep(0.2)
+                continue
         outcome = v.ask(**request_of(kind, n, i, heavy))
         i += 1
-        if kind == "link":
+        if kind in ("link", "leaver"):
             time.sleep(5)
         elif outcome == "refused":
             time.sleep(REFUSED_PAUSE)
@@ -268,7 +313,9 @@ def main() -> int:
                         help="the visitors' processes' niceness (0: they compete with the app for its cores)")
     parser.add_argument("--think", type=float, default=THINK_S,
                         help="a person's mean seconds reading an answer before asking again (0: at once)")
-    parser.add_argument("--only", choices=["link", "short", "generate", "sweep", "fit", "heavy"],
+    parser.add_argument("--hostile", action="store_true",
+                        help="add the hostile crowd: short sessions on distinct long links, a crawler, a buster")
+    parser.add_argument("--only", choices=["link", "short", "generate", "sweep", "fit", "heavy", *set(HOSTILE)],
                         help="run only this kind of visitor (of those --visitors plans)")
     parser.add_argument("--client", choices=["http", "gradio"], default="http",
                         help="the visitors' client: a browser-light one (http_visitor.py) or gradio_client")
@@ -276,7 +323,7 @@ def main() -> int:
     app = App(None, extra=["--trusted-proxies", "1"])
     try:
         out = run(app, args.visitors, args.minutes * 60, args.visitor_niceness, args.think, args.only,
-                  args.client)
+                  args.client, args.hostile)
     finally:
         app.close()
     for key, value in out.items():
