@@ -20,8 +20,8 @@ With `--hostile`, a hostile crowd beside them (each its own address, 10.77.1.N):
   leaver    4 short sessions, one after another, each opening a distinct long link (the page, whose readout the
               app may start for it: ui/prefetch.py) and asking for that link's readout once, then leaving
   crawler   1 walks distinct long links (only the page's GET, five a second), never asking for a readout
-  buster    1 varies a heavy request: a 160-word all-layer lens at k 100, its k, targets and metric changed
-              each time (every one a distinct readout), as fast as it is answered
+  buster    1 varies a heavy request: a 160-word all-layer lens at k 90-100, its k and target changed each
+              time (every one a distinct readout), as fast as it is answered
 
 A person reads an answer before asking again: every visitor but the heavy one pauses a think time drawn
 around `--think` seconds (a link visitor reads for 5 s; a refused one waits REFUSED_PAUSE). `--think 0` is the
@@ -136,7 +136,7 @@ def request_of(kind: str, n: int, i: int, heavy: dict | None) -> dict:
     if kind == "buster":
         words = " ".join((PARAGRAPH * 3).split()[:160])
         return {"api_name": "/lens", "prompt": words, "lens": "logit", "layers": "all", "k": 90 + i % 11,
-                "targets": ["Paris", "bread", "river", "school"][i % 4], "metric": ["top1_prob", "entropy"][i % 2]}
+                "targets": ["Paris", "bread", "river", "school"][i % 4]}
     if kind == "link":
         return {"api_name": "/lens", "prompt": EIFFEL, "lens": "logit", "layers": "all", "k": 5, "targets": "Paris"}
     if kind == "short":
