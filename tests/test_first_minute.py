@@ -7,7 +7,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 import pytest
-from test_ui_browser import wait_plot
+from test_ui_browser import open_tab, wait_plot
 from tiny_app import served
 
 from lensapp.config import Config
@@ -33,17 +33,6 @@ def visit(browser, url: str, width: str, query: str = ""):
     page.goto(url + (f"?{query}" if query else ""))
     page.wait_for_selector("#tabs [role=tab]", timeout=60_000)
     return page
-
-
-def open_tab(page, name: str) -> None:
-    """A tab by its name, from the overflow menu where a phone folds it."""
-    button = page.get_by_role("tab", name=name).first
-    if not button.is_visible():
-        page.locator(".overflow-dropdown button, .overflow-menu button").first.click()
-        button = page.locator(".overflow-dropdown button", has_text=name).first
-    button.click()
-    page.wait_for_function(f"() => [...document.querySelectorAll('[role=tab]')].some(t => t.innerText.trim() === "
-                           f"{name!r} && t.getAttribute('aria-selected') === 'true')", timeout=30_000)
 
 
 def svg_texts(page, plot: str) -> list[str]:

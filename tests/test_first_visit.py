@@ -8,7 +8,7 @@ import urllib.request
 
 from conftest import WORKSHOP
 from test_serving import health, ready
-from test_ui_browser import cells, field, n_tokens, open_app, shot, wait_plot
+from test_ui_browser import cells, field, n_tokens, open_app, open_tab, shot, wait_plot
 
 from lensapp import workshop as workshops
 
@@ -102,13 +102,7 @@ def test_a_phone_reaches_every_control(phone, app_url):
         assert box["x"] >= 0 and box["x"] + box["width"] <= width + 1, (selector, box)
     shot(phone, "phone")
     for tab in FRONT_PLOTS:
-        button = phone.get_by_role("tab", name=tab).first
-        if not button.is_visible():
-            phone.locator(".overflow-dropdown button, .overflow-menu button").first.click()
-            button = phone.locator(".overflow-dropdown button", has_text=tab).first
-        button.click()
-        phone.wait_for_function(f"() => [...document.querySelectorAll('[role=tab]')].some(t => t.innerText.trim() "
-                                f"=== {tab!r} && t.getAttribute('aria-selected') === 'true')", timeout=30_000)
+        open_tab(phone, tab)
     phone.get_by_role("tab", name="Logit lens").first.click()
     phone.locator("#logit-prompt textarea").focus()
     for _ in range(40):                                              # the keyboard alone reaches the button

@@ -73,6 +73,17 @@ def wait_plot(page, plot: str) -> None:
                     f"toasts: {toasts}\npage errors: {page.errors}\napp log:\n{log}")
 
 
+def open_tab(page, name: str) -> None:
+    """A tab by its name, from the overflow menu where a phone folds it."""
+    button = page.get_by_role("tab", name=name).first
+    if not button.is_visible():
+        page.locator(".overflow-dropdown button, .overflow-menu button").first.click()
+        button = page.locator(".overflow-dropdown button", has_text=name).first
+    button.click()
+    page.wait_for_function(f"() => [...document.querySelectorAll('[role=tab]')].some(t => t.innerText.trim() === "
+                           f"{name!r} && t.getAttribute('aria-selected') === 'true')", timeout=30_000)
+
+
 def playwright_errors():
     import playwright.sync_api
 
