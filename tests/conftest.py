@@ -23,7 +23,7 @@ from lensapp import config
 
 config.prepare_process_environment()
 
-CACHE = Path(os.environ.get("LENSAPP_CACHE_DIR") or config.Config().resolved_cache_dir)
+CACHE = Path(os.environ.get("LENSAPP_CACHE_DIR") or config.resolve_cache_dir(config.Config()))
 REPO = Path(__file__).resolve().parents[1]
 J_LAYERS = [0, 4, 8, 12, 16, 20, 24, 28]      # the running app's random Jacobian lens
 WORKSHOP = REPO / "tests" / "data" / "workshop.yaml"     # the running app's workshop
@@ -327,6 +327,6 @@ def pytest_collection_modifyitems(items):
         names = set(getattr(item, "fixturenames", ()))
         if names & {"vllm_service", "app_url"} or item.get_closest_marker("engine") or "real_engine" in item.name:
             item.add_marker(pytest.mark.engine)
-        if names & {"app_url", "page", "phone"}:
+        if names & {"app_url", "page", "phone", "browser"}:     # any test that drives Chromium
             item.add_marker(pytest.mark.browser)
     items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
