@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     parser.add_argument("--starts", type=int, default=2, help="page starts of each kind (0: none)")
     args = parser.parse_args(argv)
     config.prepare_process_environment()
-    cache = str(config.Config().resolved_cache_dir)
+    cache = str(config.resolve_cache_dir(config.Config()))
     results: dict = {"bench": "engine_service"}
 
     results["start_in_process"] = [one_start(cache) for _ in range(args.starts)]

@@ -73,11 +73,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     config.prepare_process_environment()
     import torch
+    from residuals import read_residuals
 
     from lensapp.engine.run.families import FAMILIES, find
     from lensapp.engine.run.hf_backend import TransformersBackend
     from lensapp.engine.run.protocol import JStack, ModelInfo
-    from lensapp.engine.run.trace import read_residuals
     from lensapp.lenses import FinalDistribution, layer_readouts
     from lensapp.service import planning
 

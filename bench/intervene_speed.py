@@ -40,7 +40,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from lensapp.engine.run.protocol import Edit
+    from lensapp.engine.run.edit import Edit
     from lensapp.service import InterveneRequest, LensService, planning
 
     service = LensService.start(config.Config(cache_entries=0, jlens="none"))

@@ -26,9 +26,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 DEFAULT_CORPORA = ("general", "fortunes")
 
+from residuals import read_residuals  # noqa: E402
+
 from lensapp import config, corpus, fitting, jlens  # noqa: E402
 from lensapp.engine.run.families import Layout, find, hf_logits  # noqa: E402
-from lensapp.engine.run.trace import read_residuals  # noqa: E402
 from lensapp.engine.start.loading import ModelError, load_hf_model  # noqa: E402
 from lensapp.lenses import FinalDistribution, layer_readouts  # noqa: E402
 

@@ -70,8 +70,9 @@ def plain_body(model, layout):
 
 def floor_body(model, layout, head, n, d, k):
     """The last layer's residual repeated for every layer, through the head in ROW_CHUNK rows, with top-k."""
+    from residuals import read_residuals
+
     from lensapp.engine.run.families import final_norm
-    from lensapp.engine.run.trace import read_residuals
     from lensapp.lenses import ROW_CHUNK
 
     x = final_norm(model, layout)(read_residuals(model, layout, [n - 1], d)[0]).repeat(n, 1)
@@ -80,8 +81,9 @@ def floor_body(model, layout, head, n, d, k):
 
 def naive_body(model, layout, head, n, d):
     """Every layer's full-vocab probabilities, shipped to the host."""
+    from residuals import read_residuals
+
     from lensapp.engine.run.families import final_norm
-    from lensapp.engine.run.trace import read_residuals
 
     h = read_residuals(model, layout, range(n), d)
     return [head(model, final_norm(model, layout)(h[i])).float().softmax(-1) for i in range(n)]

@@ -37,7 +37,7 @@ def random_llama(folder: Path, layers: int, d_model: int) -> Path:
 
     from lensapp.engine.start.embedded import embedded_model_dir
 
-    tok = AutoTokenizer.from_pretrained(embedded_model_dir(config.Config().resolved_cache_dir / "models"))
+    tok = AutoTokenizer.from_pretrained(embedded_model_dir(config.resolve_cache_dir(config.Config()) / "models"))
     torch.manual_seed(0)
     heads = d_model // 64
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=d_model, intermediate_size=3 * d_model,

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
 
         def alone(i):
             prefix = ids + trunk.token_ids[:args.step] + [candidates[i + 1]]
-            spec = dataclasses.replace(service._plan_generate(req).specs[0], input_ids=tuple(prefix))
+            spec = dataclasses.replace(service.generator.plan(req).specs[0], input_ids=tuple(prefix))
             return service.engine.generate(spec, Sampling(n_new))
 
         plan = service.describer.plan(DescribeRequest(prompt=DESCRIBED, layer="all", position=4,
@@ -85,8 +85,8 @@ def main(argv=None) -> int:
         runs = {
             "branch": branch,
             "alone": alone,
-            "sweep": lambda i: service.describer._describe(sweep_req, plan),
-            "sequential": lambda i: [service.describer._describe(
+            "sweep": lambda i: service.describer.describe(sweep_req, plan),
+            "sequential": lambda i: [service.describer.describe(
                 dataclasses.replace(sweep_req, layer=str(p.layers[0])), p) for p in ones],
         }
         got = {}

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         if args.warm_only:
             from lensapp import config
 
-            cache = str(config.Config().resolved_cache_dir)
+            cache = str(config.resolve_cache_dir(config.Config()))
         else:
             results["cold"] = one_start(cache)
         results["warm"] = [one_start(cache) for _ in range(args.repeats)]

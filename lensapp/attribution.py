@@ -1,7 +1,7 @@
 """Direct logit attribution and attention patterns, as tensor math.
 
 Pure functions of torch tensors, like `lenses`: nothing here knows a model, a backend or a tokenizer. The
-engine calls them inside a request's trace (`engine/run/components.py`) on what it read there.
+engine calls them inside a request's trace (`engine/run/components_trace.py`) on what it read there.
 
 The residual at the last block is a sum of parts: h = embed + sum_l (attn_l + mlp_l). The final norm is
 not linear, but with its scale frozen at the actual final residual it is affine:

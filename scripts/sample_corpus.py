@@ -78,13 +78,14 @@ def main(argv=None) -> int:
 
     path, name = resolve_model(cfg)
     # The engine's vLLM (on CPU: its worker adapter, whose seeded sampling survives batching), synchronous here.
-    if cfg.resolved_device == "cpu":
+    on_cpu = config.resolve_device(cfg) == "cpu"
+    if on_cpu:
         from lensapp.engine.start.vllm_cpu import CPUVLLM as VLLM
     else:
         from nnsight.modeling.vllm import VLLM
     # On CPU an explicit KV cache (1 GB): a share of the node's memory can come to nothing (engine/start/memory.py).
-    memory = {"kv_cache_memory_bytes": 1 << 30} if cfg.resolved_device == "cpu" else {"gpu_memory_utilization": 0.85}
-    model = VLLM(path, dispatch=True, dtype=cfg.resolved_dtype, max_model_len=1024, enable_prefix_caching=False,
+    memory = {"kv_cache_memory_bytes": 1 << 30} if on_cpu else {"gpu_memory_utilization": 0.85}
+    model = VLLM(path, dispatch=True, dtype=config.resolve_dtype(cfg), max_model_len=1024, enable_prefix_caching=False,
                  **memory)
     llm, tok = model.vllm_entrypoint, model.tokenizer
     prompts, params = [], []

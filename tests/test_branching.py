@@ -54,7 +54,7 @@ def trunk(tiny_service):
 
 def continuation_of(service, ids: list[int], n: int, temperature: float = 0.0, seed=None) -> GenerationResult:
     """The generation of `ids` itself (every position read), straight from the engine."""
-    plan = service._plan_generate(GenerateRequest(prompt=PROMPT, max_tokens=1, layers="all", k=5))
+    plan = service.generator.plan(GenerateRequest(prompt=PROMPT, max_tokens=1, layers="all", k=5))
     spec = dataclasses.replace(plan.specs[0], input_ids=tuple(ids))
     out = service.engine.generate(spec, Sampling(n, temperature, seed))
     return GenerationResult.from_output(out, prompt=PROMPT, ids=ids, layers=plan.layers,

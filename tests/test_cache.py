@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from lensapp.results.lens import LensReadout, LensResult, TargetScore
+from lensapp.results.lens import LensResult
+from lensapp.results.readout import LensReadout, TargetScore
 from lensapp.service.cache import ResultCache, approx_bytes
 
 

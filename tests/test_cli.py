@@ -96,7 +96,7 @@ def test_serve_on_a_port_in_use_says_so_in_one_line_before_starting_the_engine(c
     import socket
     import time
 
-    from lensapp import server
+    from lensapp import shell
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -107,4 +107,4 @@ def test_serve_on_a_port_in_use_says_so_in_one_line_before_starting_the_engine(c
         assert time.perf_counter() - t < 10
         assert code == 2 and out == ""
         assert err.strip() == f"error: port {port} on 127.0.0.1 is in use (another app?); choose another with --port"
-    assert server.listen_problem("127.0.0.1", port) is None       # free again once its owner closed it
+    shell.listen("127.0.0.1", port).close()       # free again once its owner closed it (else shell.ListenError)

@@ -7,8 +7,9 @@ import runpy
 import numpy as np
 import pytest
 
-from lensapp import config, snippets
+from lensapp import config
 from lensapp.service import GenerateRequest, LensRequest, RequestError
+from lensapp.snippets.lens import lens_snippet
 
 A, B = "The capital of France is", "The Eiffel Tower is located in the city of"
 
@@ -55,8 +56,8 @@ def test_the_code_snippet_reproduces_the_apps_top1(vllm_service, tmp_path):
     """'Show the code' (TransformersModel form) run as a script agrees with the app's engine."""
     layers = [5, 20, 29]
     model = vllm_service.model
-    code = snippets.lens_snippet(family=model.family, model=model.path, prompt=A, layers=layers, k=3, lens="both",
-                                 jlens=str(config.SHIPPED_JLENS))
+    code = lens_snippet(family=model.family, model=model.path, prompt=A, layers=layers, k=3, lens="both",
+                        jlens=str(config.SHIPPED_JLENS))
     script = tmp_path / "snippet.py"                  # a file, as a notebook user's cell: nnsight reads its source
     script.write_text(code)
     readout = runpy.run_path(str(script))["readout"]
@@ -73,7 +74,7 @@ def test_the_code_snippet_reproduces_the_apps_top1(vllm_service, tmp_path):
             assert mine[0][0] == top or gap < 1e-3, (lens, layer, mine, theirs.top_tokens[row][-1])
             assert abs(mine[0][1] - float(theirs.top_probs[row, -1, 0])) < 2e-3
     assert "TransformersModel(MODEL, task=\"text-generation\", dispatch=True)" in code
-    vllm_form = snippets.lens_snippet(family=model.family, model=model.path, prompt=A, layers=layers, k=3,
-                                      lens="logit", form="vllm")
+    vllm_form = lens_snippet(family=model.family, model=model.path, prompt=A, layers=layers, k=3,
+                             lens="logit", form="vllm")
     compile(vllm_form, "<vllm snippet>", "exec")
     assert "VLLM(MODEL, dispatch=True" in vllm_form and "sum(out)" in vllm_form

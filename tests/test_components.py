@@ -204,15 +204,15 @@ def test_the_code_snippet_reproduces_the_apps_components(service, family, tmp_pa
     """'Show the code' run as a script (a file, as a notebook user's cell) gives the app's parts and pattern."""
     import runpy
 
-    from lensapp import snippets
     from lensapp.engine.run.anatomy import anatomy_of
     from lensapp.service.components import model_shape
+    from lensapp.snippets.components import components_snippet
 
     model_type, folder, _ = family
     r = service.components(ComponentsRequest(prompt=PROMPT, target="Paris", foil="London", position=-2, patterns=1))
-    code = snippets.components_snippet(family=service.model.family, anatomy=anatomy_of(model_type), model=str(folder),
-                                       prompt=PROMPT, target="Paris", foil="London", position=r.position, patterns=1,
-                                       head_dim=model_shape(service.model.hf_config)[1])
+    code = components_snippet(family=service.model.family, anatomy=anatomy_of(model_type), model=str(folder),
+                              prompt=PROMPT, target="Paris", foil="London", position=r.position, patterns=1,
+                              head_dim=model_shape(service.model.hf_config)[1])
     script = tmp_path / "components.py"
     script.write_text(code)
     got = runpy.run_path(str(script))["components"]

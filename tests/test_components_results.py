@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import orjson
+import pandas as pd
 import pytest
 import torch
 
@@ -25,6 +26,15 @@ def output(L=3, H=2, k=3, P=5, pattern=True, seed=0) -> ComponentsOutput:
     return ComponentsOutput(logit=embed + attn.sum() + mlp.sum() + bias + 1e-7, embed=embed, attn=attn, mlp=mlp,
                             heads=heads, attn_bias=attn_bias, bias=bias, sigma=torch.tensor(3.0),
                             top_positions=top.indices, top_weights=top.values, pattern=weights if pattern else None)
+
+
+def pattern_frame(r: ComponentsResult) -> pd.DataFrame:
+    """The pattern as rows (head, query, key, weight), each query's keys up to itself."""
+    H, P, _ = r.pattern.shape
+    h, q, k = np.meshgrid(range(H), range(P), range(P), indexing="ij")
+    keep = (k <= q).ravel()
+    return pd.DataFrame({"head": h.ravel()[keep], "query": q.ravel()[keep], "key": k.ravel()[keep],
+                         "weight": r.pattern.ravel()[keep]})
 
 
 def result(pattern=True, foil=True, position=4) -> ComponentsResult:
@@ -62,7 +72,7 @@ def test_the_heads_sum_to_the_attention_and_the_frames_hold_every_part():
     assert len(heads) == 6 and heads["attends"].str.contains("' France'|'The'|' is'|' of'|' capital'").all()
     csv = r.to_csv().splitlines()
     assert csv[0] == "part,layer,head,value" and len(csv) == 1 + 1 + 3 * (3 + 2) + 3
-    pattern = r.pattern_frame()
+    pattern = pattern_frame(r)
     assert len(pattern) == 2 * 15 and (pattern["key"] <= pattern["query"]).all()
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import secrets
 from pathlib import Path
 
 import pytest
 
-from lensapp import config
+from lensapp import cli, config, settings
 from lensapp.config import Config, ConfigError
 
 HOSTING = Path(__file__).resolve().parents[1] / "docs" / "hosting.md"
@@ -41,4 +43,98 @@ def test_bad_settings_name_themselves(env, message):
 def test_auth_pairs_and_a_space_cache():
     assert Config(auth="alice:pw1, bob:pw2").auth_pairs == [("alice", "pw1"), ("bob", "pw2")]
     assert Config().auth_pairs == []
-    assert Config(cache_dir="/tmp/x").resolved_cache_dir == Path("/tmp/x")
+    assert config.resolve_cache_dir(Config(cache_dir="/tmp/x")) == Path("/tmp/x")
+
+
+def test_config_is_its_concerns_flat():
+    names = [f.name for f in dataclasses.fields(Config)]
+    assert names == list(settings.names_of(*settings.CONCERNS))          # the table's order, each name once
+    assert len(set(names)) == len(names)
+    for concern in settings.CONCERNS:                                   # the same defaults
+        assert {n: getattr(Config(), n) for n in settings.names_of(concern)} == dataclasses.asdict(concern())
+    with pytest.raises(ConfigError, match="port must be in 1..65535"):
+        settings.WebSettings(port=0)                                  # a concern checks its own fields
+
+
+def test_secrets_are_never_in_a_repr():
+    key = secrets.token_urlsafe(32)
+    cfg = Config(auth="alice:pw-in-auth", health_token="token-in-health", engine_key=key)
+    for shown in (repr(cfg), str(cfg), repr(settings.Secrets(auth=cfg.auth, health_token=cfg.health_token))):
+        assert not [secret for secret in ("pw-in-auth", "token-in-health", key) if secret in shown], shown
+    assert "model='embedded'" in repr(cfg)                           # the rest is shown
+    assert repr(Config(auth="u:p", health_token="x", engine_key="y" * 40)).count("y" * 40) == 0
+    assert {f.name for f in dataclasses.fields(Config) if not f.repr} == set(settings.names_of(settings.Secrets))
+
+
+def subcommand(name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+# What a string setting is set to below (every one but those with choices, a bool or a number).
+SAMPLES = {"model": "some/model", "jlens": "none", "jlens_layers": "1,2", "cache_dir": "/tmp/x", "host": "0.0.0.0",
+           "trusted_proxies": "2", "workshop": "w.yaml", "engine_url": "http://127.0.0.1:6677",
+           "auth": "alice:pw", "health_token": "tok"}
+
+
+def sample(name: str):
+    """A valid value for `name` other than its default."""
+    f = FIELDS[name]
+    if f.metadata["choices"]:
+        return next(c for c in f.metadata["choices"] if c != f.default)
+    if isinstance(f.default, bool):
+        return not f.default
+    if isinstance(f.default, (int, float)):
+        return {"max_model_len": 1024, "gpu_memory_utilization": 0.5}.get(name, f.default + 1)
+    return SAMPLES[name]
+
+
+def test_every_flag_of_serve_is_a_setting_and_back(tmp_path):
+    """`lensapp serve`'s flags are the settings: each flag sets its field (read back from the Config), each field
+    has one; a setting argv may not carry (the engine key) has a hidden flag that is refused, and the table says
+    so."""
+    parser = subcommand("serve")
+    flags = {a.dest: a for a in parser._actions if a.dest != "help"}
+    assert set(flags) == set(FIELDS)
+    keyfile = tmp_path / "key"
+    keyfile.write_text(secrets.token_urlsafe(32))
+    for name, action in flags.items():
+        assert action.option_strings == [f"--{name.replace('_', '-')}"]
+        if not FIELDS[name].metadata["argv"]:
+            assert action.help == argparse.SUPPRESS and f"`{config.env_name(name)}` | (none: never argv)" in \
+                config.settings_table()
+            with pytest.raises(ConfigError, match="not taken on the command line"):
+                config.from_args(parser.parse_args([action.option_strings[0], "x"]), {})
+            continue
+        value = str(keyfile) if name == "engine_key_file" else sample(name)
+        argv = [action.option_strings[0]] if isinstance(value, bool) else [action.option_strings[0], str(value)]
+        env = {config.env_name("engine_key"): secrets.token_urlsafe(32)} if name == "engine_url" else {}
+        cfg = config.from_args(parser.parse_args(argv), env)
+        changed = {n for n in FIELDS if getattr(cfg, n) != getattr(Config(), n)}
+        with_key = name in ("engine_url", "engine_key_file")        # (the key from the environment, or the file)
+        assert changed == ({name, "engine_key"} if with_key else {name}), (name, changed)
+        assert getattr(cfg, name) == value
+
+
+def test_the_other_commands_flags_are_settings_by_name():
+    """The request commands take ENGINE_SETTINGS, `lensapp engine` its own list; each flag named for its field."""
+    service = set(config.ENGINE_SETTINGS) | {"max_batch", "host", "port"}
+    expected = {**{name: set(config.ENGINE_SETTINGS) for name in cli.commands()},
+                "engine": service - {"engine_url", "insecure_engine", "backend"} | {"engine_key"}}
+    for command, names in expected.items():
+        actions = [a for a in subcommand(command)._actions if a.dest in FIELDS]
+        assert {a.dest for a in actions} == names, command
+        for a in actions:
+            assert a.option_strings == [f"--{a.dest.replace('_', '-')}"] or (command, a.option_strings) == \
+                ("engine", ["--key"]), (command, a.option_strings)     # the engine's old flag for the key: refused
+
+
+def test_a_misspelled_setting_name_raises_and_is_never_skipped():
+    assert settings.checked_names("model", "port") == ("model", "port")
+    with pytest.raises(ValueError, match="no setting named 'modle'"):
+        settings.checked_names("model", "modle")
+    with pytest.raises(ValueError, match="'max_batches'"):
+        config.add_arguments(argparse.ArgumentParser(), ("model", "max_batches"))
+    assert set(config.ENGINE_SETTINGS) <= set(FIELDS) and len(set(config.ENGINE_SETTINGS)) == len(
+        config.ENGINE_SETTINGS)

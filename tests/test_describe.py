@@ -70,7 +70,7 @@ def test_requests_with_edits_are_salted_should_prefix_caching_ever_be_on(monkeyp
     import torch
 
     from lensapp.engine.run import vllm_backend
-    from lensapp.engine.run.protocol import Edit
+    from lensapp.engine.run.edit import Edit
 
     edit = (Edit(3, "replace", torch.zeros(1, 8), positions=(2,)),)
     assert vllm_backend.PREFIX_CACHING is False and vllm_backend._prompt((1, 2, 3), edit) == [1, 2, 3]

@@ -11,7 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lensapp import config
-from lensapp.engine.run.protocol import Edit, Sampling
+from lensapp.engine.run.edit import Edit
+from lensapp.engine.run.protocol import Sampling
 from lensapp.service import LensService, planning
 
 PROMPT = "The capital of France is a city on the river"

@@ -10,9 +10,10 @@ import torch
 
 from lensapp import interventions as iv
 from lensapp import jlens
+from lensapp.engine.run.edit import Edit
 from lensapp.engine.run.families import detect
 from lensapp.engine.run.hf_backend import load_transformers_model
-from lensapp.engine.run.protocol import Edit, Sampling
+from lensapp.engine.run.protocol import Sampling
 from lensapp.engine.run.weights import CheckpointWeights
 from lensapp.fitting.steering import SteerConfig, fit_steering
 from lensapp.service import planning

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from lensapp.engine.run.core import Engine, Part
+from lensapp.engine.run.core import Engine
+from lensapp.engine.run.parts import Part
 from lensapp.engine.run.protocol import ModelInfo, Progress
 from lensapp.engine.run.turns import asking
 

@@ -24,7 +24,7 @@ from components_reference import reference as components_reference
 from conftest import random_jacobians
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lensapp import cli, config, fitting, jlens
+from lensapp import cli, config, fitting, jlens, provenance
 from lensapp.engine.run.families import FAMILIES, detect, find
 from lensapp.service import ComponentsRequest, InterveneRequest, LensRequest, LensService, RequestError
 from lensapp.service.intervening.norms import REFERENCE_TEXT
@@ -141,8 +141,8 @@ def test_jacobian_lens_reads_norm_of_h_times_J_transposed(family, service):
 def test_unembedding_fingerprint_from_the_files_is_the_models(family):
     _, folder, hf = family
     family_ = detect(hf.config)
-    assert jlens.model_unembedding_fingerprint(folder, family_.weights) == \
-        jlens.unembedding_fingerprint(hf.get_output_embeddings().weight)
+    assert provenance.model_unembedding_fingerprint(folder, family_.weights) == \
+        provenance.unembedding_fingerprint(hf.get_output_embeddings().weight)
 
 
 # -- the oracle: what a user reads off a cell ------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lensapp import cli, corpus, fitting, jlens
+from lensapp import cli, corpus, fitting, jlens, provenance
 from lensapp.engine.run.families import LLAMA_HF
 from lensapp.fitting import FitConfig, FitError
 
@@ -102,8 +102,8 @@ def test_saved_file_round_trips_with_provenance_and_csv(model, prompts, tmp_path
     assert p["model"] == "tiny-llama" and p["corpus"] == "random tokens"
     assert (p["T"], p["skip"], p["dim_batch"], p["dtype"], p["n_prompts"]) == (T, SKIP, 5, "float64", 4)
     assert p["converged"] is False and isinstance(p["final_delta"], float) and "hardware" in p and "date" in p
-    assert p["unembedding"] == jlens.unembedding_fingerprint(model._module.get_output_embeddings().weight)
-    assert p["versions"] == jlens.library_versions() and {"torch", "transformers", "nnsight"} <= set(p["versions"])
+    assert p["unembedding"] == provenance.unembedding_fingerprint(model._module.get_output_embeddings().weight)
+    assert p["versions"] == provenance.library_versions() and {"torch", "transformers", "nnsight"} <= set(p["versions"])
     assert "revision" not in p                    # a model built here has no hub revision
     rows = list(csv.DictReader(open(tmp_path / "lens_convergence.csv")))
     assert [r["prompt"] for r in rows] == ["1", "2", "3", "4"]

@@ -313,7 +313,7 @@ def cli_starts(embedded_dir):
         raise EngineStarted
 
     def load_configured_jlens(cfg, model):
-        key = (cfg.resolved_jlens, cfg.jlens_layers)
+        key = (config.resolve_jlens(cfg), cfg.jlens_layers)
         if key not in lenses:
             lenses[key] = real_lens(cfg, model)
         return lenses[key]

@@ -151,7 +151,7 @@ def test_show_the_code_reproduces_the_intervention(service, tmp_path, kind):
     import sys
     from io import StringIO
 
-    from lensapp import snippets
+    from lensapp.snippets.intervention import intervention_snippet
 
     request = {"steer": {"prompt": FRANCE, "word": "Rome", "layer": "22", "alphas": "0,0.4"},
                "ablate": {"prompt": EIFFEL, "word": "Paris", "direction": "jacobian", "layer": "20-28"},
@@ -159,8 +159,8 @@ def test_show_the_code_reproduces_the_intervention(service, tmp_path, kind):
                          "source_positions": "1-3", "targets": "Paris"}}[kind] | {"intervention": kind}
     r = service.intervene(InterveneRequest.parse(**request))
     model = service.model
-    code = snippets.intervention_snippet(family=model.family, model=model.path, prompt=r.before.prompt,
-                                         intervention=r.intervention, jlens=str(config.SHIPPED_JLENS))
+    code = intervention_snippet(family=model.family, model=model.path, prompt=r.before.prompt,
+                                intervention=r.intervention, jlens=str(config.SHIPPED_JLENS))
     script = tmp_path / "intervention.py"
     script.write_text(code)
     out, sys.stdout = sys.stdout, StringIO()

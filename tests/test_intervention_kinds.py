@@ -7,19 +7,25 @@ a description of what it did (an `InterventionDone`), and its name among the req
 the service runs it, its cost is counted, and the API's JSON, the tab's summary and the CLI's text carry it
 with no other edit. The lens at the edited layer then reads, at the last position, what it read at the first:
 the edit was made where the plan said.
+
+A kind sees the planner and the runner only through `kind.py`'s small types: no kind module (nor the registry,
+nor `kind.py`) imports `planner.py` or `runner.py`, not even under `if TYPE_CHECKING:`, and the package's
+modules import one another without a cycle.
 """
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-from lensapp.engine.run.protocol import Edit
+from lensapp.engine.run.edit import Edit
 from lensapp.results import InterventionDone
 from lensapp.service import InterveneRequest, cost, fields, kinds
-from lensapp.service.intervening import KINDS, plan, registry
+from lensapp.service.intervening import KINDS, kind, plan, registry
 
 # The request field's choices, with the new kind's name (in fields.py the kind is added to KIND itself).
 ECHO_CHOICE = replace(fields.KIND, **fields.choosing("intervention", (*fields.KIND.choices, "echo")))
@@ -53,12 +59,12 @@ def echo():
             return EchoPlan((len(reading.ids) - 1,), n_changes=len(reading.span),
                             extra=cost.forward(len(reading.ids)))          # the prompt's own streams, read first
 
-        def carry_out(self, plan, run) -> registry.Changes:
-            span = plan.reading.span
-            kept = run.kept_streams(plan.reading.ids, span)                 # [layers, positions, d_model]
-            edits = [[Edit(layer, "replace", kept[i, :1], plan.change.positions)] for i, layer in enumerate(span)]
-            return registry.Changes([f"echo at {layer}" for layer in span], [float(layer) for layer in span], edits,
-                                    EchoDone(**plan.described(), word=None))
+        def carry_out(self, planned: kind.Planned[EchoPlan], run: kind.EngineCalls) -> kind.Changes:
+            span = planned.reading.span
+            kept = run.kept_streams(planned.reading.ids, span)              # [layers, positions, d_model]
+            edits = [[Edit(layer, "replace", kept[i, :1], planned.change.positions)] for i, layer in enumerate(span)]
+            return kind.Changes([f"echo at {layer}" for layer in span], [float(layer) for layer in span], edits,
+                                EchoDone(**planned.described(), word=None))
     yield Echo
     del KINDS["echo"]
 
@@ -99,3 +105,47 @@ def test_a_kind_is_registered_once_and_a_request_names_one_that_is():
         registry.intervention("steer")(type("Again", (), {}))
     with pytest.raises(fields.RequestError, match="no intervention kind 'echo'"):
         registry.kind_of("echo")
+
+
+PACKAGE = Path(kind.__file__).parent
+
+
+def sibling_imports(path: Path) -> set[str]:
+    """The modules of the package `path` imports (by file stem), `if TYPE_CHECKING:` and function bodies included."""
+    package, out = registry.__package__, set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            out.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        else:
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            out.update((name + ".").removeprefix(package + ".").split(".")[0] or "__init__" for name in names
+                       if name == package or name.startswith(package + "."))
+    return out
+
+
+def registers_a_kind(path: Path) -> bool:
+    return any(isinstance(d, ast.Call) and getattr(d.func, "id", "") == "intervention"
+               for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef) for d in n.decorator_list)
+
+
+def test_a_kind_imports_neither_the_planner_nor_the_runner():
+    kinds = sorted(p.stem for p in PACKAGE.glob("*.py") if registers_a_kind(p))
+    assert kinds == sorted(KINDS)                                 # each kind in a module of its own, found here
+    for stem in [*kinds, "registry", "kind"]:
+        assert not sibling_imports(PACKAGE / f"{stem}.py") & {"planner", "runner", "__init__"}, stem
+
+
+def test_the_package_imports_itself_without_a_cycle():
+    graph = {p.stem: sibling_imports(p) - {"__init__"} for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    done: set[str] = set()
+
+    def visit(stem: str, path: tuple[str, ...]) -> None:
+        assert stem not in path, f"an import cycle: {' -> '.join((*path, stem))}"
+        if stem not in done:
+            for imported in graph[stem]:
+                visit(imported, (*path, stem))
+            done.add(stem)
+
+    for stem in graph:
+        visit(stem, ())

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from lensapp import interventions as iv
-from lensapp.engine.run.protocol import Edit, LensSpec
+from lensapp.engine.run.edit import Edit
+from lensapp.engine.run.protocol import LensSpec
 
 H = torch.tensor([[3.0, 4.0], [1.0, 0.0]])          # two rows of a 2-d stream
 V = torch.tensor([0.0, 2.0])                         # u = (0, 1)

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from lensapp import jlens
+from lensapp import jlens, provenance
 from lensapp.jlens import LensFileError
 
 D, N_LAYERS = 8, 4
@@ -123,12 +123,12 @@ def test_unembedding_fingerprint_from_files_matches_the_loaded_model(tmp_path, t
                       num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=tied)
     model = LlamaForCausalLM(cfg)
     model.to(torch.bfloat16).save_pretrained(tmp_path / "m")
-    on_disk = jlens.model_unembedding_fingerprint(tmp_path / "m")
+    on_disk = provenance.model_unembedding_fingerprint(tmp_path / "m")
     loaded = LlamaForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float32)   # fp32 of bf16 weights
-    assert on_disk == jlens.unembedding_fingerprint(loaded.get_output_embeddings().weight)
+    assert on_disk == provenance.unembedding_fingerprint(loaded.get_output_embeddings().weight)
     other = LlamaForCausalLM(cfg)                                                    # other random weights
-    assert on_disk != jlens.unembedding_fingerprint(other.get_output_embeddings().weight)
-    assert jlens.model_unembedding_fingerprint(tmp_path / "nothing") is None
+    assert on_disk != provenance.unembedding_fingerprint(other.get_output_embeddings().weight)
+    assert provenance.model_unembedding_fingerprint(tmp_path / "nothing") is None
 
 
 def test_bos_as_the_lens_was_fitted(tmp_path):
@@ -184,9 +184,9 @@ def test_a_lens_warns_when_the_releases_or_revision_it_was_fitted_under_differ(t
     without a word. The description carries the versions and the warnings, and orjson takes it."""
     import orjson
 
-    running = jlens.library_versions()
+    running = provenance.library_versions()
     assert {"torch", "transformers", "nnsight"} <= set(running)
-    series = {name: jlens.release_series(v) for name, v in running.items()}
+    series = {name: provenance.release_series(v) for name, v in running.items()}
     older = {**running, "transformers": "4.40.0"}
     path = jlens.save(tmp_path / "old.pt", {0: torch.eye(D)}, n_prompts=1,
                       provenance={"versions": older, "revision": "a" * 40})
@@ -218,7 +218,7 @@ def test_the_json_and_the_page_say_when_a_lens_was_fitted_under_other_releases(t
 
     old = tiny_service.jlens
     n, d = tiny_service.info.n_layers, tiny_service.info.d_model
-    versions = {**jlens.library_versions(), "transformers": "4.40.0"}
+    versions = {**provenance.library_versions(), "transformers": "4.40.0"}
     path = jlens.save(tmp_path / "l.pt", jlens.identity(d, list(range(n - 1))), n_prompts=1,
                       provenance={"versions": versions})
     try:

@@ -117,8 +117,8 @@ def test_the_machine_reads():
 
 def test_every_backend_kind_is_chosen_by_the_settings_and_names_only_known_libraries():
     """The loader's kinds: `--backend` and the device choose one, and the releases a lens file is read under
-    are libraries a lens file records (jlens.LIBRARIES); a transformers-only host is not asked for vLLM's."""
-    from lensapp import jlens
+    are libraries a lens file records (provenance.LIBRARIES); a transformers-only host is not asked for vLLM's."""
+    from lensapp import provenance
     from lensapp.engine.start import backend_kinds as kinds
 
     chosen = {kinds.kind_for(backend, device) for backend in ("vllm", "transformers") for device in ("cpu", "cuda")}
@@ -127,5 +127,5 @@ def test_every_backend_kind_is_chosen_by_the_settings_and_names_only_known_libra
     assert not kinds.SERVED.holds_model and not kinds.SERVED.kv_cache and not kinds.SERVED.ranks
     with pytest.raises(ConfigError, match="choose one"):
         kinds.kind_for("transformers", "remote", engine_url="http://127.0.0.1:6677")
-    assert all(set(kind.libraries) <= set(jlens.LIBRARIES) for kind in chosen)
+    assert all(set(kind.libraries) <= set(provenance.LIBRARIES) for kind in chosen)
     assert "vllm" not in kinds.FITTING.libraries and not kinds.FITTING.kv_cache and not kinds.FITTING.ranks

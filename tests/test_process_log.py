@@ -1,11 +1,11 @@
-"""What vLLM's processes print names a failure's cause (engine/start/process_log.py)."""
+"""What vLLM's processes print names a failure's cause (engine/run/process_log.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from lensapp.engine.start.process_log import ProcessLog
+from lensapp.engine.run.process_log import ProcessLog
 
 STARTUP_FAILURE = """\
 (EngineCore pid=9439) ERROR 12-01 05:21:42 [core.py:1510] EngineCore failed to start.
@@ -34,7 +34,7 @@ def test_the_cause_is_the_last_error_a_child_printed_not_the_parents_wrapper():
 
 def test_capture_tees_what_child_processes_print():
     code = ("import subprocess, sys, time\n"
-            "from lensapp.engine.start.process_log import LOG\n"
+            "from lensapp.engine.run.process_log import LOG\n"
             "LOG.capture(); mark = LOG.mark()\n"
             "child = 'import sys; sys.stderr.write(\"(Worker pid=3) KeyError: 7\\\\n\")'\n"
             "subprocess.run([sys.executable, '-c', child])\n"

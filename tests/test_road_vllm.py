@@ -25,7 +25,7 @@ PROMPT = "The capital of France is"
 
 def direct(service, prompt_ids: list[int], n: int, temperature: float, seed) -> GenerationResult:
     """The generation of `prompt_ids` itself, straight from the engine (every position read, nothing reused)."""
-    plan = service._plan_generate(GenerateRequest(prompt=PROMPT, max_tokens=1, k=5))
+    plan = service.generator.plan(GenerateRequest(prompt=PROMPT, max_tokens=1, k=5))
     spec = dataclasses.replace(plan.specs[0], input_ids=tuple(prompt_ids))
     out = service.engine.generate(spec, Sampling(n, temperature, seed))
     return GenerationResult.from_output(out, prompt=PROMPT, ids=prompt_ids, layers=plan.layers,

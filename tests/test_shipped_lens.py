@@ -4,17 +4,17 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
-from lensapp import config, jlens
+from lensapp import config, jlens, provenance
 from lensapp.service import LensRequest
 
 
 def test_shipped_lens_is_the_default_and_fits_the_embedded_model(embedded_dir):
-    assert config.Config().resolved_jlens == str(config.SHIPPED_JLENS)
+    assert config.resolve_jlens(config.Config()) == str(config.SHIPPED_JLENS)
     hf = AutoConfig.from_pretrained(embedded_dir)
     from lensapp.engine.start.embedded import EMBEDDED_NAME
 
     lens = jlens.load(config.SHIPPED_JLENS, d_model=hf.hidden_size, n_layers=hf.num_hidden_layers,
-                      model_name=EMBEDDED_NAME, unembedding=jlens.model_unembedding_fingerprint(embedded_dir))
+                      model_name=EMBEDDED_NAME, unembedding=provenance.model_unembedding_fingerprint(embedded_dir))
     assert lens.warnings == []               # fitted on this model, against this unembedding
     assert lens.layers == list(range(hf.num_hidden_layers - 1))
     assert lens.n_prompts >= 10

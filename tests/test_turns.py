@@ -53,6 +53,12 @@ def test_slots_are_bounded_and_every_waiter_is_served(plan, size, per_client):
         turns.BIG_PATIENCE = patience
 
 
+def admitted(admission: Admission, client: str | None) -> int:
+    """The requests `admission` holds for `client` now."""
+    with admission._lock:
+        return admission._admitted[client]
+
+
 def test_admission_refuses_a_client_over_its_share_and_not_the_host():
     a = Admission(per_client=2)
     a.enter("x")
@@ -66,7 +72,7 @@ def test_admission_refuses_a_client_over_its_share_and_not_the_host():
         a.enter(None)
     a.leave("x")
     a.enter("x")
-    assert a.of("x") == 2 and a.of(None) == 10
+    assert admitted(a, "x") == 2 and admitted(a, None) == 10
 
 
 def test_small_parts_pass_a_big_one_waiting_for_its_turn():

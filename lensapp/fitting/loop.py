@@ -22,6 +22,7 @@ import torch
 
 from .. import jlens
 from ..engine.run.families import Layout
+from ..provenance import library_versions, unembedding_fingerprint
 from .checkpoints import (
     FitState,
     checkpoint_path,
@@ -79,9 +80,9 @@ def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str 
         raise FitError("the corpus is empty")
     base = {"model": getattr(module.config, "name_or_path", "") or type(module).__name__, "corpus": "custom"}
     base.update(provenance or {})
-    base["unembedding"] = jlens.unembedding_fingerprint(module.get_output_embeddings().weight)
+    base["unembedding"] = unembedding_fingerprint(module.get_output_embeddings().weight)
     # What the numbers were computed under: the libraries' releases, and the model's hub revision where it has one.
-    base["versions"] = jlens.library_versions()
+    base["versions"] = library_versions()
     revision = getattr(module.config, "_commit_hash", None)
     if isinstance(revision, str) and revision:
         base["revision"] = revision

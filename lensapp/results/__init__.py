@@ -1,6 +1,7 @@
 """Result objects every surface shares: the CLI prints them, the UI renders them, the API returns them.
 
     lens.py        LensResult: one prompt, every requested lens x layer x position (and its targets)
+    readout.py     LensReadout: one lens's cells (top-k, entropy, KL, decisions), its TargetScores
     generation.py  GenerationResult (a readout per generated token) and ChatReply
     compare.py     Comparison: several prompts side by side, aligned at their last token
     intervention.py  InterventionResult: a prompt read before and after a steer, ablation or patch, and what
@@ -20,7 +21,8 @@ from .description import Description, Descriptions
 from .export import dumps
 from .generation import ChatReply, GenerationResult, GenerationStep
 from .intervention import AblateDone, FitReport, InterventionDone, InterventionResult, PatchDone, SteerDone
-from .lens import LensReadout, LensResult, Target, TargetScore
+from .lens import LensResult
+from .readout import LensReadout, Target, TargetScore
 
 __all__ = ["AblateDone", "ChatReply", "Comparison", "ComponentsResult", "Description", "Descriptions", "FitReport",
            "GenerationResult",

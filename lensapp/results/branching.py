@@ -18,7 +18,8 @@ import numpy as np
 
 from . import decided as decisions
 from .generation import ChatReply, GenerationResult, GenerationStep
-from .lens import Decode, LensResult, in_context
+from .lens import LensResult
+from .readout import Decode, in_context
 
 
 def graft(parent: GenerationResult, step: int, token_id: int, continuation: GenerationResult | None, *,

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .export import dumps
-from .lens import Target
+from .readout import Target
 
 if TYPE_CHECKING:
     from ..engine.run.protocol import ComponentsOutput
@@ -149,16 +149,6 @@ class ComponentsResult:
         rows += [("bias", None, None, self.bias), ("sum", None, None, self.total), ("logit", None, None, self.logit)]
         frame = pd.DataFrame(rows, columns=["part", "layer", "head", "value"])
         return frame.astype({"layer": "Int64", "head": "Int64"})
-
-    def pattern_frame(self) -> pd.DataFrame:
-        """The pattern as rows (head, query, key, weight): its CSV."""
-        if self.pattern is None:
-            raise ValueError("this result was read without patterns")
-        H, P, _ = self.pattern.shape
-        h, q, k = np.meshgrid(range(H), range(P), range(P), indexing="ij")
-        keep = (k <= q).ravel()
-        return pd.DataFrame({"head": h.ravel()[keep], "query": q.ravel()[keep], "key": k.ravel()[keep],
-                             "weight": self.pattern.ravel()[keep]})
 
     def to_csv(self) -> str:
         return self.long_frame().to_csv(index=False)

@@ -10,7 +10,8 @@ import pandas as pd
 
 from . import decided as decisions
 from .export import dumps
-from .lens import Decode, LensReadout, LensResult, in_context
+from .lens import LensResult
+from .readout import Decode, LensReadout, in_context
 
 if TYPE_CHECKING:
     from ..engine.run.protocol import ChatOutput, GenerationOutput

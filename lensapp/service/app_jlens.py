@@ -11,7 +11,8 @@ import logging
 import torch
 
 from .. import jlens as jlens_files
-from ..config import Config
+from .. import provenance
+from ..config import Config, resolve_cache_dir, resolve_jlens
 from ..engine.run.protocol import JStack
 from ..engine.start.backend_kinds import kind_of
 from ..engine.start.loading import ResolvedModel
@@ -23,7 +24,7 @@ def load_configured_jlens(cfg: Config, model: ResolvedModel) -> tuple[jlens_file
     """The lens the settings ask for, checked against the model. A lens asked for by name that does not
     load is an error (LensFileError); the model's default lens that does not load (a hub lens while
     offline) leaves the app on the logit lens, with the reason."""
-    spec = cfg.resolved_jlens
+    spec = resolve_jlens(cfg)
     if not spec:
         return None, None
     try:
@@ -37,12 +38,12 @@ def load_configured_jlens(cfg: Config, model: ResolvedModel) -> tuple[jlens_file
 
 def load_jlens(spec: str, model: ResolvedModel, cfg: Config) -> jlens_files.JacobianLens:
     info = model.info
-    fingerprint = jlens_files.model_unembedding_fingerprint(model.path, model.family.weights)
+    fingerprint = provenance.model_unembedding_fingerprint(model.path, model.family.weights)
     # The releases this process reads the lens under: those its backend kind runs on.
     libraries = list(kind_of(info).libraries)
     lens = jlens_files.load(spec, d_model=info.d_model, n_layers=info.n_layers, layers=cfg.jlens_layer_list,
-                            dtype=torch.bfloat16, cache_dir=cfg.resolved_cache_dir / "hub", model_name=info.name,
-                            unembedding=fingerprint, versions=jlens_files.library_versions(libraries),
+                            dtype=torch.bfloat16, cache_dir=resolve_cache_dir(cfg) / "hub", model_name=info.name,
+                            unembedding=fingerprint, versions=provenance.library_versions(libraries),
                             revision=getattr(model.hf_config, "_commit_hash", None))
     for warning in lens.warnings:
         log.warning("lens %s: %s", spec, warning)

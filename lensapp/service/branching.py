@@ -21,12 +21,12 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from ..config import GREEDY_BELOW, LENS_CHOICES
-from ..engine.run.protocol import Sampling
+from ..config import LENS_CHOICES
 from ..results import ChatReply, GenerationResult
 from ..results.branching import graft, graft_chat
 from . import cost, planning
 from .field import RequestError
+from .generating import Generator, sampling_of
 from .requests import ChatRequest, GenerateRequest
 
 
@@ -36,15 +36,18 @@ class BranchPlan(NamedTuple):
 
 
 class Brancher:
-    def __init__(self, service):
-        self.service = service
+    """Forced tokens: the branches they make of `generator`'s generations and replies (`service`: a `LensService`,
+    used through its public methods)."""
+
+    def __init__(self, service, generator: Generator):
+        self.service, self.generator = service, generator
 
     # -- generate ------------------------------------------------------------------------------------------
     def plan(self, req: GenerateRequest) -> BranchPlan:
         """The forces checked and what the whole costs (the trunk as if it were not cached), or RequestError."""
         s = self.service
         self._check_seeded(req.sampled, req.seed)
-        base = s._plan_generate(req)
+        base = self.generator.plan(req)
         forces = self._checked(req.force, req.max_tokens)
         work = base.cost
         for step, _ in forces:
@@ -61,19 +64,17 @@ class Brancher:
         """The generation `trunk` asks for with `forces` made, each branch on the way cached."""
         s = self.service
         if not forces:
-            return s._generate(trunk)
-        plan = s._plan_generate(trunk)
-        sampling = Sampling(trunk.max_tokens, float(trunk.temperature), trunk.seed)
-        key = s._key("branch", trunk.prompt, trunk.chat, plan.lenses, tuple(plan.layers), trunk.k, trunk.max_tokens,
-                     sampling.decides, trunk.raw, forces)
-        return s.cache.get_or_compute(key, lambda: self._grow(trunk, forces))
+            return self.generator.generate(trunk)
+        plan = self.generator.plan(trunk)
+        return s.cached("branch", (trunk.prompt, trunk.chat, plan.lenses, tuple(plan.layers), trunk.k, trunk.max_tokens,
+                                   sampling_of(trunk).decides, trunk.raw, forces), lambda: self._grow(trunk, forces))
 
     def _grow(self, trunk: GenerateRequest, forces: tuple) -> GenerationResult:
         s = self.service
         parent = self._branch(trunk, forces[:-1])
         step, word = forces[-1]
         _check_step(step, len(parent.token_ids), "generation")
-        plan = s._plan_generate(trunk)
+        plan = self.generator.plan(trunk)
         token = s.prompts.forced(word, plan.ids[0] + parent.token_ids[:step], s.info.vocab_size)
         prefix = plan.ids[0] + parent.token_ids[:step] + [token]
         n_new = 0 if token in s.prompts.stop_ids else trunk.max_tokens - step - 1
@@ -84,7 +85,7 @@ class Brancher:
             spec = dataclasses.replace(plan.specs[0], input_ids=tuple(prefix), read_from=len(prefix) - 1)
             work = cost.branch(len(prefix), n_new, len(plan.layers), len(plan.lenses))
             s.admit(work)
-            out = s.engine.generate(spec, Sampling(n_new, float(trunk.temperature), trunk.seed), s.deadline(work))
+            out = s.engine.generate(spec, sampling_of(trunk, n_new), s.deadline(work))
             continuation = GenerationResult.from_output(
                 out, prompt=trunk.prompt, ids=prefix, layers=plan.layers, decode=s.prompts.decode, text="",
                 model=s.info.name, seed=trunk.seed, temperature=trunk.temperature, k=trunk.k, read_from=len(prefix) - 1)
@@ -95,14 +96,14 @@ class Brancher:
     # -- chat ----------------------------------------------------------------------------------------------
     def chat(self, req: ChatRequest) -> ChatReply:
         s = self.service
-        self._check_seeded(float(req.temperature) >= GREEDY_BELOW, req.seed)
+        self._check_seeded(req.sampled, req.seed)
         forces = self._checked(req.force, req.max_tokens)
-        layer, ids, _ = s.chat_plan(req)
-        work = cost.Cost(1, len(ids) + req.max_tokens, req.max_tokens)
+        layer, ids, _ = self.generator.chat_plan(req)
+        work = cost.chat(len(ids), req.max_tokens)
         for step, _ in forces:
             work = work + cost.branch(len(ids) + step + 1, req.max_tokens - step - 1, 1, 1)
         s.check_cost(work, "this reply and its branches")
-        reply = s._chat(dataclasses.replace(req, force=()))
+        reply = self.generator.chat(dataclasses.replace(req, force=()))
         for step, word in forces:
             reply = self._grow_chat(req, reply, ids, layer, step, word)
         return reply
@@ -120,7 +121,7 @@ class Brancher:
                                       s.jlens_layers)
             work = cost.branch(len(prefix), n_new, 1, 1)
             s.admit(work)
-            out = s.engine.chat(spec, Sampling(n_new, float(req.temperature), req.seed), s.deadline(work))
+            out = s.engine.chat(spec, sampling_of(req, n_new), s.deadline(work))
             continuation = ChatReply.from_output(out, decode=s.prompts.decode, text="", lens=req.lens, layer=layer)
         path = parent.token_ids[:step] + [token] + (continuation.token_ids if continuation else [])
         return graft_chat(parent, step, token, continuation, decode=s.prompts.decode, text=s.prompts.text(path))

@@ -5,7 +5,7 @@ known (`engine/run/anatomy.py`: one line otherwise), the position and the patter
 and foil are the first tokens of their words as the model would write them after the prompt's tokens up to the
 position (prompts.py: `word`), and the cost (one forward,
 and a layer's heads x positions^2 attention weights when asked: `cost.components`) must fit the budget.
-The engine reads everything in one trace of the prompt (`engine/run/components.py`).
+The engine reads everything in one trace of the prompt (`engine/run/components_trace.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..results import ComponentsResult, Target
 from . import cost
 from .field import RequestError, show
 from .requests import ComponentsRequest
+from .selection import index
 
 ADVICE = "choose an earlier position, leave out the patterns, or a shorter prompt"
 
@@ -80,11 +81,9 @@ def sublayer_part(service) -> str:
     return anatomy_of(service.model.hf_config.model_type).mlp_part
 
 
-def resolve(index: int, n: int, noun: str, of: str) -> int:
+def resolve(i: int, n: int, noun: str, of: str) -> int:
     """An index counted from 0 (negative: from the end) in 0..n-1, or RequestError."""
-    if not -n <= index < n:
-        raise RequestError(f"{noun} {show(index)} is outside {of} (0..{n - 1}, or -{n}..-1 from the end)")
-    return index % n
+    return index(i, n, f"{noun} {show(i)} is outside {of} (0..{n - 1}, or -{n}..-1 from the end)")
 
 
 def run(service, p: ComponentsPlan) -> ComponentsResult:

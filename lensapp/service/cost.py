@@ -82,6 +82,12 @@ def generation(spec: LensSpec, max_tokens: int, max_part_cells: int) -> Cost:
     return steps + readout(n_prompt, n_layers, n_lenses, [], max_part_cells)
 
 
+def chat(n_prompt: int, max_tokens: int) -> Cost:
+    """A chat reply (service/generating.py): the conversation's forward and each new token, one cell a step (the
+    newest token at one layer, through one lens)."""
+    return Cost(1, n_prompt + max_tokens, max_tokens)
+
+
 def last_positions(prompt_lengths: list[int], n_layers: int, n_lenses: int, max_part_cells: int) -> Cost:
     """An evaluation (service/evaluating.py): one forward per prompt (or per part, where the engine cuts one
     position's layers: `parts.n_parts`), each reading its last position only (`LensSpec.read_from`) at

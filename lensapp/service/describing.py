@@ -21,12 +21,13 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from ..engine.run.protocol import Edit, LensSpec, Sampling
+from ..engine.run.edit import Edit
+from ..engine.run.protocol import LensSpec, Sampling
 from ..results.description import Description, Descriptions
-from ..results.lens import in_context
+from ..results.readout import in_context
 from . import cost, planning
-from .field import RequestError
 from .requests import DescribeRequest
+from .selection import index
 
 # The paper's identity prompt: the placeholder is its last token ("?"); what follows it is the model's word for it.
 IDENTITY_PROMPT = "cat -> cat; 1135 -> 1135; hello -> hello; ?"
@@ -43,6 +44,8 @@ class DescribePlan(NamedTuple):
 
 
 class Describer:
+    """Patchscopes descriptions (`service`: a `LensService`, used through its public methods)."""
+
     def __init__(self, service):
         self.service = service
 
@@ -50,11 +53,12 @@ class Describer:
         s, n = self.service, self.service.info.n_layers
         ids = s.prompts.ids(req.prompt, req.chat)
         layers = req.layer.resolve(n)
-        position = _index(req.position, len(ids), f"position {req.position} is outside this {len(ids)}-token prompt")
+        position = index(req.position, len(ids),
+                         f"position {req.position} is outside this {len(ids)}-token prompt (0..{len(ids) - 1})")
         text = req.inspect if req.inspect.strip() else IDENTITY_PROMPT
         inspect_ids = s.prompts.ids(text)
-        inspect_layers = layers if req.inspect_layer is None else len(layers) * [
-            _index(req.inspect_layer, n, f"inspect_layer {req.inspect_layer} is outside this {n}-layer model")]
+        inspect_layers = layers if req.inspect_layer is None else len(layers) * [index(
+            req.inspect_layer, n, f"inspect_layer {req.inspect_layer} is outside this {n}-layer model (0..{n - 1})")]
         work = cost.description(len(ids), len(inspect_ids), len(layers), req.max_tokens)
         s.check_cost(work, "this description")
         return DescribePlan(ids, position, layers, text, inspect_ids, inspect_layers, work)
@@ -62,12 +66,13 @@ class Describer:
     def run(self, req: DescribeRequest) -> Descriptions:
         s = self.service
         plan = self.plan(req)
-        key = s._key("describe", req.prompt, req.chat, tuple(plan.layers), plan.position, req.max_tokens,
-                     plan.inspection_prompt, tuple(plan.inspect_layers))
-        items = s.cache.get_or_compute(key, lambda: self._describe(req, plan))
+        parts = (req.prompt, req.chat, tuple(plan.layers), plan.position, req.max_tokens, plan.inspection_prompt,
+                 tuple(plan.inspect_layers))
+        items = s.cached("describe", parts, lambda: self.describe(req, plan))
         return Descriptions(items, single=_names_one_layer(req))
 
-    def _describe(self, req: DescribeRequest, plan: DescribePlan) -> list[Description]:
+    def describe(self, req: DescribeRequest, plan: DescribePlan) -> list[Description]:
+        """The plan run (no cache): the prompt read once, then one generation per described layer, together."""
         s, n = self.service, self.service.info.n_layers
         s.admit(plan.cost)
         read = dataclasses.replace(planning.lens_spec(plan.ids, [n - 1], 1, ("logit",), n, []),
@@ -86,13 +91,6 @@ class Describer:
                             tokens=in_context(s.prompts.decode, out.token_ids), text=s.prompts.text(out.token_ids),
                             model=s.info.name)
                 for layer, inspect_layer, out in zip(plan.layers, plan.inspect_layers, outs)]
-
-
-def _index(i: int, n: int, message: str) -> int:
-    j = i + n if i < 0 else i
-    if not 0 <= j < n:
-        raise RequestError(f"{message} (0..{n - 1})")
-    return j
 
 
 def _names_one_layer(req: DescribeRequest) -> bool:

@@ -136,11 +136,10 @@ def _batches(service, costs: list[cost.Cost]) -> tuple[tuple[tuple[int, int], ..
 def run(service, req: EvaluateRequest, files: bool = False) -> EvaluationResult:
     """The evaluation's result: a shipped set's pinned in the result cache, a file's cached as any result."""
     p = plan(service, req, files)
-    key = service._key("evaluate", *p.key())
     if p.source.shipped:            # bounded and shared by everyone: the app's own work (the host's turn), kept
-        with service.cache.pinning(), asking(None):
-            return service.cache.get_or_compute(key, lambda: compute(service, p))
-    return service.cache.get_or_compute(key, lambda: compute(service, p))
+        with asking(None):
+            return service.cached("evaluate", p.key(), lambda: compute(service, p), pin=True)
+    return service.cached("evaluate", p.key(), lambda: compute(service, p))
 
 
 def compute(service, p: Plan) -> EvaluationResult:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Iterable
 
+from ..config import is_loopback_host
+
 IPV6_PREFIX = 56          # one client
 IPV6_SITE = 48            # one site: at most limits.SITE_SHARE clients' worth, one turn
 UNIDENTIFIED = "unidentified"
@@ -54,9 +56,11 @@ def ip(text: str | None) -> str | None:
 
 
 def is_loopback(address: str | None) -> bool:
-    """A loopback IP (127.0.0.0/8, ::1): a connection from this machine. Never a name."""
+    """A connection from this machine: an IP address (an IPv4-mapped one as IPv4) that `config.is_loopback_host`,
+    the one loopback rule, says is this machine's (127.0.0.0/8, ::1). A name ("localhost", which that rule counts
+    as a host to listen on or connect to) is no address: no client's address is one."""
     address = ip(address)
-    return address is not None and ipaddress.ip_address(address).is_loopback
+    return address is not None and is_loopback_host(address)
 
 
 def bucket(address: str | None) -> str:

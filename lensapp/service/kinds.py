@@ -112,8 +112,3 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "target_rank_last [item], intermediate_rank and target_rank [item][layer]}.",
          command="how good each lens is: the rank of the unspoken intermediate of two-hop items, layer by layer"),
 )}
-
-
-def of_request(request) -> Kind:
-    """The first kind that asks this request's class (for `LensRequest`: lens)."""
-    return next(k for k in KINDS.values() if isinstance(request, k.request))

@@ -8,14 +8,30 @@ targets get a whole-continuation score, and the chat readout's default layer. Wh
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..config import MAX_CONTINUATION_TOKENS
 from ..engine.run.protocol import Continuation, LensSpec
+from ..results import Target
+from .cost import Cost
 from .field import RequestError
 from .selection import Selection, span
 
 NO_JLENS = "no Jacobian lens is loaded (start with --jlens PATH or HUB_REPO:FILE)"
+
+
+@dataclass
+class Plan:
+    """A lens request or a generation resolved into the engine's terms (the same for a check and a run)."""
+
+    lenses: tuple[str, ...]
+    layers: list[int]
+    ids: list[list[int]]
+    specs: list[LensSpec]
+    cost: Cost
+    targets: list[list[Target]] = field(default_factory=list)             # per prompt
+    continuation_of: list[list[int | None]] = field(default_factory=list)  # per prompt
 
 
 def check_prompt_count(n: int, max_prompts: int) -> None:

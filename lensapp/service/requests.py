@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import GREEDY_BELOW
+from ..config import greedy
 from .field import RequestError, fields_of
 from .fields import (
     ABLATION,
@@ -82,6 +82,15 @@ class Request:
         return cls(**{name: raw.get(name) for name in fields_of(cls)})
 
 
+class Sampled:
+    """What a request that generates with a temperature has."""
+
+    @property
+    def sampled(self) -> bool:
+        """Sampling rather than greedy decoding (`config.greedy`: at or above vLLM's own greedy threshold)."""
+        return not greedy(self.temperature)
+
+
 @dataclass(frozen=True)
 class LensRequest(Request):
     prompts: tuple[str, ...] = PROMPTS.declared()
@@ -96,7 +105,7 @@ class LensRequest(Request):
 
 
 @dataclass(frozen=True)
-class GenerateRequest(Request):
+class GenerateRequest(Sampled, Request):
     prompt: str = PROMPT.declared()
     max_tokens: int = MAX_TOKENS.declared()
     lens: str = LENS.declared()
@@ -108,14 +117,9 @@ class GenerateRequest(Request):
     raw: bool = RAW.declared()
     force: tuple = FORCE.declared()
 
-    @property
-    def sampled(self) -> bool:
-        """Sampling rather than greedy decoding (at or above vLLM's own greedy threshold)."""
-        return self.temperature >= GREEDY_BELOW
-
 
 @dataclass(frozen=True)
-class ChatRequest(Request):
+class ChatRequest(Sampled, Request):
     """layer: the readout's layer (negative counts from the end; None: about two thirds of the depth)."""
 
     messages: tuple[dict, ...] = MESSAGES.declared()

@@ -79,10 +79,21 @@ def _part(text: str):
 
 
 def _index(i: int, n: int, noun: str) -> int:
-    j = i + n if i < 0 else i
+    where = f"this {n}-layer model" if noun == "layer" else f"this {n}-token prompt"
+    return index(i, n, f"{noun} {i} is outside {where} (0..{n - 1})")
+
+
+def from_end(i: int, n: int) -> int:
+    """The one rule for an index of an n-long thing (layers, positions): counted from 0, a negative one from the
+    end (-1: the last). Not checked: `index` checks."""
+    return i + n if i < 0 else i
+
+
+def index(i: int, n: int, outside: str) -> int:
+    """`from_end(i, n)`, or RequestError(`outside`) when that is not in 0..n-1."""
+    j = from_end(i, n)
     if not 0 <= j < n:
-        where = f"this {n}-layer model" if noun == "layer" else f"this {n}-token prompt"
-        raise RequestError(f"{noun} {i} is outside {where} (0..{n - 1})")
+        raise RequestError(outside)
     return j
 
 

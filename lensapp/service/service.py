@@ -5,41 +5,45 @@ chat templates, targets, layer defaults, the work budget), runs them through the
 builds `results` objects from the tensors that come back. It owns the Jacobian lens (loaded and
 checked against the model here, installed in the engine, which re-installs it after a restart)
 and the result cache. It knows nothing of Gradio or charts.
+
+Each request kind is planned and run in a module of its own (reading.py, generating.py, branching.py,
+describing.py, components.py, evaluating.py, intervening/), through the service's public face only: the
+model's `info`, `prompts` and `engine`, the budget (`check_cost`, `admit`, `deadline`) and the result cache
+(`cached`, `cached_many`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TypeVar
 
 from .. import jlens as jlens_files
-from ..config import LENS_CHOICES, MAX_COMPARE_PROMPTS, MAX_CONTINUATION_TOKENS, PUNCTUATION_WIDTH, Config
+from ..config import MAX_COMPARE_PROMPTS, Config
 from ..engine.run.core import Engine
-from ..engine.run.protocol import GREEDY_BELOW, Backend, Sampling
+from ..engine.run.protocol import Backend, Sampling
 from ..engine.start.host import memory_in_use
 from ..engine.start.loading import ResolvedModel, backend_factory, describe_model
 from ..engine.start.memory import Budget, fitting_on
 from ..engine.start.preflight import preflight
-from ..results import ChatReply, Comparison, ComponentsResult, GenerationResult, InterventionResult, LensResult, Target
-from ..results.decided import WIDTH as DECIDED_WIDTH
+from ..results import ChatReply, Comparison, ComponentsResult, GenerationResult, InterventionResult, LensResult
 from ..results.description import Descriptions
 from . import components, cost, evaluating, limits, planning
 from .app_jlens import engine_stack, lens_key, load_configured_jlens, load_jlens
 from .branching import Brancher
 from .cache import ResultCache
 from .describing import Describer
-from .field import RequestError, show
+from .field import RequestError
 from .fits import FitDesk
+from .generating import Generator
 from .intervening import Inputs, Intervener, Jacobians, Limits
 from .prompts import Prompts, load_tokenizer
+from .reading import Reader
 from .requests import ChatRequest, ComponentsRequest, DescribeRequest, GenerateRequest, InterveneRequest, LensRequest
-from .selection import span
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class LensService:
@@ -55,7 +59,9 @@ class LensService:
         self.token_weight = cost.token_weight(model.info.n_layers, model.info.d_model, model.info.vocab_size)
         self.fits = FitDesk(cfg)                 # fitted steering vectors: one at a time, in their own process
         self.intervener = Intervener(engine, model.path, model.family)
-        self.brancher = Brancher(self)           # forced tokens: a generation's branches
+        self.reader = Reader(self)               # lens readouts
+        self.generator = Generator(self)         # generations and chat replies
+        self.brancher = Brancher(self, self.generator)      # forced tokens: their branches
         self.describer = Describer(self)         # Patchscopes: a cell described in words
         # Told of each request asked for: observer(kind, request), kind one of lens, compare, generate, chat,
         # intervene, components (a workshop's counts: usage.py). Never told twice of one request; its errors are logged.
@@ -109,25 +115,7 @@ class LensService:
     def lens(self, req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> list[LensResult]:
         """Every requested lens, layer and position for each prompt; the prompts run together."""
         self._observe("lens", req)
-        return self._lens(req, max_prompts)
-
-    def _lens(self, req: LensRequest, max_prompts: int) -> list[LensResult]:
-        plan = self._plan_lens(req, max_prompts)
-
-        def compute(todo: list[int]) -> list[LensResult]:
-            self.admit(plan.cost)
-            outputs = self.engine.lens([plan.specs[i] for i in todo], self.deadline(plan.cost))
-            return [LensResult.from_output(out, prompt=req.prompts[i], ids=plan.ids[i], layers=plan.layers,
-                                           decode=self.prompts.decode, targets=plan.targets[i],
-                                           continuation_of=plan.continuation_of[i], model=self.info.name,
-                                           jlens=self._jlens_note(plan.ids[i]), k=req.k,
-                                           skip_punctuation=req.skip_punctuation)
-                    for i, out in zip(todo, outputs)]
-
-        keys = [self._key("lens", p, req.chat, plan.lenses, tuple(plan.layers), req.k,
-                          req.targets, req.raw, req.skip_punctuation)
-                + (("sublayers",) if req.sublayers else ()) for p in req.prompts]
-        return self.cache.get_many(keys, compute)
+        return self.reader.read(req, max_prompts)
 
     def compare(self, req: LensRequest) -> Comparison:
         """2..MAX_COMPARE_PROMPTS prompts read the same way, in flight together; each prompt's result is
@@ -135,31 +123,13 @@ class LensService:
         if not 2 <= len(req.prompts) <= MAX_COMPARE_PROMPTS:
             raise RequestError(f"compare takes 2 to {MAX_COMPARE_PROMPTS} prompts; got {len(req.prompts)}")
         self._observe("compare", req)
-        return Comparison(self._lens(req, MAX_COMPARE_PROMPTS))
+        return Comparison(self.reader.read(req, MAX_COMPARE_PROMPTS))
 
     def generate(self, req: GenerateRequest) -> GenerationResult:
         """Generate and read the newest position at every step (step 0: all prompt positions); with `force`, the
         branch those tokens make (service/branching.py)."""
         self._observe("generate", req)
-        return self.brancher.generate(req) if req.force else self._generate(req)
-
-    def _generate(self, req: GenerateRequest) -> GenerationResult:
-        plan = self._plan_generate(req)
-        sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
-
-        def compute() -> GenerationResult:
-            self.admit(plan.cost)
-            out = self.engine.generate(plan.specs[0], sampling, self.deadline(plan.cost))
-            return GenerationResult.from_output(out, prompt=req.prompt, ids=plan.ids[0], layers=plan.layers,
-                                                decode=self.prompts.decode, text=self.prompts.text(out.token_ids),
-                                                model=self.info.name, seed=req.seed, temperature=req.temperature,
-                                                k=req.k)
-
-        if not _reproducible(req.temperature, req.seed):
-            return compute()
-        key = self._key("generate", req.prompt, req.chat, plan.lenses, tuple(plan.layers), req.k, req.max_tokens,
-                        sampling.decides, req.raw)
-        return self.cache.get_or_compute(key, compute)
+        return self.brancher.generate(req) if req.force else self.generator.generate(req)
 
     def check(self, req: LensRequest | GenerateRequest | InterveneRequest | ComponentsRequest | DescribeRequest,
               max_prompts: int = MAX_COMPARE_PROMPTS) -> cost.Cost:
@@ -170,12 +140,12 @@ class LensService:
         if isinstance(req, ComponentsRequest):
             return components.plan(self, req).cost
         if isinstance(req, LensRequest):
-            return self._plan_lens(req, max_prompts).cost
+            return self.reader.plan(req, max_prompts).cost
         if isinstance(req, DescribeRequest):
             return self.describer.plan(req).cost
         if req.force:
             return self.brancher.plan(req).cost
-        return self._plan_generate(req).cost
+        return self.generator.plan(req).cost
 
     def describe(self, req: DescribeRequest) -> Descriptions:
         """A cell (or a column of cells: one per layer) described in words by the model itself (Patchscopes)."""
@@ -189,79 +159,11 @@ class LensService:
         self._observe("evaluate", req)
         return evaluating.run(self, req, files)
 
-    def _jlens_note(self, ids: list[int]) -> dict | None:
-        """The lens's description for a result, with a warning when the prompt starts unlike the fitted ones."""
-        if self.jlens is None:
-            return None
-        note = self.jlens.describe()      # with the lens's own warnings (another model, other releases), if any
-        warning = jlens_files.bos_warning(jlens_files.fitted_with_bos(self.jlens), ids, self.prompts.bos_id)
-        return note | {"warnings": note.get("warnings", []) + [warning]} if warning else note
-
-    def _plan_lens(self, req: LensRequest, max_prompts: int) -> _Plan:
-        planning.check_prompt_count(len(req.prompts), max_prompts)
-        names = LENS_CHOICES[req.lens]
-        layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
-        ids = [self.prompts.ids(p, req.chat) for p in req.prompts]
-        # Each prompt's targets as the model would write them after it (prompts.py: `word`).
-        targets = [self.prompts.words(req.targets, i) if req.targets else [] for i in ids]
-        target_ids = [[list(t.token_ids) for t in mine] for mine in targets]
-        between = components.sublayer_part(self) if req.sublayers else ""      # the logit lens between attn and MLP
-        work = sum((cost.readout(len(i), len(layers), len(names) + bool(between),
-                                 [len(t) for t in tids if 1 < len(t) <= MAX_CONTINUATION_TOKENS], self.cfg.part_cells)
-                    for i, tids in zip(ids, target_ids)), cost.NOTHING)
-        self.check_cost(work, "this request")
-        # Skipping punctuation widens the top-k the worker reads (bounded) so a word can be found in it.
-        k = max(req.k, PUNCTUATION_WIDTH) if req.skip_punctuation else req.k
-        specs = [dataclasses.replace(planning.lens_spec(i, layers, k, names, self.info.n_layers, self.jlens_layers,
-                                                        tids, req.raw), after_attention=between)
-                 for i, tids in zip(ids, target_ids)]
-        return _Plan(names, layers, ids, specs, work, targets, [planning.continuation_index(t) for t in target_ids])
-
-    def _plan_generate(self, req: GenerateRequest) -> _Plan:
-        names = LENS_CHOICES[req.lens]
-        layers = planning.lens_layers(req.layers, names, self.info.n_layers, self.jlens_layers)
-        ids = self.prompts.ids(req.prompt, req.chat)
-        # The top-5 decision strip (results/decided.py) needs five of each cell's top tokens, whatever k shows.
-        k = max(req.k, DECIDED_WIDTH)
-        spec = planning.lens_spec(ids, layers, k, names, self.info.n_layers, self.jlens_layers, raw=req.raw)
-        work = cost.generation(spec, req.max_tokens, self.cfg.part_cells)
-        self.check_cost(work, "this generation")
-        return _Plan(names, layers, [ids], [spec], work)
-
     def chat(self, req: ChatRequest) -> ChatReply:
         """Answer a conversation with a per-token readout of one lens at one layer (negative counts from the end);
         with `force`, the branch those tokens make of the reply (service/branching.py)."""
         self._observe("chat", req)
-        return self.brancher.chat(req) if req.force else self._chat(req)
-
-    def chat_plan(self, req: ChatRequest) -> tuple[int, list[int], int]:
-        """(the readout's layer, the conversation's ids, the oldest turns dropped to fit), or RequestError."""
-        pool = self.chat_layers(req.lens)
-        n = self.info.n_layers
-        layer = planning.default_chat_layer(pool, n) if req.layer is None else req.layer + (n if req.layer < 0 else 0)
-        if layer not in pool:
-            raise RequestError(f"the chat readout cannot read layer {show(layer)}; choose one of {span(pool)}")
-        conversation = self.prompts.conversation(list(req.messages))
-        return layer, conversation.ids, conversation.dropped_turns
-
-    def _chat(self, req: ChatRequest) -> ChatReply:
-        layer, ids, dropped = self.chat_plan(req)
-        spec = planning.lens_spec(ids, [layer], req.k, LENS_CHOICES[req.lens], self.info.n_layers, self.jlens_layers)
-        sampling = Sampling(req.max_tokens, float(req.temperature), req.seed)
-        work = cost.Cost(1, len(ids) + req.max_tokens, req.max_tokens)       # one cell per step: the newest token
-        self.check_cost(work, "this chat")
-
-        def compute() -> ChatReply:
-            self.admit(work)
-            out = self.engine.chat(spec, sampling, self.deadline(work))
-            return ChatReply.from_output(out, decode=self.prompts.decode, text=self.prompts.text(out.token_ids),
-                                         lens=req.lens, layer=layer, dropped_turns=dropped)
-
-        if not _reproducible(req.temperature, req.seed):
-            return compute()
-        key = self._key("chat", tuple((m["role"], m["content"]) for m in req.messages), req.lens, layer,
-                        req.max_tokens, req.k, sampling.decides)
-        return self.cache.get_or_compute(key, compute)
+        return self.brancher.chat(req) if req.force else self.generator.chat(req)
 
     def intervene(self, req: InterveneRequest, progress=None) -> InterventionResult:
         """Steer, ablate or patch, and read before and after (service/intervening/); identical requests are
@@ -270,8 +172,7 @@ class LensService:
         self._observe("intervene", req)
         inputs = self.intervention_inputs()
         plan = self.intervener.plan(req, inputs)
-        return self.cache.get_or_compute(self._key("intervene", *plan.decides()),
-                                         lambda: self.intervener.carry_out(plan, inputs, progress))
+        return self.cached("intervene", plan.decides(), lambda: self.intervener.carry_out(plan, inputs, progress))
 
     def intervention_inputs(self) -> Inputs:
         """What an intervention is planned against, as this service stands (its Jacobian lens may change)."""
@@ -286,8 +187,8 @@ class LensService:
         through the frozen final norm, and where the attention looked (service/components.py)."""
         self._observe("components", req)
         plan = components.plan(self, req)
-        key = self._key("components", plan.spec, req.prompt, req.target, req.foil)
-        return self.cache.get_or_compute(key, lambda: components.run(self, plan))
+        return self.cached("components", (plan.spec, req.prompt, req.target, req.foil),
+                           lambda: components.run(self, plan))
 
     def check_cost(self, work: cost.Cost, what: str, advice: str = cost.ADVICE) -> None:
         """RequestError when `work` passes the budget (`max_work`), in one line saying what to reduce."""
@@ -302,7 +203,21 @@ class LensService:
         """The seconds a request of this cost may take before the engine cancels it."""
         return cost.deadline(work, self.token_weight, self.cfg.max_work, self.cfg.request_timeout)
 
+    def cached(self, kind: str, parts: tuple, compute: Callable[[], T], pin: bool = False) -> T:
+        """`compute()`, or what it gave for the same request before: kind and parts (what decides the answer) are
+        the result cache's key, with the model and the Jacobian lens. `pin`: kept for good (`cache.pinning`)."""
+        if pin:
+            with self.cache.pinning():
+                return self.cache.get_or_compute(self._key(kind, *parts), compute)
+        return self.cache.get_or_compute(self._key(kind, *parts), compute)
+
+    def cached_many(self, kind: str, parts: list[tuple], compute: Callable[[list[int]], list[T]]) -> list[T]:
+        """`cached` for several requests of one kind at once: `compute(indices of those no cache holds)` gives
+        their answers, in one call."""
+        return self.cache.get_many([self._key(kind, *p) for p in parts], compute)
+
     def chat_layers(self, lens: str) -> list[int]:
+        """The layers the chat readout can read through `lens`: with the Jacobian lens, those it has."""
         if lens == "jacobian":
             if self.jlens is None:
                 raise RequestError(planning.NO_JLENS)
@@ -358,24 +273,6 @@ async def warm_up(prompts: Prompts, info, backend: Backend) -> None:
     log.info("warm-up took %.1f s", time.perf_counter() - t)
 
 
-@dataclass
-class _Plan:
-    """A request resolved into the engine's terms (the same for a check and a run)."""
-
-    lenses: tuple[str, ...]
-    layers: list[int]
-    ids: list[list[int]]
-    specs: list
-    cost: cost.Cost
-    targets: list[list[Target]] = field(default_factory=list)             # per prompt
-    continuation_of: list[list[int | None]] = field(default_factory=list)  # per prompt
-
-
 def _reads_with_bos(lens: jlens_files.JacobianLens | None) -> bool:
     """The one BOS rule (prompts.py): every prompt with BOS first when the Jacobian lens was fitted so."""
     return lens is not None and jlens_files.fitted_with_bos(lens) is True
-
-
-def _reproducible(temperature: float, seed: int | None) -> bool:
-    """Greedy decoding, or sampling with an explicit seed: the same request gives the same answer."""
-    return float(temperature) < GREEDY_BELOW or seed is not None

@@ -15,6 +15,7 @@ from typing import Callable
 
 import gradio as gr
 
+from ..config import resolve_trusted_proxies
 from ..service.limits import RateLimiter
 from ..service.usage import Usage, not_counted
 from ..workshop import Workshop
@@ -97,7 +98,7 @@ def build_app(service, cfg, workshop: Workshop | None = None) -> gr.Blocks:
 
 def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None = None) -> UI:
     """The app; with a workshop, its title, only its tabs and its Exercises panel (openings counted in `usage`)."""
-    guard = Guard(RateLimiter.of(cfg), cfg.resolved_trusted_proxies)
+    guard = Guard(RateLimiter.of(cfg), resolve_trusted_proxies(cfg))
     downloads = Downloads(guard)
     kept_results = KeptResults(cfg.session_mb << 20)
     shown = workshop.tabs if workshop is not None else permalinks.TABS

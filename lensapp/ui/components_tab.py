@@ -19,7 +19,8 @@ from ..charts import components as chart
 from ..engine.run.anatomy import anatomy_of
 from ..service.components import model_shape, unavailable
 from ..service.kinds import KINDS
-from ..snippets import components_snippet, model_reference
+from ..snippets import model_reference
+from ..snippets.components import components_snippet
 from .downloads import Downloads
 from .form import Form, asked
 from .kept import kept_state
@@ -153,7 +154,7 @@ def summary(result) -> str:
 
 
 def code_for(service, result) -> str:
-    """The view as a runnable nnsight script (snippets.py)."""
+    """The view as a runnable nnsight script (snippets/components.py)."""
     model, note = model_reference(service.cfg.model, service.info.name)
     return components_snippet(family=service.model.family, anatomy=anatomy_of(service.model.hf_config.model_type),
                               model=model, prompt=result.prompt, target=result.target.text,

@@ -18,7 +18,8 @@ import pandas as pd
 from .. import charts
 from ..charts import intervention as ichart
 from ..results import AblateDone, PatchDone, SteerDone
-from ..snippets import intervention_snippet, model_reference
+from ..snippets import model_reference
+from ..snippets.intervention import intervention_snippet
 from .downloads import Downloads
 from .form import Form, add_reading, asked, single_lenses
 from .kept import kept_state
@@ -228,7 +229,7 @@ def pick_target(values: dict, evt: gr.SelectData) -> dict:
 
 
 def code_for(service, result) -> str:
-    """The intervention as a runnable nnsight script (snippets.py)."""
+    """The intervention as a runnable nnsight script (snippets/intervention.py)."""
     jacobian = isinstance(result.intervention, (SteerDone, AblateDone)) and result.intervention.direction == "jacobian"
     if jacobian and service.jlens is None:
         return ""

@@ -4,7 +4,8 @@ Both show a layer x token heatmap for a prompt, the top-k table at one position 
 curves. The Jacobian tab reads both lenses over the layers that have a J, shows them side by side
 on one colour scale with a view of where their top-1 differs, and the lens's provenance. Its inputs
 are the `lens` request's fields but the lens (`views.TAB_VIEWS`); the handlers below are what its
-events call.
+events call. Under the readout: a cell described in words (`describing.py`), "Show the code"
+(`lens_code.py`) and, on the Jacobian tab, how good the lens is (`evaluation.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import gradio as gr
 from .. import charts, redact
 from ..service.planning import jlens_subset
 from ..service.selection import span
-from ..snippets import lens_snippet, model_reference
 from .components_tab import cell_link
 from .decisions import build_strip, redraw_strip, strip_of
 from .describing import build_describe_panel, describe
@@ -26,6 +26,7 @@ from .evaluation import build_evaluation_panel
 from .examples import lens_examples
 from .form import Form, asked
 from .kept import kept_state
+from .lens_code import build_code_panel, show_code
 from .notes import highlight_of
 from .readout import colour_metric, grid_tables, lens_summary, position_choices, shown_lenses, top_k_tables
 from .tabs import Components, TabParts, build_chart, how_to, int_or, md_text, on, warn
@@ -154,7 +155,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     asked_cell = ["state", "position", "chat", *(name for name in more if name.startswith("describe_"))]
     for button, every_layer in (("describe_one", False), ("describe_column", True)):
         on(parts[button].click, partial(describe, service, guard, every_layer), parts, asked_cell, ["describe_table"])
-    on([parts["state"].change, parts["code_form"].change], partial(show_code, tab, service, guard), parts,
+    on([parts["state"].change, parts["code_form"].change], partial(show_code, tab.lens, service, guard), parts,
        ["state", "code_form", "chat"], ["code"])
     return TabParts(tab.view, form.inputs, outputs, run_fn, reads, run_button)
 
@@ -210,16 +211,11 @@ def _outputs(tab: LensTab, downloads: Downloads) -> Components:
 def _more(tab: LensTab, service) -> Components:
     """A cell described in words, the code and the lens's provenance under the readout."""
     described = build_describe_panel(tab.name, service.info.n_layers)
-    with gr.Accordion("Show the code", open=False, elem_id=f"{tab.name}-code-box"):
-        gr.Markdown("This view as a short nnsight script: paste it into a notebook (the copy button is at "
-                    "the top right) to get the same numbers.")
-        code_form = gr.Radio([("TransformersModel (runs anywhere)", "transformers"),
-                              ("vLLM (the app's engine)", "vllm")], value="transformers", show_label=False)
-        code = gr.Code(language="python", interactive=False, elem_id=f"{tab.name}-code")
+    code = build_code_panel(tab.name)
     if tab.lens != "logit":
         with gr.Accordion("Lens provenance", open=False):
             gr.JSON(value=service.jlens.describe(), label="The lens file", elem_id="jlens-provenance")
-    return {**described, "code_form": code_form, "code": code}
+    return {**described, **code}
 
 
 # -- what its events call -------------------------------------------------------------------------------
@@ -296,20 +292,3 @@ def move_window(tab: LensTab, guard, values: dict, request: gr.Request = None) -
         heatmap, diff = draw(tab, result, metric, first, values.get("note"), values.get("chat"))
         return {"heatmap": heatmap, "diff": diff, "start": first, "grid_table": grid_tables(result, tab.shown, first)}
     return guard.ui(request, redraw)
-
-
-def show_code(tab: LensTab, service, guard, values: dict, request: gr.Request = None) -> dict:
-    result = values["state"]
-    if result is None:
-        return {}
-    return guard.ui(request, lambda: {"code": code_for(service, result, tab.lens, values["code_form"],
-                                                       bool(values["chat"]))})
-
-
-def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
-    """The view of `result` as a runnable nnsight script (snippets.py)."""
-    model, note = model_reference(service.cfg.model, service.info.name)
-    return lens_snippet(family=service.model.family, model=model, prompt=result.prompt,
-                        layers=result.layers, k=result.lenses[next(iter(result.lenses))].top_ids.shape[-1], lens=lens,
-                        jlens=service.jlens.describe()["source"] if service.jlens is not None else None,
-                        chat=chat, form="vllm" if form == "vllm" else "transformers", model_note=note)

@@ -2,7 +2,7 @@
 
 nnsight's client is not thread-safe, and a served app has many threads (Gradio's workers, a
 workshop of thirty browsers). So one thread, owned by `Engine`, runs an event loop on which every
-backend call is a coroutine; callers on other threads submit a call and wait for its result. On
+backend call is a coroutine (`owner.py`); callers on other threads submit a call and wait for its result. On
 vLLM the coroutines of many callers are in flight at once and vLLM's scheduler batches them step
 by step; on the transformers backend they run one after another.
 
@@ -33,10 +33,12 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Awaitable, Callable, NamedTuple, Sequence, TypeVar
+from typing import Awaitable, Callable, Sequence, TypeVar
 
 from . import parts
-from .errors import EngineBusy, EngineDown, EngineError, EngineRestarted, EngineTimeout
+from .errors import EngineBusy, EngineDown, EngineError, EngineRestarted, EngineTimeout, one_line
+from .owner import OwnerThread
+from .parts import Part, generate_part, lens_part
 from .protocol import (
     Backend,
     ChatOutput,
@@ -49,7 +51,7 @@ from .protocol import (
     ModelInfo,
     Sampling,
 )
-from .supervisor import Supervisor, close_quietly, dead, one_line
+from .supervisor import Supervisor, close_quietly, dead
 from .turns import CLIENT, Admission, FairSlots, OverShare
 
 log = logging.getLogger(__name__)
@@ -87,17 +89,15 @@ class Engine(Supervisor):
         self._closed = False
         self._starting: concurrent.futures.Future | None = None     # a backend being built, off the loop
         self._builder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lens-engine-start")
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="lens-engine", daemon=True)
-        self._thread.start()
-        self._ready = self._on_loop(self._make_event).result()
+        self._owner = OwnerThread("lens-engine")
+        self._ready = self._owner.submit(asyncio.Event).result()
         self._booted = False
 
     def start(self) -> Engine:
         """Start the backend in the background (`wait_ready` or any call waits for it)."""
         if not self._booted:
             self._booted = True
-            self._on_loop(self._boot)
+            self._owner.submit(self._boot)
         return self
 
     # -- public, thread-safe --------------------------------------------------------------------------
@@ -105,7 +105,7 @@ class Engine(Supervisor):
         """Each prompt's readouts, each prompt (or each part of a large readout: `parts.py`) a part of the request,
         in flight together and taking turns with everyone else's."""
         cut = [parts.split_lens(spec, self.max_part_cells) for spec in specs]
-        outs = iter(self.run("lens", [_lens_part(p) for pieces in cut for p in pieces], timeout))
+        outs = iter(self.run("lens", [lens_part(p) for pieces in cut for p in pieces], timeout))
         return [parts.merge_lens([next(outs) for _ in pieces]) for pieces in cut]
 
     def generate(self, spec: LensSpec, sampling: Sampling, timeout: float | None = None) -> GenerationOutput:
@@ -116,7 +116,7 @@ class Engine(Supervisor):
         """Several generations of one request (an intervention's before and after), each a part, each with its
         prompt's readout read apart in parts."""
         cut = [parts.split_generation(spec, self.max_part_cells) for spec in specs]
-        calls = [call for prompt, gen in cut for call in [*map(_lens_part, prompt), _generate_part(gen, sampling)]]
+        calls = [call for prompt, gen in cut for call in [*map(lens_part, prompt), generate_part(gen, sampling)]]
         outs = iter(self.run("generate", calls, timeout))
         return [parts.merge_generation([next(outs) for _ in prompt], next(outs)) for prompt, _ in cut]
 
@@ -167,7 +167,8 @@ class Engine(Supervisor):
                 self.counts["refused_busy"] += 1
                 raise EngineBusy(str(e)) from None
             self._admitted += 1
-            future = self._on_loop(lambda: self._run(kind, parts, client, timeout))   # under the lock: arrival order
+            # scheduled under the lock: calls reach the loop in their order of arrival
+            future = self._owner.submit(lambda: self._run(kind, parts, client, timeout))
         try:
             # The loop enforces the deadline; this one only guards against a loop that no longer turns.
             try:
@@ -209,18 +210,16 @@ class Engine(Supervisor):
                 return
             self._closed = True
         backend, self._backend = self._backend, None
-        if self._loop.is_running():
+        if self._owner.is_running():
             if backend is not None:
                 # On the loop: vLLM's async client closes its sockets there, and a socket left open makes
                 # its zmq context hang the process at exit.
                 try:
-                    self._on_loop(lambda: close_quietly(backend)).result(timeout=120)
+                    self._owner.submit(lambda: close_quietly(backend)).result(timeout=120)
                     backend = None
                 except Exception as e:  # noqa: BLE001 - close it off the loop below, as well as it can be
                     log.warning("closing the backend on its loop: %s", one_line(e))
-            self._on_loop(self._cancel_tasks).result(timeout=30)     # the watchdog, calls left waiting
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=30)
+            self._owner.stop(timeout=30)         # the watchdog and calls left waiting cancelled, the thread joined
         if backend is not None:
             close_quietly(backend)
         starting = self._starting
@@ -232,25 +231,6 @@ class Engine(Supervisor):
         self._builder.shutdown(wait=False)
 
     # -- on the loop -------------------------------------------------------------------------------------
-    def _on_loop(self, make):
-        """Schedule `make()` (a coroutine factory, or a plain function) on the loop; a concurrent Future."""
-        async def run():
-            result = make()
-            return await result if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future) else result
-        return asyncio.run_coroutine_threadsafe(run(), self._loop)
-
-    @staticmethod
-    async def _cancel_tasks() -> None:
-        me = asyncio.current_task()
-        tasks = [t for t in asyncio.all_tasks() if t is not me]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    @staticmethod
-    def _make_event() -> asyncio.Event:
-        return asyncio.Event()
-
     async def _run(self, kind: str, parts, client: str | None, timeout: float):
         """One admitted request, from waiting for the backend to its outcome (counted once, here)."""
         loop = asyncio.get_running_loop()
@@ -309,19 +289,4 @@ class Engine(Supervisor):
         return result
 
 
-class Part(NamedTuple):
-    """One engine request: `run(backend)`, and the cells its heaviest step reads (big or small in `FairSlots`)."""
-    run: Callable[[Backend], Awaitable]
-    cells: int = 0
-    brief: bool = False           # done in one engine step (a lens), not in many (a generation)
-
-
-def _lens_part(spec: LensSpec) -> Part:
-    return Part(lambda backend: backend.run_lens(spec), parts.cells(spec), brief=True)
-
-
-def _generate_part(spec: LensSpec, sampling: Sampling) -> Part:
-    return Part(lambda backend: backend.run_generate(spec, sampling), parts.cells(spec, generation=True))
-
-
-__all__ = ["OUTCOMES", "Engine", "Part", "EngineBusy", "EngineDown", "EngineError", "EngineRestarted", "EngineTimeout"]
+__all__ = ["OUTCOMES", "Engine", "EngineBusy", "EngineDown", "EngineError", "EngineRestarted", "EngineTimeout"]

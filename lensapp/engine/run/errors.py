@@ -21,3 +21,9 @@ class EngineDown(EngineError):
 
 class EngineTimeout(EngineError):
     pass
+
+
+def one_line(e: BaseException) -> str:
+    """An exception in one line for a log or a message: its type and its message's first line."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

@@ -138,6 +138,11 @@ def residual(block_output, layout: Layout) -> torch.Tensor:
     return block_output[0] if isinstance(block_output, tuple) else block_output
 
 
+def first_item(output):
+    """A module's output, or its first item (transformers' attention also returns its weights)."""
+    return output[0] if isinstance(output, tuple) else output
+
+
 def hf_logits(config, logits: torch.Tensor) -> torch.Tensor:
     """The family's arithmetic after an HF head, as vLLM's logits_processor applies it: soft-cap, then scale."""
     cap = getattr(config, "final_logit_softcapping", None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .components import components_trace
+from .components_trace import components_trace
 from .families import Family, find, hf_logits
 from .protocol import (
     ChatOutput,

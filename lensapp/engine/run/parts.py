@@ -9,17 +9,19 @@ A generation reads its prompt apart, in such parts, and its own request reads on
 a few cells a step. Every readout field is laid out [layers, positions, ...], so the parts' readouts
 concatenate back into exactly what one request would have read (the same forward, the same edits).
 
-Pure functions of specs and outputs: no backend, no engine.
+Pure functions of specs and outputs, and `Part`: one engine request as the engine runs it (a call on
+whichever backend is up, and the cells it reads). No backend, no engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Awaitable, Callable, NamedTuple
 
 import torch
 
-from .protocol import GenerationOutput, LensOutput, LensSpec
+from .protocol import Backend, GenerationOutput, LensOutput, LensSpec, Sampling
 
 
 def big_cells(max_cells: int) -> int:
@@ -108,3 +110,18 @@ def merge_generation(prompt: list[LensOutput], generation: GenerationOutput) -> 
     if prompt and steps:
         steps[0] = merge_lens(prompt).readouts
     return dataclasses.replace(generation, steps=steps)
+
+
+class Part(NamedTuple):
+    """One engine request: `run(backend)`, and the cells its heaviest step reads (big or small in `FairSlots`)."""
+    run: Callable[[Backend], Awaitable]
+    cells: int = 0
+    brief: bool = False           # done in one engine step (a lens), not in many (a generation)
+
+
+def lens_part(spec: LensSpec) -> Part:
+    return Part(lambda backend: backend.run_lens(spec), cells(spec), brief=True)
+
+
+def generate_part(spec: LensSpec, sampling: Sampling) -> Part:
+    return Part(lambda backend: backend.run_generate(spec, sampling), cells(spec, generation=True))

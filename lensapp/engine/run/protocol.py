@@ -1,8 +1,8 @@
 """What the engine core deals in: token ids in, small tensors out, through one `Backend` protocol.
 
 The engine knows nothing of text, tokenisers, results or the UI: a caller (the service layer)
-resolves a request into `LensSpec`s of token ids and layer indices, and gets back `LensOutput`s
-of tensors shaped [layers, positions, ...] that never hold anything vocab-wide.
+resolves a request into `LensSpec`s of token ids and layer indices (and the `Edit`s, `edit.py`, it
+makes), and gets back `LensOutput`s of tensors shaped [layers, positions, ...], never vocab-wide.
 
 Two backends implement `Backend`: nnsight's VLLM (`vllm_backend.py`; GPU, or CPU through the
 worker adapter) and nnsight's TransformersModel (`hf_backend.py`). Their methods are coroutines
@@ -17,8 +17,8 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from ...config import GREEDY_BELOW
-from ...interventions import KINDS
+from ...config import greedy
+from .edit import Edit
 
 # `lenses.layer_readouts` fields: top_ids, top_probs [L, P, k], entropy [L, P], kl_to_final [L, P], ...
 Readout = dict[str, torch.Tensor]
@@ -47,56 +47,6 @@ class Continuation:
     input_ids: tuple[int, ...]
     start: int
     target_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True, eq=False)
-class Edit:
-    """One change to the residual stream leaving block `layer`, made inside the request's own trace
-    (the math: `lensapp.interventions`). The service builds the vector; the engine does no direction math.
-
-    kind: "add" (s += vector), "project_out" (s -= (s.u) u), "set_component" (s += (value - s.u) u),
-      "replace" (s[positions] = vector's rows), with u = vector / ||vector|| (a zero vector edits nothing).
-    vector: float32 CPU [d_model]; for "replace" [n_positions, d_model], row i for positions[i] (for
-      every prompt position, in order, when positions is None).
-    positions: the prompt positions edited; None: all of them.
-    generated: also edit every generated token of a generation (and the target tokens a continuation
-      appends to the prompt); only with positions None, and not for "replace".
-    Edits compare by identity (they hold a tensor).
-    """
-
-    layer: int
-    kind: str
-    vector: torch.Tensor
-    positions: tuple[int, ...] | None = None
-    value: float = 0.0
-    generated: bool = False
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"edit kind {self.kind!r} is not one of {KINDS}")
-        if not isinstance(self.vector, torch.Tensor):
-            raise ValueError(f"an edit's vector must be a tensor, got {type(self.vector).__name__}")
-        want = 2 if self.kind == "replace" else 1
-        if self.vector.ndim != want:
-            raise ValueError(f"a {self.kind} edit's vector must be {want}-D, got {tuple(self.vector.shape)}")
-        if self.positions is not None:
-            if not self.positions or len(set(self.positions)) != len(self.positions):
-                raise ValueError(f"edit positions must be distinct and not empty, got {self.positions}")
-            if self.kind == "replace" and self.vector.shape[0] != len(self.positions):
-                raise ValueError(f"replace: {self.vector.shape[0]} rows for {len(self.positions)} positions")
-        if self.generated and (self.positions is not None or self.kind == "replace"):
-            raise ValueError("a generated-token edit applies at every position: positions None, and not replace")
-
-    def check(self, n_layers: int, d_model: int, prompt_len: int) -> None:
-        """ValueError when the edit does not fit the model or the prompt."""
-        if not 0 <= self.layer < n_layers:
-            raise ValueError(f"edit layer {self.layer} is outside 0..{n_layers - 1}")
-        if self.vector.shape[-1] != d_model:
-            raise ValueError(f"edit vector {tuple(self.vector.shape)} does not fit d_model {d_model}")
-        if self.positions is not None and not all(0 <= p < prompt_len for p in self.positions):
-            raise ValueError(f"edit positions {self.positions} are outside the prompt's 0..{prompt_len - 1}")
-        if self.kind == "replace" and self.positions is None and self.vector.shape[0] != prompt_len:
-            raise ValueError(f"replace: {self.vector.shape[0]} rows for a prompt of {prompt_len} positions")
 
 
 @dataclass(frozen=True)
@@ -177,7 +127,7 @@ class Sampling:
     def greedy(self) -> bool:
         """A temperature below vLLM's own threshold (1e-5) decodes greedily on every backend: logits divided
         by 1e-73 overflow to inf, and sampling from them fails."""
-        return self.temperature < GREEDY_BELOW
+        return greedy(self.temperature)
 
     @property
     def decides(self) -> tuple:
@@ -224,7 +174,7 @@ class ChatOutput:
 
 @dataclass(frozen=True)
 class ComponentsSpec:
-    """One prompt's components readout (`engine/run/components.py`): who wrote the logit of `target_id` (minus
+    """One prompt's components readout (`engine/run/components_trace.py`): who wrote the logit of `target_id` (minus
     `foil_id`'s) at `position`, and the attention there.
 
     model_type: picks where the parts are read (`anatomy`); head_dim: the attention's head size;

@@ -35,9 +35,10 @@ from nnsight.intervention.serialization import dumps, reduce_block
 from nnsight.modeling.vllm.serve import http
 from nnsight.tracing.backend import Backend as TraceBackend
 
-from ..start.vllm_cpu import CPUVLLM
+from .errors import one_line
 from .protocol import StartFailed, Unreachable
 from .replies import RESULT, Finished, NotPlain, read_reply
+from .vllm_meta import MetaOnCPUVLLM
 
 _TRACER = "__lensapp_tracer__"     # the sent block's names for its tracer and for nnsight
 _NNSIGHT = "__lensapp_nnsight__"
@@ -127,9 +128,7 @@ class Wire:
             raise StartFailed(f"the engine service at {self.url}: {e}", permanent=False) from None
 
     def _away(self, error: Exception) -> str:
-        text = str(error).strip().splitlines()
-        return f"the engine service at {self.url} does not answer ({type(error).__name__}" + \
-            (f": {text[0]})" if text else ")")
+        return f"the engine service at {self.url} does not answer ({one_line(error)})"
 
 
 class ServeTrace(TraceBackend):
@@ -188,8 +187,8 @@ def finished(saves: dict, error) -> Finished:
     return output
 
 
-class ServedVLLM(CPUVLLM):
-    """nnsight's VLLM as a meta model (CPUVLLM: its meta tree builds on a CPU-only torch too) whose traces
+class ServedVLLM(MetaOnCPUVLLM):
+    """nnsight's VLLM as a meta model (its meta tree builds on a CPU-only torch too: `vllm_meta`) whose traces
     run on the engine service at `wire`. It never starts an engine of its own."""
 
     def __init__(self, *args, wire: Wire, **kwargs):

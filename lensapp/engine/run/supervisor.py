@@ -22,7 +22,7 @@ import logging
 import time
 
 from . import parts
-from .errors import EngineDown
+from .errors import EngineDown, one_line
 from .protocol import Backend, StartFailed, Unreachable
 from .turns import FairSlots
 
@@ -242,8 +242,3 @@ def close_quietly(backend: Backend) -> None:
         backend.close()
     except Exception as e:  # noqa: BLE001 - a dead backend may fail to close; it is gone either way
         log.warning("closing the old backend: %s", one_line(e))
-
-
-def one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

@@ -21,9 +21,9 @@ from typing import Callable
 import torch
 
 from ... import interventions, lenses
-from .components import mid_reader
-from .families import Layout, final_norm, find, residual
-from .protocol import Edit, LensSpec
+from .families import Layout, final_norm, find
+from .protocol import LensSpec
+from .streams import mid_reader, read_streams, step_rows
 from .unembed_pool import UnembedPool
 
 JLENS_ATTR = "lensapp_jlens"   # attribute on the (worker's) model holding {"layers": [...], "J": [n, d, d]}
@@ -139,79 +139,6 @@ def after_attention_readouts(model, spec: LensSpec, site: Site, mids: dict, fina
 def continuation_trace(model, site: Site, spec: LensSpec, index: int) -> dict:
     """The trace of prompt + target[:-1]: {"logprobs": {lens: log P(target | prompt) [L]}}."""
     return {"logprobs": continuation_body(model, spec, site, index)}
-
-
-def read_residuals(model, layout: Layout, layers, d_model: int) -> torch.Tensor:
-    """[len(layers), P, d_model]: the residual stream after each listed block, unedited (the benches' read)."""
-    blocks = find(model, layout.blocks)
-    return torch.stack([residual(blocks[layer].output, layout).reshape(-1, d_model) for layer in layers])
-
-
-def read_streams(model, site: Site, layers, edits: tuple[Edit, ...] = (), first: int = 0,
-                 prompt_len: int = 0, inside: Callable | None = None) -> dict[int, torch.Tensor]:
-    """{layer: the residual stream after block `layer`, [rows, d_model]} for each of `layers`, making
-    `edits` on the way: for every layer of (layers | edit layers) in ascending order, that layer's edits
-    (in their order), then its read, so a layer's read shows its edited stream.
-
-    The step's rows are sequence positions first..first + rows - 1, of which the first prompt_len are the
-    prompt's (see `interventions.edit_rows`): first is 0 for a forward over the prompt (or the prompt
-    continued by a target), and the token's position for a generated one.
-
-    Under pipeline parallelism, a stage edits only its own blocks, and reads its own (an earlier stage) or
-    every layer (the last, where earlier ones arrive already edited): see `stages`.
-
-    inside(layer), for each read layer: reads inside the block before its output is read, and returns a
-    function given that output before any edit (`components.mid_reader`: the stream between attention and MLP).
-    """
-    blocks = find(model, site.layout.blocks)
-    by_layer: dict[int, list[Edit]] = {}
-    for edit in edits:
-        by_layer.setdefault(edit.layer, []).append(edit)
-    out, last = {}, site.last_stage()
-    for layer in sorted(set(layers) | set(by_layer)):
-        here = site.runs_here(blocks[layer])
-        if not (here or last):
-            continue
-        finish = inside(layer) if inside is not None and layer in layers else None
-        output = blocks[layer].output
-        if finish is not None:
-            finish(output)
-        for edit in by_layer.get(layer, ()) if here else ():
-            edit_block_output(output, site.layout, edit, first, prompt_len)
-        if layer in layers:
-            out[layer] = residual(output, site.layout).reshape(-1, site.d_model)
-    return out
-
-
-def edit_block_output(output, layout: Layout, edit: Edit, first: int, prompt_len: int) -> None:
-    """Make `edit` on a block's output in place, where the next block reads it.
-
-    vLLM's Llama-like blocks return (hidden, residual), the stream being their sum and the add fused
-    into the next block's norm: the edit's delta (new - old stream) is added to `hidden`. Otherwise the
-    stream is the output (or its first item; HF's has a batch dimension) and its rows are overwritten.
-    """
-    stream = residual(output, layout)                                   # [..., rows, d_model]
-    rows, source = interventions.edit_rows(edit.positions, edit.generated, first, stream.shape[-2], prompt_len)
-    if not rows:
-        return
-    index = torch.tensor(rows, device=stream.device)
-    old = stream[..., index, :]
-    flat = old.reshape(-1, stream.shape[-1])
-    vector = edit.vector.to(stream.device)
-    if edit.kind == "replace":
-        vector = vector[torch.tensor(source, device=stream.device)]
-    pairs = layout.pairs and output[1] is not None
-    target = output[0] if isinstance(output, tuple) else output
-    if pairs:
-        target[..., index, :] += interventions.edit_delta(flat, edit.kind, vector, edit.value).reshape(old.shape)
-    else:
-        target[..., index, :] = interventions.apply_edit(flat, edit.kind, vector, edit.value).reshape(old.shape)
-
-
-def step_rows(spec: LensSpec, step: int) -> dict:
-    """read_streams' (first, prompt_len) for a generation's step: 0 the prompt, s >= 1 the s-th new token."""
-    prompt_len = len(spec.input_ids)
-    return {"first": 0 if step == 0 else prompt_len + step - 1, "prompt_len": prompt_len}
 
 
 def lens_body(model, spec: LensSpec, site: Site, own_logits: bool = False, pool: UnembedPool | None = None,

@@ -71,10 +71,6 @@ class Admission:
             if self._admitted[client] <= 0:
                 del self._admitted[client]
 
-    def of(self, client: str | None) -> int:
-        with self._lock:
-            return self._admitted[client]
-
 
 class FairSlots:
     """`size` slots granted round-robin over the clients waiting for one; a client (not the host) holds at

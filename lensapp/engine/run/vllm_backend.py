@@ -18,10 +18,10 @@ import contextlib
 import functools
 import logging
 
-from ..start import cpu_env
-from ..start.process_log import LOG
-from .components import components_trace
+from .components_trace import components_trace
+from .errors import one_line
 from .families import Family, find
+from .process_log import LOG
 from .protocol import (
     ChatOutput,
     ComponentsOutput,
@@ -77,7 +77,8 @@ def vllm_site(layout, head, d_model: int) -> Site:
 
 
 class VLLMBackend:
-    """nnsight's VLLM in async mode. `cpu=True` swaps in the CPU worker adapter.
+    """nnsight's VLLM in async mode: `vllm`, the class the loader chose (nnsight's own, or on CPU the worker
+    adapter, `engine/start/vllm_cpu.py`, its processes' environment already prepared).
 
     `kv_cache_bytes`: the KV cache vLLM gets (engine/start/memory.py sizes it on CPU); 0 lets vLLM size it
     from `gpu_memory_utilization` (on CPU, a share of the NUMA node's memory).
@@ -85,32 +86,23 @@ class VLLMBackend:
 
     concurrent = True            # vLLM batches every call in flight, step by step
 
-    def __init__(self, path: str, info: ModelInfo, family: Family, *, cpu: bool, max_model_len: int,
+    def __init__(self, path: str, info: ModelInfo, family: Family, *, vllm: type, max_model_len: int,
                  gpu_memory_utilization: float, kv_cache_bytes: int = 0, tensor_parallel_size: int = 1,
                  pipeline_parallel_size: int = 1, distributed_executor_backend: str = ""):
-        import nnsight  # noqa: F401  (after prepare_process_environment)
-
-        if cpu:
-            cpu_env.prepare(tensor_parallel_size * pipeline_parallel_size)
-            from ..start.vllm_cpu import CPUVLLM as VLLM
-        elif pipeline_parallel_size > 1:
-            from ..start.vllm_gpu import GPUVLLM as VLLM
-        else:
-            from nnsight.modeling.vllm import VLLM
         extra = {"distributed_executor_backend": distributed_executor_backend} if distributed_executor_backend else {}
         if kv_cache_bytes:
             extra["kv_cache_memory_bytes"] = kv_cache_bytes
         LOG.capture()                           # what vLLM's processes print names a failure's cause
         self._log_mark = LOG.mark()
         try:
-            self.model = VLLM(path, dispatch=True, mode="async", dtype=info.dtype, max_model_len=max_model_len,
+            self.model = vllm(path, dispatch=True, mode="async", dtype=info.dtype, max_model_len=max_model_len,
                              gpu_memory_utilization=gpu_memory_utilization or GPU_MEMORY_SHARE,
                              tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
                              enable_prefix_caching=PREFIX_CACHING, disable_log_stats=True, **extra)
         except Exception as e:
             cause = LOG.cause(since=self._log_mark)
             # With a cause printed, the same start would meet it again; without one (a process killed), retry.
-            raise StartFailed(cause or _first_line(e), permanent=cause is not None) from e
+            raise StartFailed(cause or one_line(e), permanent=cause is not None) from e
         self.info = info
         self.layout = family.vllm_layout()
         self.head = functools.partial(vllm_head, self.layout)
@@ -263,11 +255,6 @@ def engine_cpu_seconds() -> float:
         except psutil.Error:                 # gone while listed
             continue
     return total
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _sampling(s: Sampling) -> dict:

@@ -14,7 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ...config import DEFAULT_MAX_MODEL_LEN, EMBEDDED, MAX_GENERATE_TOKENS, Config, ConfigError
+from ...config import (
+    DEFAULT_MAX_MODEL_LEN,
+    EMBEDDED,
+    MAX_GENERATE_TOKENS,
+    Config,
+    ConfigError,
+    resolve_cache_dir,
+    resolve_device,
+    resolve_dtype,
+)
+from ..run.errors import one_line
 from ..run.families import Family, detect
 from ..run.protocol import Backend, ModelInfo
 from .backend_kinds import kind_for, kind_of
@@ -42,7 +52,7 @@ def resolve_model(cfg: Config) -> tuple[str, str]:
         from .embedded import EMBEDDED_NAME, EmbeddedModelError, embedded_model_dir
 
         try:
-            return str(embedded_model_dir(cfg.resolved_cache_dir / "models")), EMBEDDED_NAME
+            return str(embedded_model_dir(resolve_cache_dir(cfg) / "models")), EMBEDDED_NAME
         except EmbeddedModelError as e:       # neither the package nor PyPI: one line, exit 2
             raise ModelError(str(e)) from None
     # A local folder is named by its last part: the server's folders are nobody's business (redact.py).
@@ -74,10 +84,10 @@ def describe_model(cfg: Config) -> ResolvedModel:
     if prompt_limit < 1:
         raise ConfigError(f"the context ({max_len} positions) leaves no room for a prompt and {MAX_GENERATE_TOKENS} "
                           "generated tokens")
-    device = ELSEWHERE if cfg.engine_url else cfg.resolved_device
+    device = ELSEWHERE if cfg.engine_url else resolve_device(cfg)
     kind = kind_for(cfg.backend, device, cfg.engine_url)
     info = ModelInfo(name=name, n_layers=int(hf.num_hidden_layers), d_model=int(hf.hidden_size),
-                     vocab_size=int(hf.vocab_size), backend=kind.name, device=device, dtype=cfg.resolved_dtype,
+                     vocab_size=int(hf.vocab_size), backend=kind.name, device=device, dtype=resolve_dtype(cfg),
                      family=family.name, max_model_len=max_len)
     kind.layout(family)                          # raises when this family cannot run on this backend
     return ResolvedModel(path=path, name=name, info=info, family=family, hf_config=hf, max_prompt_tokens=prompt_limit)
@@ -110,13 +120,36 @@ def backend_factory(model: ResolvedModel, cfg: Config) -> Callable[[], Backend]:
         cpu = model.info.device == "cpu"
         # On CPU the KV cache is sized from the settings, unless the user asked for vLLM's share instead.
         sized = cfg.kv_cache_mb or (cpu and not cfg.gpu_memory_utilization)
-        return VLLMBackend(model.path, model.info, model.family, cpu=cpu, max_model_len=model.info.max_model_len,
-                           gpu_memory_utilization=cfg.gpu_memory_utilization,
-                           kv_cache_bytes=kv_cache_bytes(cfg, model.hf_config, model.info) if sized else 0,
+        kv_bytes = kv_cache_bytes(cfg, model.hf_config, model.info) if sized else 0
+        vllm = vllm_class(cpu, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
+        return VLLMBackend(model.path, model.info, model.family, vllm=vllm, max_model_len=model.info.max_model_len,
+                           gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_bytes=kv_bytes,
                            tensor_parallel_size=cfg.tensor_parallel_size,
                            pipeline_parallel_size=cfg.pipeline_parallel_size,
                            distributed_executor_backend=cfg.distributed_executor_backend)
     return start
+
+
+def vllm_class(cpu: bool, tensor_parallel_size: int, pipeline_parallel_size: int) -> type:
+    """The nnsight VLLM a vLLM backend is built with: on CPU the worker adapter (`vllm_cpu`, its processes'
+    environment prepared first: `cpu_env`), on GPUs split into pipeline stages the relay's worker (`vllm_gpu`),
+    else nnsight's own."""
+    import nnsight  # noqa: F401  (after prepare_process_environment)
+
+    if cpu:
+        from . import cpu_env
+
+        cpu_env.prepare(tensor_parallel_size * pipeline_parallel_size)
+        from .vllm_cpu import CPUVLLM
+
+        return CPUVLLM
+    if pipeline_parallel_size > 1:
+        from .vllm_gpu import GPUVLLM
+
+        return GPUVLLM
+    from nnsight.modeling.vllm import VLLM
+
+    return VLLM
 
 
 def load_hf_model(cfg: Config, device: str | None = None, dtype: str = "float32"):
@@ -128,7 +161,7 @@ def load_hf_model(cfg: Config, device: str | None = None, dtype: str = "float32"
 
     model = describe_model(cfg)
     try:
-        hf = load_transformers_model(model.path, device=device or cfg.resolved_device, dtype=getattr(torch, dtype))
+        hf = load_transformers_model(model.path, device=device or resolve_device(cfg), dtype=getattr(torch, dtype))
     except (OSError, ValueError) as e:
-        raise ModelError(f"model {cfg.model!r}: cannot load ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+        raise ModelError(f"model {cfg.model!r}: cannot load ({one_line(e)})") from e
     return hf, model

@@ -24,24 +24,22 @@ None` on stage 2 and the EngineCore died. They are allocated here on first use, 
 dummy run does. The relay itself (every layer read where the head lives) is `stages.StageRunner`.
 
 This module is imported by vLLM's worker process by dotted name; keep it free of
-anything but vLLM, nnsight and the engine's worker-side modules (`stages`, `trace`'s names).
+anything but vLLM, nnsight and the engine's worker-side modules (`stages`, `trace`'s names, `vllm_meta`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
-import torch
 from nnsight.modeling.vllm.model_runners.GPUModelRunner import NNsightGPUModelRunner
-from nnsight.modeling.vllm.vllm import VLLM
 from nnsight.modeling.vllm.workers.GPUWorker import NNsightGPUWorker
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from ..run.stages import StageRunner
 from ..run.trace import installed_layers
+from ..run.vllm_meta import MetaOnCPUVLLM
 from .cpu_env import WORKER_HANDOFF
 
 
@@ -99,26 +97,10 @@ class NNsightCPUWorker(CPUWorker):
     nnsight_clear_registered = NNsightGPUWorker.nnsight_clear_registered
 
 
-class CPUVLLM(VLLM):
-    """nnsight's VLLM, pointed at the CPU worker above."""
+class CPUVLLM(MetaOnCPUVLLM):
+    """nnsight's VLLM, pointed at the CPU worker above (its meta tree built on a CPU-only torch: `vllm_meta`)."""
 
     _WORKER_CLS = f"{__name__}.NNsightCPUWorker"
-
-    def _load_meta(self, repo_id, **kwargs):
-        # Building the meta tree calls torch.accelerator.empty_cache(), which a
-        # CPU-only torch answers with an error; there is no cache to empty.
-        with _no_accelerator_cache():
-            return super()._load_meta(repo_id, **kwargs)
-
-
-@contextlib.contextmanager
-def _no_accelerator_cache():
-    real = torch.accelerator.empty_cache
-    torch.accelerator.empty_cache = lambda *a, **k: None
-    try:
-        yield
-    finally:
-        torch.accelerator.empty_cache = real
 
 
 def _fit_message_queues(chunk_mb: int) -> None:

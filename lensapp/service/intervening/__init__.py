@@ -1,6 +1,8 @@
 """Interventions: steer, ablate or patch the residual stream inside the request's own trace, then read again.
 
     registry.py    the kinds by name, one decorator (`@intervention("steer")`); what a kind provides
+    kind.py        what a kind is handed and hands back (`Reading`, `Planned`, `Changes`) and what it may ask of
+                   the engine (`EngineCalls`): a kind imports it and registry.py, never the planner or runner
     steer.py       add alpha times a word's direction (a dose-response sweep)
     ablate.py      remove a word's direction, or set it to its mean over a reference
     patch.py       copy a source prompt's cells in, one layer at a time

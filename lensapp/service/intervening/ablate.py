@@ -19,13 +19,15 @@ from dataclasses import dataclass
 import torch
 
 from ... import interventions as iv
-from ...engine.run.protocol import Edit
+from ...engine.run.edit import Edit
 from ...results import AblateDone
 from .. import cost
 from ..field import RequestError
+from ..requests import InterveneRequest
 from ..selection import span as span_text
+from .kind import Changes, EngineCalls, PlanInputs, Planned, Reading
 from .norms import REFERENCE_TEXT
-from .registry import Changes, intervention
+from .registry import intervention
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def edits(directions: dict[int, torch.Tensor], positions: tuple[int, ...] | None
 
 @intervention("ablate")
 class Ablate:
-    def plan(self, req, reading, inputs) -> AblatePlan:
+    def plan(self, req: InterveneRequest, reading: Reading, inputs: PlanInputs) -> AblatePlan:
         if not req.word.strip():
             raise RequestError("ablation needs a word")
         if req.direction == "fitted":
@@ -85,14 +87,14 @@ class Ablate:
         return AblatePlan(req.word, word_ids, req.from_word, req.direction, req.ablation, reference, reference_ids,
                           reading.positions, extra=extra)
 
-    def carry_out(self, plan, run) -> Changes:
-        change, span = plan.change, plan.reading.span
+    def carry_out(self, planned: Planned[AblatePlan], run: EngineCalls) -> Changes:
+        change, span = planned.change, planned.reading.span
         directions = {layer: run.direction(change.word_ids, layer, change.direction) for layer in span}
         means = None
         if change.ablation == "mean":
             means = reference_means(run.kept_streams(change.reference_ids, span), span, directions)
         where = f"layer {span[0]}" if len(span) == 1 else f"layers {span_text(list(span))}"
-        done = AblateDone(**plan.described(), word=change.word, from_word=change.from_word,
+        done = AblateDone(**planned.described(), word=change.word, from_word=change.from_word,
                           direction=change.direction, ablation=change.ablation,
                           reference=change.reference if means is not None else None, means=means)
         return Changes([f"{change.ablation} {where}"], [], [edits(directions, change.positions, means)], done)

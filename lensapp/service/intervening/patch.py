@@ -20,12 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from ...config import MAX_SWEEP
-from ...engine.run.protocol import Edit
+from ...engine.run.edit import Edit
 from ...results import PatchDone
 from .. import cost
 from ..field import RequestError
-from .planner import prompt_positions
-from .registry import Changes, intervention
+from ..requests import InterveneRequest
+from .kind import Changes, EngineCalls, PlanInputs, Planned, Reading, prompt_positions
+from .registry import intervention
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def edits(kept: torch.Tensor, span: tuple[int, ...], positions: tuple[int, ...])
 
 @intervention("patch")
 class Patch:
-    def plan(self, req, reading, inputs) -> PatchPlan:
+    def plan(self, req: InterveneRequest, reading: Reading, inputs: PlanInputs) -> PatchPlan:
         if len(reading.span) > MAX_SWEEP:
             raise RequestError(f"a patch sweeps at most {MAX_SWEEP} layers at once; got {len(reading.span)}")
         if not req.source.strip():
@@ -80,12 +81,12 @@ class Patch:
                          n_changes=len(reading.span),
                          extra=cost.forward(len(source_ids), len(reading.layers), len(reading.lenses)))
 
-    def carry_out(self, plan, run) -> Changes:
-        change, span = plan.change, plan.reading.span
-        spec = dataclasses.replace(plan.base, input_ids=change.source_ids, target_ids=(), continuations=(),
+    def carry_out(self, planned: Planned[PatchPlan], run: EngineCalls) -> Changes:
+        change, span = planned.change, planned.reading.span
+        spec = dataclasses.replace(planned.base, input_ids=change.source_ids, target_ids=(), continuations=(),
                                    keep_layers=span, keep_positions=change.source_positions)
         kept, source = run.read_source(spec, change.source)
-        done = PatchDone(**plan.described(), word=change.word, source=change.source,
+        done = PatchDone(**planned.described(), word=change.word, source=change.source,
                          target_positions=change.positions, source_positions=change.source_positions)
         return Changes([f"layer {layer}" for layer in span], [float(layer) for layer in span],
                        edits(kept, span, change.positions), done, source)

@@ -2,11 +2,12 @@
 
 `plan(request, inputs)` resolves what every kind shares (the lenses and layers read, the layers and
 positions changed, the prompt's ids, the plain readout's `LensSpec`, the words read as the model would write them
-after the prompt: prompts.py's `word`), asks the request's kind for its own
-plan (`registry.py`), and counts the cost: the readout before and one per change (each with its targets'
-continuations), the forwards the kind makes besides (a patch's source, a mean ablation's reference), and the
-generations before and after. It takes what it needs explicitly (`Inputs`), never the service, so the CLI
-can ask it before an engine starts and a test without one.
+after the prompt: prompts.py's `word`), asks the request's kind for its own plan (`registry.py`; the kind
+is handed a `kind.Reading` and only what `kind.PlanInputs` names of the inputs), and counts the cost: the
+readout before and one per change (each with its targets' continuations), the forwards the kind makes
+besides (a patch's source, a mean ablation's reference), and the generations before and after. It takes what
+it needs explicitly (`Inputs`), never the service, so the CLI can ask it before an engine starts and a test
+without one.
 
 The rules decided here, once: both lenses (or the Jacobian lens) without a Jacobian lens are refused
 (`planning.lens_layers`: NO_JLENS); positions are counted in the prompt (negative from its end; 'all': None).
@@ -23,9 +24,9 @@ from .. import cost, planning
 from ..fits import FitDesk
 from ..prompts import Prompts
 from ..requests import InterveneRequest
-from ..selection import Selection
 from .directions import Jacobians
-from .registry import ChangePlan, kind_of
+from .kind import ChangePlan, Planned, Reading, prompt_positions
+from .registry import kind_of
 
 
 @dataclass(frozen=True)
@@ -59,18 +60,6 @@ class Inputs:
 
 
 @dataclass(frozen=True)
-class Reading:
-    """What every kind shares: the lenses and layers read, the layers changed (`span`), the prompt's ids, and the
-    prompt positions the request names (None: all)."""
-
-    lenses: tuple[str, ...]
-    layers: list[int]
-    span: tuple[int, ...]
-    ids: tuple[int, ...]
-    positions: tuple[int, ...] | None
-
-
-@dataclass(frozen=True)
 class Plan:
     """A request resolved against the model and its prompt(s), before any engine call: its kind's own plan
     (`change`), the targets read (the kind's words first), the plain readout's spec, and every forward."""
@@ -94,10 +83,9 @@ class Plan:
         return (self.kind, req.prompt, (r.lenses, tuple(r.layers), r.span, r.ids, r.positions), self.change,
                 self.targets, self.base, generated)
 
-    def described(self) -> dict:
-        """What every kind's description shares (`results.InterventionDone`'s fields, the word aside)."""
-        return {"layers": self.reading.span, "positions": str(self.request.positions),
-                "changed_positions": self.change.positions, "lenses": self.reading.lenses}
+    def planned(self) -> Planned:
+        """What the plan's kind is handed to carry it out (`kind.Planned`), no more."""
+        return Planned(self.change, self.reading, self.base, str(self.request.positions))
 
 
 def plan(req: InterveneRequest, inputs: Inputs) -> Plan:
@@ -132,10 +120,3 @@ def cost_of(reading: Reading, change: ChangePlan, target_ids: list[list[int]], n
     if new_tokens:
         work = work + cost.forward(n + new_tokens, 1, 1, read_positions=new_tokens) * readouts
     return work
-
-
-def prompt_positions(selection: Selection, n: int) -> tuple[int, ...] | None:
-    """Prompt positions a selection names ('all': None), negative counting from the end."""
-    if selection.is_all:
-        return None
-    return tuple(selection.resolve(n, "position"))

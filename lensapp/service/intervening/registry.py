@@ -4,58 +4,34 @@ A kind is a class with two methods, in a module of its own whose docstring says 
 outcomes it tells apart (`steer.py`, `ablate.py`, `patch.py`):
 
     plan(request, reading, inputs) -> its plan       pure: every rule the kind has, checked before any engine call
-    carry_out(plan, run) -> Changes                  its edits, asking the run (`runner.Run`) for what needs the engine
+    carry_out(planned, run) -> Changes               its edits, asking the run (`kind.EngineCalls`) for what needs
+                                                     the engine
 
-Its plan (a frozen dataclass) carries what the planner counts for every kind (`ChangePlan`): `words` (the
-targets it reads first: the steered or ablated word), `positions` (the prompt positions it changes; None:
-all), `n_changes` (the readouts after) and `extra` (the forwards it makes besides: `cost.py`). A variant of a
-kind (a layer, a strength, a direction) is a field of its request, never another registration.
-CONTRIBUTING.md has the recipe for a new kind.
+What it is handed and hands back are `kind.py`'s small types (a kind imports that module and this one, never the
+planner or the runner). Its plan (a frozen dataclass) carries what the planner counts for every kind
+(`ChangePlan`): `words` (the targets it reads first: the steered or ablated word), `positions` (the prompt
+positions it changes; None: all), `n_changes` (the readouts after) and `extra` (the forwards it makes besides:
+`cost.py`). A variant of a kind (a layer, a strength, a direction) is a field of its request, never another
+registration. CONTRIBUTING.md has the recipe for a new kind.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from ...engine.run.protocol import Edit
-from ...results import InterventionDone, LensResult
-from .. import cost
 from ..field import RequestError
+from .kind import ChangePlan, Changes, EngineCalls, PlanInputs, Planned, Reading
 
 if TYPE_CHECKING:
     from ..requests import InterveneRequest
-    from .planner import Inputs, Plan, Reading
-    from .runner import Run
-
-
-@dataclass(frozen=True)
-class Changes:
-    """What a kind's plan became: labels[i], sweep[i] and edits[i] for the readout after change i; what was done;
-    a patch's source, read as the target is."""
-
-    labels: list[str]
-    sweep: list[float]
-    edits: list[list[Edit]]
-    done: InterventionDone
-    source: LensResult | None = field(default=None)
-
-
-class ChangePlan(Protocol):
-    """What the planner reads of every kind's plan (each kind's dataclass adds its own)."""
-
-    words: tuple[str, ...]
-    positions: tuple[int, ...] | None
-    n_changes: int
-    extra: cost.Cost
 
 
 class InterventionKind(Protocol):
     name: str
 
-    def plan(self, req: InterveneRequest, reading: Reading, inputs: Inputs) -> ChangePlan: ...
+    def plan(self, req: InterveneRequest, reading: Reading, inputs: PlanInputs) -> ChangePlan: ...
 
-    def carry_out(self, plan: Plan, run: Run) -> Changes: ...
+    def carry_out(self, planned: Planned, run: EngineCalls) -> Changes: ...
 
 
 KINDS: dict[str, InterventionKind] = {}

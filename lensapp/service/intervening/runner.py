@@ -2,7 +2,8 @@
 
 `Intervener` is one model's: it keeps what is measured or read once (the typical norms, the checkpoint's
 directions). Each request gets a `Run`, which the request's kind asks for what needs the engine (the typical
-norms, a direction, a fitted vector, a reference's or a source's streams) while it builds its edits; then
+norms, a direction, a fitted vector, a reference's or a source's streams: `kind.EngineCalls`, all the kind
+knows of it) while it builds its edits from its `kind.Planned` (`Plan.planned`); then
 the run sends the plain readout's `LensSpec` and one edited copy per change to the engine together (each
 cut into parts like any readout; vLLM batches them with everyone else's requests, and an edit changes only
 its own request), and, when asked, the generations before and after as parts of one request
@@ -58,7 +59,8 @@ class Intervener:
 
 
 class Run:
-    """One intervention's engine calls: what its kind asks for, the readouts, the generations."""
+    """One intervention's engine calls: what its kind asks for (`kind.EngineCalls`), the readouts, the
+    generations."""
 
     def __init__(self, intervener: Intervener, inputs: Inputs, progress=None):
         self.engine, self.inputs, self.progress = intervener.engine, inputs, progress
@@ -95,7 +97,7 @@ class Run:
     # -- the result ----------------------------------------------------------------------------------
     def result(self, plan: Plan) -> InterventionResult:
         req, reading = plan.request, plan.reading
-        changes = KINDS[plan.kind].carry_out(plan, self)
+        changes = KINDS[plan.kind].carry_out(plan.planned(), self)
         specs = [plan.base] + [dataclasses.replace(plan.base, edits=tuple(e)) for e in changes.edits]
         deadline = self.limits.deadline(plan.cost)
         results = [self._lens_result(out, req.prompt, reading.ids, reading.layers, plan.targets)

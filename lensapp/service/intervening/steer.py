@@ -23,13 +23,15 @@ from dataclasses import dataclass
 import torch
 
 from ... import interventions as iv
-from ...engine.run.protocol import Edit
+from ...engine.run.edit import Edit
 from ...fitting.steering import SteerConfig
 from ...results import FitReport, SteerDone
 from .. import cost
 from ..field import RequestError
 from ..fields import DEFAULT_ALPHAS, FITTED_MULTIPLES
-from .registry import Changes, intervention
+from ..requests import InterveneRequest
+from .kind import Changes, EngineCalls, PlanInputs, Planned, Reading
+from .registry import intervention
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def edits(vectors: dict[int, torch.Tensor], alphas: tuple[float, ...], norms: li
 
 @intervention("steer")
 class Steer:
-    def plan(self, req, reading, inputs) -> SteerPlan:
+    def plan(self, req: InterveneRequest, reading: Reading, inputs: PlanInputs) -> SteerPlan:
         if not req.word.strip():
             raise RequestError("steering needs a word")
         span, positions = reading.span, reading.positions
@@ -98,19 +100,19 @@ class Steer:
         return SteerPlan(req.word, word_ids, req.from_word, req.direction, req.alphas, req.objective, positions,
                          generated=not req.prompt_only and positions is None, n_changes=n)
 
-    def carry_out(self, plan, run) -> Changes:
-        change, span = plan.change, plan.reading.span
+    def carry_out(self, planned: Planned[SteerPlan], run: EngineCalls) -> Changes:
+        change, span = planned.change, planned.reading.span
         norms = run.typical_norms()
         fit = None
         if change.direction == "fitted":
-            fitted = run.fit(plan.reading.ids, span[0], change.word_ids[0],
+            fitted = run.fit(planned.reading.ids, span[0], change.word_ids[0],
                              fit_config(change, run.limits.max_fit_steps, run.limits.max_fit_seconds))
             fit = FitReport(fitted.reached, fitted.p, fitted.steps, fitted.stopped, fitted.norm / norms[span[0]])
             vectors = {span[0]: fitted.vector}
         else:
             vectors = {layer: run.direction(change.word_ids, layer, change.direction) for layer in span}
         alphas = sweep(change.alphas, None if fit is None else fit.alpha)
-        done = SteerDone(**plan.described(), word=change.word, from_word=change.from_word,
+        done = SteerDone(**planned.described(), word=change.word, from_word=change.from_word,
                          direction=change.direction, alphas=alphas,
                          typical_norm={layer: norms[layer] for layer in span}, generated_tokens=change.generated,
                          objective=change.objective if fit else None, fit=fit)

@@ -23,7 +23,7 @@ import torch
 
 from ... import attribution
 from .anatomy import Anatomy, anatomy_of, norm_affine, weight_o
-from .families import final_norm, find, residual
+from .families import final_norm, find, first_item, residual
 from .protocol import ComponentsSpec
 
 
@@ -35,11 +35,6 @@ def keep(x: torch.Tensor) -> torch.Tensor:
 def rows(x: torch.Tensor) -> torch.Tensor:
     """[..., tokens, n] (HF's batch of one, or vLLM's packed tokens) -> [tokens, n]."""
     return x.reshape(-1, x.shape[-1])
-
-
-def first(output):
-    """A module's output, or its first item (transformers' attention also returns its weights)."""
-    return output[0] if isinstance(output, tuple) else output
 
 
 def components_trace(model, site, spec: ComponentsSpec) -> dict:
@@ -78,9 +73,10 @@ def read_block(block, anatomy: Anatomy, site, spec: ComponentsSpec, layer: int) 
     out["row"] = weights[:, -1] if full else weights
     if full:
         out["pattern"] = weights
-    out["attn_raw"] = keep(rows(first(attn))[p])
-    out["attn"] = keep(rows(first(find(block, anatomy.attn_norm).output))[p]) if anatomy.attn_norm else out["attn_raw"]
-    out["mlp"] = keep(rows(first(find(block, anatomy.mlp_part).output))[p])
+    out["attn_raw"] = keep(rows(first_item(attn))[p])
+    out["attn"] = (keep(rows(first_item(find(block, anatomy.attn_norm).output))[p]) if anatomy.attn_norm
+                   else out["attn_raw"])
+    out["mlp"] = keep(rows(first_item(find(block, anatomy.mlp_part).output))[p])
     stream = rows(residual(block.output, site.layout))[p]
     out["stream"] = stream.detach().clone()                   # in the model's dtype: the final norm reads it
     return out
@@ -163,20 +159,3 @@ def unembedding_rows(model, site, ids: list[int]) -> torch.Tensor:
 def gathered(site, x: torch.Tensor, dim: int) -> torch.Tensor:
     """x with this rank's heads along `dim` -> every head's (tensor parallelism)."""
     return site.gather_heads(x, dim) if site.gather_heads is not None else x
-
-
-def mid_reader(model, site, mlp_part: str):
-    """(inside, mids) for `trace.read_streams`: `inside(layer)` reads block `layer`'s MLP part before the
-    block's output is read, and the function it returns takes that output and keeps the stream between the
-    attention and the MLP, the output less the MLP's part, in `mids[layer]` ([tokens, d_model])."""
-    blocks = find(model, site.layout.blocks)
-    mids: dict[int, torch.Tensor] = {}
-
-    def inside(layer: int):
-        part = first(find(blocks[layer], mlp_part).output)
-
-        def finish(output):
-            stream = residual(output, site.layout).reshape(-1, site.d_model)
-            mids[layer] = stream - part.reshape(-1, site.d_model)
-        return finish
-    return inside, mids
