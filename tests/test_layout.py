@@ -75,7 +75,7 @@ def test_modules_stay_readable(path):
 
 # The backends themselves and the loader that picks one (with the kinds it declares): the only files that know
 # a backend by its name. What differs between backends is a value or a method the backend hands out
-# (`trace.Site.logits`, `backend_kinds.BackendKind`). `snippets/lens.py` and the lens tab's code panel compare
+# (`site.Site.logits`, `backend_kinds.BackendKind`). `snippets/lens.py` and the lens tab's code panel compare
 # "Show the code"s forms, which are published link values ("transformers", "vllm"), not backends.
 BACKEND_FILES = {"engine/run/vllm_backend.py", "engine/run/hf_backend.py", "engine/start/vllm_cpu.py",
                  "engine/start/vllm_gpu.py", "engine/start/loading.py", "engine/start/backend_kinds.py",

@@ -25,7 +25,8 @@ from .protocol import (
     Progress,
     Sampling,
 )
-from .trace import JLENS_ATTR, Site, continuation_trace, lens_body, lens_trace
+from .site import Site
+from .trace import JLENS_ATTR, continuation_trace, lens_body, lens_trace
 
 
 def load_transformers_model(path: str, *, device: str, dtype: torch.dtype):

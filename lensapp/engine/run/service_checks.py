@@ -15,7 +15,8 @@ import hashlib
 
 import torch
 
-from .trace import JLENS_ATTR, Site
+from .site import Site
+from .trace import JLENS_ATTR
 
 
 def stack_fingerprint(layers, J: torch.Tensor) -> str:

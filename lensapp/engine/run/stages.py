@@ -23,7 +23,7 @@ dtype on GPU), besides vLLM's own hidden state. docs/parallel.md sizes it for la
 `StageRunner` is the runner's side, mixed into nnsight's model runner by both workers (`vllm_cpu`,
 `vllm_gpu`). This module knows vLLM's worker side and nothing of text or lenses; it imports vLLM and
 nnsight only inside the worker. The vLLM backend hands trace bodies `is_last_stage`, `runs_here` and
-`gather_head_shards` (raw logits under tensor parallelism) through their `trace.Site`: traces import no
+`gather_head_shards` (raw logits under tensor parallelism) through their `site.Site`: traces import no
 backend.
 """
 

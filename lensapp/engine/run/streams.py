@@ -7,7 +7,7 @@ on envoys. The edits' math is `lensapp.interventions`'s; which rows a step's edi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
@@ -15,9 +15,7 @@ from ... import interventions
 from .edit import Edit
 from .families import Layout, find, first_item, residual
 from .protocol import LensSpec
-
-if TYPE_CHECKING:
-    from .trace import Site
+from .site import Site
 
 
 def read_streams(model, site: Site, layers, edits: tuple[Edit, ...] = (), first: int = 0,

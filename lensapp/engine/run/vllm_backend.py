@@ -35,6 +35,7 @@ from .protocol import (
     Sampling,
     StartFailed,
 )
+from .site import Site
 from .stages import (
     gather_head_shards,
     gather_heads,
@@ -44,7 +45,7 @@ from .stages import (
     tp_rank,
     unembedding_rows,
 )
-from .trace import JLENS_ATTR, SAVED, Site, chat_readout, continuation_trace, lens_body, lens_trace
+from .trace import JLENS_ATTR, SAVED, chat_readout, continuation_trace, lens_body, lens_trace
 from .unembed_pool import worker_pool
 
 log = logging.getLogger(__name__)
