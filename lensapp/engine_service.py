@@ -35,6 +35,7 @@ from collections import OrderedDict
 
 from . import config, shell
 from .engine.start.backend_kinds import kind_for
+from .settings import checked_names
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +49,14 @@ MAX_DELAY_S = 8.0                # up to this
 MAX_PEERS = 4096                 # addresses whose refusals are remembered (the oldest forgotten first)
 
 
+# `lensapp engine`'s settings: the engine's, where to listen, and the key's file (a misspelling raises at import).
+ENGINE_FLAGS = checked_names(*(n for n in config.ENGINE_SETTINGS if n not in ("engine_url", "insecure_engine",
+                                                                              "backend")), "max_batch", "host", "port")
+
+
 def add_engine_arguments(parser) -> None:
     """`lensapp engine`'s flags: the engine's settings, where to listen, and the key's file."""
-    names = (*config.ENGINE_SETTINGS, "max_batch", "host", "port")
-    config.add_arguments(parser, tuple(n for n in names if n not in ("engine_url", "insecure_engine", "backend")))
+    config.add_arguments(parser, ENGINE_FLAGS)
     # This command's old flag for the key: taken, to be refused in one line (config.from_args), never used.
     parser.add_argument("--key", dest="engine_key", default=None, help=argparse.SUPPRESS)
     parser.set_defaults(port=DEFAULT_PORT)
