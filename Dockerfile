@@ -50,9 +50,9 @@ RUN --mount=type=bind,from=pip-local,target=/tmp/pip-local \
     if [ -f /tmp/pip-local/ca.crt ]; then export PIP_CERT=/tmp/pip-local/ca.crt; fi \
     && PIP_FIND_LINKS=/tmp/pip-local PIP_NO_CACHE_DIR=1 make install REQS=$REQS TORCH_INDEX=$TORCH_INDEX
 # Convert the embedded model now, into the user cache dir (~/.cache/lensapp), so a start only starts vLLM (ready
-# in 95-99 s on two busy cores: bench/RESULTS.md). A Space with persistent storage caches under /data/lensapp
+# in 83-99 s on two busy cores: bench/RESULTS.md). A Space with persistent storage caches under /data/lensapp
 # instead (config.py) and converts there once, on its first start.
 RUN .venv/bin/python -c "from lensapp import config; from lensapp.engine.start.embedded import embedded_model_dir; \
-embedded_model_dir(config.Config().resolved_cache_dir / 'models')"
+embedded_model_dir(config.resolve_cache_dir(config.Config()) / 'models')"
 EXPOSE 7860
 CMD [".venv/bin/python", "app.py"]

@@ -40,6 +40,7 @@ BASE = "localhost/debian-bw:bookworm"
 PODMAN = ["podman", "--runtime", "runc"]
 LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 MEMORY, SHM, UID = "4g", "64m", "1000"
+TOKEN_VAR = "LENSAPP_HEALTH_TOKEN"     # /health's full figures for whoever sends it (lensapp/settings.py Secrets)
 PROMPT = "The capital of France is"
 
 
@@ -140,10 +141,12 @@ def run_and_measure(tag: str = TAG, timeout: float = 900) -> dict:
     url, token = f"http://127.0.0.1:{port}/", secrets.token_urlsafe(32)
     out: dict = {"image": tag, "image_bytes": int(podman_out("image", "inspect", "--format", "{{.Size}}", tag))}
     t0 = time.perf_counter()
+    # `-e NAME` without a value: podman passes the variable from its own environment, so the token is never on
+    # an argv (`ps` shows those to everyone on this machine).
     subprocess.run([*PODMAN, "run", "-d", "--name", name, "--memory", MEMORY, "--memory-swap", MEMORY,
                     "--shm-size", SHM, "--user", UID, *LIMITS, "-p", f"127.0.0.1:{port}:7860",
-                    "-e", f"LENSAPP_HEALTH_TOKEN={token}", tag],
-                   check=True, stdout=subprocess.DEVNULL)
+                    "-e", TOKEN_VAR, tag],
+                   check=True, stdout=subprocess.DEVNULL, env={**os.environ, TOKEN_VAR: token})
     try:
         while "page_s" not in out:
             _alive(name, t0, timeout)
@@ -153,8 +156,8 @@ def run_and_measure(tag: str = TAG, timeout: float = 900) -> dict:
             except OSError:
                 time.sleep(0.2)
         while (state := health(url).get("state")) != "ready":
-            if state == "down":
-                raise RuntimeError(f"the app is down: {health(url).get('reason')}\n{_logs(name)}")
+            if state == "down":                   # the reason is the host's: asked with the token
+                raise RuntimeError(f"the app is down: {health(url, token).get('reason')}\n{_logs(name)}")
             _alive(name, t0, timeout)
             time.sleep(0.5)
         out["ready_s"] = time.perf_counter() - t0
@@ -164,6 +167,8 @@ def run_and_measure(tag: str = TAG, timeout: float = 900) -> dict:
         out["first_lens_s"] = time.perf_counter() - t0
         out["next_token"] = lens["model_next_token"]
         h = health(url, token)
+        if "memory" not in h:
+            raise RuntimeError(f"/health did not take the health token ({TOKEN_VAR}): it gave {sorted(h)}")
         plan = h["memory"]["plan"] or {}
         out["plan_parts_mb"] = {k: v for k, v in plan.items()
                                 if k.endswith("_mb") and k not in ("total_mb", "limit_mb")}
@@ -206,6 +211,8 @@ def main(argv=None) -> int:
     peak = f"{results['peak_bytes'] / gib:.2f} GiB" if results["peak_bytes"] else "unreadable"
     print(f"memory: limit {results['memory_limit_bytes'] / gib:.0f} GiB (the app sees {results['limit_seen_mb']} MB), "
           f"plan {results['plan_mb']} MB, peak {peak}, OOM killed: {results['oom_killed']}")
+    print("plan: " + " + ".join(f"{k.removesuffix('_mb').replace('_', ' ')} {v}" for k, v in
+                                results["plan_parts_mb"].items()) + f" = {results['plan_mb']} MB")
     print(json.dumps({"bench": "image", **results}))
     return 0
 

@@ -241,6 +241,23 @@ def test_dockerfile_variants_install_with_the_makefile():
     assert ".venv" in ignored                                 # a host venv would make `make install` a no-op
 
 
+def test_the_dockerfiles_python_runs_against_this_tree(monkeypatch):
+    """Each `python -c` the image runs at build time, run here with its one side effect (converting the embedded
+    model) recorded instead: a setting renamed in the code fails here, not five minutes into a build (a refactor
+    once left `Config().resolved_cache_dir` in it, seen only when the image was built)."""
+    from lensapp import config
+    from lensapp.engine.start import embedded
+
+    converted = []
+    monkeypatch.setattr(embedded, "embedded_model_dir", converted.append)
+    snippets = [m.group(1) for stage in dockerfile()[1] for word, rest in stage["lines"] if word == "RUN"
+                for m in re.finditer(r'\.venv/bin/python -c "(.*?)"', rest)]
+    assert snippets
+    for code in snippets:
+        exec(compile(code, "Dockerfile", "exec"), {})
+    assert converted == [config.resolve_cache_dir(config.Config()) / "models"]
+
+
 # -- the package -----------------------------------------------------------------------------------------
 
 @pytest.mark.slow
