@@ -14,7 +14,16 @@ from lensapp.ui.lens_tab import LOGIT_TAB, lens_request
 from lensapp.ui.prefetch import LinkPrefetch
 
 
+class Words:
+    """A tokenizer of words: a prompt's length in tokens is its word count."""
+
+    def ids(self, prompt, chat=False):
+        return prompt.split()
+
+
 class StandIn:
+    prompts = Words()
+
     def __init__(self, state="ready", in_flight=0, queue_depth=0, cost=0):
         self.info = ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32")
         self.jlens, self.jlens_layers = None, []
@@ -28,8 +37,8 @@ class StandIn:
     def health(self):
         raise AssertionError("a page asked for must not look at the engine's processes")
 
-    def lens(self, req):
-        self.asked.append(req)
+    def lens(self, req, read_from=0):
+        self.asked.append((req, read_from) if read_from else req)
         self.turns.append(CLIENT.get())
         self.counted.append(not usage._QUIET.get())
         spend(self.cost)                        # as the service does where engine work starts
@@ -50,6 +59,23 @@ def test_a_lens_link_prefetches_the_request_its_page_will_send():
     want, _ = lens_request(LOGIT_TAB, service, {"prompt": "The capital of France is", "layers": "1-3", "k": 7,
                                                 "targets": "Paris", "chat": False, "raw": False})
     assert service.asked == [want]
+
+
+def test_a_long_link_prefetches_its_drawn_window_then_the_whole_prompt():
+    """What the page asks first (the last 48 positions of 200, `lens_tab.first_read`), then what it asks next;
+    a link's own window (start=120) is read from there; one from start=10 would read 190 of 200 first: it
+    reads them all at once."""
+    service = StandIn()
+    service.release.set()
+    prompt = " ".join(f"w{i}" for i in range(200))
+    for start, first in ((None, 152), (120, 120), (170, 152), (10, 0)):
+        service.asked.clear()
+        prefetch = LinkPrefetch(service)
+        fields = {"tab": "logit", "prompt": prompt} | ({"start": start} if start is not None else {})
+        assert prefetch(link(**fields))
+        prefetch._runner.shutdown(wait=True)
+        want, _ = lens_request(LOGIT_TAB, service, {"prompt": prompt, "chat": False, "raw": False})
+        assert service.asked == ([(want, first)] if first else []) + [want]
 
 
 def test_a_link_that_skips_punctuation_prefetches_that_request():

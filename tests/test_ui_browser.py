@@ -341,7 +341,10 @@ def test_a_long_prompt_shows_a_window_and_the_code(page, app_url, embedded_dir):
     wait_plot(page, "logit-heatmap")
     drawn = cells(page, "logit-heatmap")
     assert len(drawn) == 3 * 48 and {int(c["position"]) for c in drawn} == set(range(n - 48, n))   # the last 48
-    assert page.locator("#logit-window").is_visible()                   # the slider that moves the window
+    # drawn from its window's readout first (`lens_tab.readout`); the slider comes with the whole prompt's
+    page.wait_for_selector("#logit-window", state="visible", timeout=120_000)   # the slider that moves the window
+    assert "Reading the rest" not in page.locator("#logit-summary").inner_text()
+    assert len(cells(page, "logit-heatmap")) == 3 * 48
     page.get_by_text("Show the code").click()
     page.wait_for_function("() => document.querySelector('#logit-code')?.innerText.includes('TransformersModel')",
                            timeout=30_000)

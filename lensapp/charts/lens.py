@@ -9,6 +9,8 @@ few hundred positions draw in about the time of fifty.
 
 from __future__ import annotations
 
+import warnings
+
 import altair as alt
 import numpy as np
 import pandas as pd
@@ -238,7 +240,9 @@ def _with_overview(chart, grid: Grid, metric: str, target: int, cols: range, s: 
     dom = domain_of(values, m)
     rows = []
     for band in bands:
-        mean = np.nanmean(values[band], axis=0)
+        with warnings.catch_warnings():         # positions a first look has not read yet are NaN: drawn blank
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(values[band], axis=0)
         label = f"{grid.layers[band[0]]}–{grid.layers[band[-1]]}"
         for pos in range(n):
             rows.append({"position": pos, "band": label, "value": finite(mean[pos]),
@@ -246,7 +250,8 @@ def _with_overview(chart, grid: Grid, metric: str, target: int, cols: range, s: 
     scale = alt.Scale(scheme=s.scheme, domain=list(dom), type="log" if m.log else "linear", reverse=m.log)
     overview = alt.Chart(alt.Data(values=rows)).mark_rect().encode(
         x=alt.X("position:O", title=f"all {n} positions (the window is the bright part; move it with the slider)",
-                axis=alt.Axis(values=list(range(0, n, 25)), labelAngle=0)),
+                axis=alt.Axis(values=list(range(0, n, 25)), labelAngle=0),
+                scale=alt.Scale(domain=list(range(n)))),        # every position, read yet or not (blank)
         y=alt.Y("band:N", sort=[r["band"] for r in rows[::n]][::-1], title="layers"),
         color=alt.Color("value:Q", scale=scale, legend=None),
         opacity=alt.condition("datum.shown", alt.value(1.0), alt.value(0.3)),

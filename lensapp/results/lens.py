@@ -31,6 +31,8 @@ class LensResult:
 
     after_attention: with sublayers, the logit lens at each layer's residual after its attention and before
     its MLP (rows `L.attn`; the usual rows are after the MLP, `L.mlp`), at the same layers and positions.
+    read_from: the first position read; those before it are blank (`LensReadout.padded`). A page reads a long
+    prompt's drawn window first (`ui/brief.py`) and the whole prompt after; every other result reads them all.
     """
 
     prompt: str
@@ -43,6 +45,7 @@ class LensResult:
     model: str = ""
     jlens: dict | None = None
     after_attention: dict[str, LensReadout] | None = None
+    read_from: int = 0
 
     def __post_init__(self):
         for name, r in {**self.lenses, **{f"{k} after attention": v for k, v in (self.after_attention or {}).items()}
@@ -55,21 +58,23 @@ class LensResult:
     def from_output(cls, output: LensOutput, *, prompt: str, ids: list[int], layers: list[int], decode: Decode,
                     targets: list[Target] = (), continuation_of: list[int | None] = (),
                     model: str = "", jlens: dict | None = None, k: int | None = None,
-                    skip_punctuation: bool = False) -> LensResult:
+                    skip_punctuation: bool = False, read_from: int = 0) -> LensResult:
         """One prompt's engine output -> a result. continuation_of[j]: index of target j's continuation
-        in output.continuations (None: scored by its first token only)."""
+        in output.continuations (None: scored by its first token only). read_from: the output read positions
+        read_from.. only (`LensSpec.read_from`): the others are left blank."""
         lenses = {}
         for name, raw in output.readouts.items():
             conts = [None if c is None else output.continuations[c][name] for c in continuation_of]
-            lenses[name] = LensReadout.from_readout(raw, decode, targets, conts, k, skip_punctuation)
+            lenses[name] = LensReadout.from_readout(raw, decode, targets, conts, k, skip_punctuation).padded(read_from)
         between = None
         if output.after_attention is not None:          # no continuations there: targets by their first token
-            between = {name: LensReadout.from_readout(raw, decode, targets, [], k, skip_punctuation)
+            between = {name: LensReadout.from_readout(raw, decode, targets, [], k, skip_punctuation).padded(read_from)
                        for name, raw in output.after_attention.items()}
         return cls(prompt=prompt, input_ids=list(ids), input_tokens=in_context(decode, ids), layers=list(layers),
                    lenses=lenses,
                    model_next_id=output.model_next_id, model_next_token=decode([output.model_next_id])[0],
-                   model=model, jlens=jlens if "jacobian" in lenses else None, after_attention=between)
+                   model=model, jlens=jlens if "jacobian" in lenses else None, after_attention=between,
+                   read_from=read_from)
 
     # -- derived views -------------------------------------------------------------
     def top1_grid(self, lens: str = "logit") -> pd.DataFrame:

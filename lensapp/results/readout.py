@@ -10,6 +10,7 @@ Shapes: L = requested layers, P = positions, k = top-k, n = targets.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -160,6 +161,35 @@ class LensReadout:
         tokens = self.decided_ids if self.decided_ids is not None else self.top_ids[-1, :, 0]
         return {rule: decisions.decided_rows(self.top_ids, self.top_probs, tokens, rule) for rule in decisions.RULES
                 if rule != "top5" or self.top_ids.shape[-1] >= decisions.WIDTH}
+
+    def padded(self, before: int) -> LensReadout:
+        """This readout with `before` blank positions in front (a readout from position `before` on, made the
+        shape of the whole prompt's): ids -1, tokens "", numbers NaN, ranks 0, decisions NEVER."""
+        if before <= 0:
+            return self
+
+        def pad(a: np.ndarray | None, fill) -> np.ndarray | None:
+            if a is None:
+                return None
+            axis = min(a.ndim - 1, 1)                       # [P] or [L, P, ...]
+            shape = list(a.shape)
+            shape[axis] = before
+            return np.concatenate([np.full(shape, fill, dtype=a.dtype), a], axis=axis)
+
+        def pad_lists(rows: list | None, blank) -> list | None:
+            return None if rows is None else [[blank] * before + list(row) for row in rows]
+
+        k = self.top_ids.shape[-1]
+        return dataclasses.replace(
+            self, top_ids=pad(self.top_ids, -1), top_probs=pad(self.top_probs, np.nan),
+            top_tokens=pad_lists(self.top_tokens, [""] * k), entropy=pad(self.entropy, np.nan),
+            kl_to_final=pad(self.kl_to_final, np.nan),
+            targets=[dataclasses.replace(t, probs=pad(t.probs, np.nan), ranks=pad(t.ranks, 0)) for t in self.targets],
+            display_tokens=pad_lists(self.display_tokens, ""), display_ranks=pad(self.display_ranks, 0),
+            display_probs=pad(self.display_probs, np.nan), decided_ids=pad(self.decided_ids, -1),
+            decided_tokens=None if self.decided_tokens is None else [""] * before + list(self.decided_tokens),
+            decided=None if self.decided is None else {rule: pad(rows, decisions.NEVER)
+                                                       for rule, rows in self.decided.items()})
 
     def to_json(self) -> dict:
         return {

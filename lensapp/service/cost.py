@@ -61,12 +61,15 @@ def forward(n_tokens: int, n_layers: int = 0, n_lenses: int = 0, read_positions:
     return Cost(1, n_tokens, positions * n_layers * n_lenses)
 
 
-def readout(n_prompt: int, n_layers: int, n_lenses: int, continuations: list[int], max_part_cells: int) -> Cost:
+def readout(n_prompt: int, n_layers: int, n_lenses: int, continuations: list[int], max_part_cells: int,
+            read_positions: int | None = None) -> Cost:
     """A prompt's lens readout, in as many parts as the engine cuts it into (each re-runs the prompt's forward:
     `engine/run/parts.py`), and one forward per multi-token target (`continuations`: each one's token count), which
-    reads log P(target | prompt) at its own positions."""
-    k = parts.n_parts(n_prompt, n_layers, n_lenses, max_part_cells)
-    cost = Cost(k, n_prompt * k, n_prompt * n_layers * n_lenses)
+    reads log P(target | prompt) at its own positions. read_positions: the last positions it unembeds (None: all;
+    `LensSpec.read_from`)."""
+    positions = n_prompt if read_positions is None else read_positions
+    k = parts.n_parts(positions, n_layers, n_lenses, max_part_cells)
+    cost = Cost(k, n_prompt * k, positions * n_layers * n_lenses)
     for m in continuations:
         cost = cost + forward(n_prompt + m - 1, n_layers, n_lenses, read_positions=m)
     return cost

@@ -19,8 +19,9 @@ class Reader:
     def __init__(self, service):
         self.service = service
 
-    def plan(self, req: LensRequest, max_prompts: int) -> planning.Plan:
-        """Every prompt's layers, ids, targets and spec, and what they cost together, or RequestError."""
+    def plan(self, req: LensRequest, max_prompts: int, read_from: int = 0) -> planning.Plan:
+        """Every prompt's layers, ids, targets and spec, and what they cost together, or RequestError.
+        read_from: unembed positions read_from.. only (one prompt)."""
         s = self.service
         planning.check_prompt_count(len(req.prompts), max_prompts)
         names = LENS_CHOICES[req.lens]
@@ -30,22 +31,34 @@ class Reader:
         targets = [s.prompts.words(req.targets, i) if req.targets else [] for i in ids]
         target_ids = [[list(t.token_ids) for t in mine] for mine in targets]
         between = components.sublayer_part(s) if req.sublayers else ""      # the logit lens between attn and MLP
+        if read_from and not (len(ids) == 1 and 0 < read_from < len(ids[0])):
+            raise ValueError(f"read_from {read_from} is not a position of one prompt ({[len(i) for i in ids]} tokens)")
         work = sum((cost.readout(len(i), len(layers), len(names) + bool(between),
-                                 [len(t) for t in tids if 1 < len(t) <= MAX_CONTINUATION_TOKENS], s.cfg.part_cells)
+                                 [len(t) for t in tids if 1 < len(t) <= MAX_CONTINUATION_TOKENS], s.cfg.part_cells,
+                                 read_positions=len(i) - read_from)
                     for i, tids in zip(ids, target_ids)), cost.NOTHING)
         s.check_cost(work, "this request")
         # Skipping punctuation widens the top-k the worker reads (bounded) so a word can be found in it.
         k = max(req.k, PUNCTUATION_WIDTH) if req.skip_punctuation else req.k
         specs = [dataclasses.replace(planning.lens_spec(i, layers, k, names, s.info.n_layers, s.jlens_layers,
-                                                        tids, req.raw), after_attention=between)
+                                                        tids, req.raw), after_attention=between, read_from=read_from)
                  for i, tids in zip(ids, target_ids)]
         return planning.Plan(names, layers, ids, specs, work, targets,
                              [planning.continuation_index(t) for t in target_ids])
 
-    def read(self, req: LensRequest, max_prompts: int) -> list[LensResult]:
-        """Every requested lens, layer and position for each prompt; the prompts no cache holds run together."""
+    def read(self, req: LensRequest, max_prompts: int, read_from: int = 0) -> list[LensResult]:
+        """Every requested lens, layer and position for each prompt; the prompts no cache holds run together.
+        read_from: one prompt's positions read_from.. only, the others blank (`LensResult.read_from`), unless
+        its whole readout is cached or being computed: then that."""
         s = self.service
         plan = self.plan(req, max_prompts)
+        keys = [(p, req.chat, plan.lenses, tuple(plan.layers), req.k, req.targets, req.raw, req.skip_punctuation)
+                + (("sublayers",) if req.sublayers else ()) for p in req.prompts]
+        if read_from and s.holds("lens", keys[0]):      # the whole readout is here or being computed
+            read_from = 0
+        if read_from:
+            plan = self.plan(req, max_prompts, read_from)
+            keys = [keys[0] + (("from", read_from),)]
 
         def compute(todo: list[int]) -> list[LensResult]:
             s.admit(plan.cost)
@@ -54,12 +67,10 @@ class Reader:
                                            decode=s.prompts.decode, targets=plan.targets[i],
                                            continuation_of=plan.continuation_of[i], model=s.info.name,
                                            jlens=self.jlens_note(plan.ids[i]), k=req.k,
-                                           skip_punctuation=req.skip_punctuation)
+                                           skip_punctuation=req.skip_punctuation, read_from=read_from)
                     for i, out in zip(todo, outputs)]
 
-        return s.cached_many("lens", [(p, req.chat, plan.lenses, tuple(plan.layers), req.k, req.targets, req.raw,
-                                       req.skip_punctuation) + (("sublayers",) if req.sublayers else ())
-                                      for p in req.prompts], compute)
+        return s.cached_many("lens", keys, compute)
 
     def jlens_note(self, ids: list[int]) -> dict | None:
         """The lens's description for a result, with a warning when the prompt starts unlike the fitted ones."""

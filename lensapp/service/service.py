@@ -112,10 +112,11 @@ class LensService:
             self.engine.set_jlens(stack)
 
     # -- requests ------------------------------------------------------------------------------------
-    def lens(self, req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS) -> list[LensResult]:
-        """Every requested lens, layer and position for each prompt; the prompts run together."""
+    def lens(self, req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS, read_from: int = 0) -> list[LensResult]:
+        """Every requested lens, layer and position for each prompt; the prompts run together. read_from: one
+        prompt's positions from there on only, the rest blank (`Reader.read`: a page's first look)."""
         self._observe("lens", req)
-        return self.reader.read(req, max_prompts)
+        return self.reader.read(req, max_prompts, read_from)
 
     def compare(self, req: LensRequest) -> Comparison:
         """2..MAX_COMPARE_PROMPTS prompts read the same way, in flight together; each prompt's result is
@@ -210,6 +211,10 @@ class LensService:
             with self.cache.pinning():
                 return self.cache.get_or_compute(self._key(kind, *parts), compute)
         return self.cache.get_or_compute(self._key(kind, *parts), compute)
+
+    def holds(self, kind: str, parts: tuple) -> bool:
+        """Whether the result cache has `cached(kind, parts, ...)`'s answer or is computing it."""
+        return self.cache.holds(self._key(kind, *parts))
 
     def cached_many(self, kind: str, parts: list[tuple], compute: Callable[[list[int]], list[T]]) -> list[T]:
         """`cached` for several requests of one kind at once: `compute(indices of those no cache holds)` gives

@@ -97,6 +97,11 @@ class Downloads:
         """The buttons' updates once a run has a result: shown (a file is built from it only when asked for)."""
         return {kind: gr.Button(visible=True) for kind in KINDS}
 
+    @staticmethod
+    def hidden() -> dict[str, gr.Button]:
+        """The buttons' updates while a result is not whole yet (a long prompt's first look)."""
+        return {kind: gr.Button(visible=False) for kind in KINDS}
+
     def _handler(self, stem: str, kind: str, state: gr.State):
         def build(handle, request: gr.Request = None):
             return self.guard.ui(request, lambda: self.write(stem, kind, kept.read(state, handle)))

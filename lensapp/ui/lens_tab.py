@@ -18,6 +18,7 @@ import gradio as gr
 from .. import charts, redact
 from ..service.planning import jlens_subset
 from ..service.selection import span
+from ..service.usage import not_counted
 from .components_tab import cell_link
 from .decisions import build_strip, redraw_strip, strip_of
 from .describing import build_describe_panel, describe
@@ -27,56 +28,19 @@ from .examples import lens_examples
 from .form import Form, asked
 from .kept import kept_state
 from .lens_code import build_code_panel, show_code
+from .lens_texts import (
+    JACOBIAN_HOW_TO,
+    JACOBIAN_INTRO,
+    LOGIT_HOW_TO,
+    LOGIT_INTRO,
+    NO_LENS,
+    RAW_INFO,
+    SUBLAYERS_INFO,
+)
 from .notes import highlight_of
 from .readout import colour_metric, grid_tables, lens_summary, position_choices, shown_lenses, top_k_tables
 from .tabs import Components, TabParts, build_chart, how_to, int_or, md_text, on, warn
 from .views import START, TAB_VIEWS, TabView
-
-LOGIT_HOW_TO = """
-Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
-token. A cell shows the token the model would predict *next* if it stopped at that layer: the layer's
-residual stream sent through the model's own final norm and unembedding. The colour is the metric you
-choose; hover a cell for its top-k.
-
-- Read a column bottom to top to watch a prediction form. The top row is the model's real output.
-- `␣` is a space, `↵` a newline, `⇥` a tab: tokens often start with a space.
-- *Skip punctuation and whitespace* shows each cell's best word instead of a `.` or `␣`, with its rank as a
-  superscript (`␣city³`: rank 3); the hover still lists the true top-k, and the colour is still the metric's.
-- Early layers of most models read out noise or the current token itself; that is expected.
-- *KL to final* is how far a layer's guess is from the model's final distribution (0 = the same).
-- *Target* metrics score the first token of each target word as it would follow the prompt (a leading
-  space is added).
-"""
-
-JACOBIAN_HOW_TO = """
-The **logit lens** reads layer *l* as if the layers after it did nothing. The **Jacobian lens** first moves
-the residual into the last layer's basis with a pre-fitted average Jacobian J_l = E[∂h_final / ∂h_l],
-then unembeds: what the model is *disposed* to say from layer *l*, not what it would say if it stopped there.
-
-- Both heatmaps share rows (layers that have a J), columns (prompt tokens) and the colour scale.
-- The **difference** view marks cells whose top-1 differs. Orange: the J-lens is closer to the model's
-  final distribution there (lower KL); blue: the logit lens is. Grey: both lenses agree.
-- **Early layers read out degenerate tokens under the J-lens** (runs of `____`, punctuation, the same
-  token everywhere): an average Jacobian fitted from far below carries little of the prompt. Read it from
-  the middle layers on.
-- The top layer has no J (J = I there), so both lenses agree on it by construction.
-"""
-
-NO_LENS = """
-### No Jacobian lens is loaded
-
-This tab compares the logit lens with a **Jacobian lens**, a set of pre-fitted matrices that belongs to
-one model. None was configured when the app started, so there is nothing to show here.
-
-To load one, restart the app with `--jlens`:
-
-- a lens file for this model: `lensapp serve --jlens path/to/lens.pt`
-  (make one with `lensapp fit ...`; the embedded model's ships with the app);
-- a published lens on the Hugging Face hub, with `--model Qwen/Qwen3-8B`:
-  `--jlens neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt`.
-
-The same setting can come from the environment: `LENSAPP_JLENS=...`.
-"""
 
 
 @dataclass(frozen=True)
@@ -98,22 +62,10 @@ class LensTab:
         return shown_lenses(self.lens)
 
 
-# Above the chart: what the picture is, in two plain sentences ("How to read this" says the rest).
-LOGIT_INTRO = ("The picture below reads a prompt layer by layer: each row is a layer of the model (the first at "
-               "the bottom) and each column a word piece of the prompt. A cell is the word the model would say "
-               "next if it stopped at that layer, so a column read upward shows the answer forming: for *The "
-               "capital of France is*, ␣Paris takes over in the top layers.")
-JACOBIAN_INTRO = ("The same picture through the Jacobian lens, beside the plain logit lens: each layer is first "
-                  "carried to the last layer by a fitted average Jacobian, so a cell is what that layer is "
-                  "disposed to say. The view under it marks the cells where the two lenses disagree.")
 LOGIT_TAB = LensTab(TAB_VIEWS["logit"], "Logit lens", LOGIT_INTRO, LOGIT_HOW_TO, "logit", "Run logit lens")
 JACOBIAN_TAB = LensTab(TAB_VIEWS["jacobian"], "Jacobian lens", JACOBIAN_INTRO, JACOBIAN_HOW_TO, "both",
                        "Run both lenses")
 LENS_TABS = {tab.name: tab for tab in (LOGIT_TAB, JACOBIAN_TAB)}
-RAW_INFO = ("Unembed with h·W_U alone, skipping the model's own logit soft-capping or scaling (the same as the "
-            "default for models that have none).")
-SUBLAYERS_INFO = ("Rows L.attn (after the layer's attention) between rows L.mlp (after its MLP): which half of a "
-                  "layer wrote a prediction.")
 
 
 def lens_request(tab: LensTab, service, values: dict):
@@ -147,6 +99,9 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     run_fn = partial(run, tab, service, guard)
     for trigger in ([run_button.click, form.inputs["prompt"].submit], examples.load_input_event.then):
         on(trigger, run_fn, parts, [*form.inputs, *reads], outputs)
+    # A long prompt's first look is its drawn window (`readout`); the rest follows, without a veil over the picture.
+    on(parts["state"].change, partial(complete, tab, service, guard), parts, ["state", *form.inputs, *reads], outputs,
+       show_progress="hidden")
     on(parts["position"].input, partial(pick_position, tab, guard), parts, ["state", "position"], ["table", "curves"])
     on(parts["window"].release, partial(move_window, tab, guard), parts, ["state", "metric", "window", "chat", *reads],
        ["heatmap", "diff", "start", "grid_table"])
@@ -225,29 +180,57 @@ def run(tab: LensTab, service, guard, values: dict, request: gr.Request = None) 
     return guard.ui(request, readout, tab, service, values)
 
 
-def readout(tab: LensTab, service, values: dict) -> dict:
+def readout(tab: LensTab, service, values: dict, first_look: bool = True) -> dict:
+    """The readout's outputs. A first look at a long prompt reads its drawn window only (`first_read`); then
+    `complete` reads it whole (the same picture, its overview filled in, the slider and downloads shown)."""
     req, missing = lens_request(tab, service, values)
-    metric = colour_metric(values.get("metric"), req.targets)
-    if missing:
+    metric = colour_metric(values.get("metric"), req.targets, quiet=not first_look)
+    if missing and first_look:
         warn(f"Layers {', '.join(map(str, missing))} have no Jacobian lens; showing the others.")
-    result = service.lens(req)[0]
-    for warning in (result.jlens or {}).get("warnings", []):    # read unlike the lens was fitted (BOS)
+    start = START(values.get("start"))
+    result = service.lens(req, read_from=first_read(service, req, start) if first_look else 0)[0]
+    for warning in (result.jlens or {}).get("warnings", []) if first_look else []:    # unlike the lens's fit (BOS)
         if warning not in getattr(service.jlens, "warnings", []):   # those are noted above the tab already
             warn(f"Jacobian lens: {warning}.")
-    n, last = len(result.input_ids), len(result.input_ids) - 1
-    cols = charts.window_of(n, START(values.get("start")), charts.DisplaySettings())
+    n, last, whole = len(result.input_ids), len(result.input_ids) - 1, not result.read_from
+    cols = charts.window_of(n, start, charts.DisplaySettings())
     heatmap, diff = draw(tab, result, metric, cols.start, values.get("note"), values.get("chat"))
     return {
         "state": result, "heatmap": heatmap, "diff": diff,
-        "window": gr.Slider(minimum=0, maximum=max(1, n - len(cols)), value=cols.start, visible=len(cols) < n),
-        "summary": lens_summary(result, tab.shown),
-        "position": gr.Dropdown(choices=position_choices(result.input_tokens), value=last),
+        "window": gr.Slider(minimum=0, maximum=max(1, n - len(cols)), value=cols.start,
+                            visible=whole and len(cols) < n),
+        "summary": lens_summary(result, tab.shown) + ("" if whole else READING_THE_REST),
+        "position": gr.Dropdown(choices=position_choices(result.input_tokens)[result.read_from:], value=last),
         "table": top_k_tables(result, tab.shown, last),
         "curves": gr.Plot(value=line_charts(result, tab.shown, last), visible=True),
-        **Downloads.shown(),
+        **(Downloads.shown() if whole else Downloads.hidden()),
         "grid_table": grid_tables(result, tab.shown, cols.start),
         "rule": gr.Radio(value="top1"), **strip_of(result, "top1", cols.start),
     }
+
+
+READING_THE_REST = "  \n*Reading the rest of the prompt: the slider and the downloads follow in a moment.*"
+
+
+def first_read(service, req, start: int | None) -> int:
+    """Where a first look starts reading: the drawn window's first position (`charts.window_of`), when that
+    window and the positions after it are at most half the prompt (a 389-token link reads 48: ~8x fewer cells
+    through the unembedding before its picture is drawn); 0, all of it, otherwise."""
+    n = len(service.prompts.ids(req.prompts[0], req.chat))
+    first = charts.window_of(n, start, charts.DisplaySettings()).start
+    return first if 2 * (n - first) <= n else 0
+
+
+def complete(tab: LensTab, service, guard, values: dict, request: gr.Request = None) -> dict:
+    """After a first look (a result with `read_from`), the whole readout of the same request, not counted twice
+    in a workshop's usage; nothing for a whole result, or when the prompt was edited since (its Run reads it)."""
+    def whole():
+        result = values["state"]
+        if result is None or not result.read_from or lens_request(tab, service, values)[0].prompts[0] != result.prompt:
+            return {}
+        with not_counted():
+            return readout(tab, service, values, first_look=False)
+    return guard.ui(request, whole)
 
 
 def draw(tab: LensTab, result, metric: str, first, note=None, chat=False) -> tuple:

@@ -2,9 +2,10 @@
 
 A permalink's page needs ~2 s to load and start (Gradio's scripts, its config, the link's restore)
 before it asks for the readout, which for a long prompt is seconds of engine time more. The server
-sees the link when the browser first asks for the page, so it starts the same request then; the page's
-own request, built the same way from the same values (`lens_tab.lens_request`), joins it in the result cache (identical
-requests in flight are computed once) or finds it done.
+sees the link when the browser first asks for the page, so it starts the same requests then: a long prompt's
+drawn window first, then the whole prompt (`lens_tab.readout`, `first_read`); the page's own requests, built the
+same way from the same values (`lens_tab.lens_request`), join them in the result cache (identical requests in
+flight are computed once) or find them done.
 
 It goes through the guard like any request the visitor makes (`Guard.visitor`): it waits in the visitor's
 turn and its work is spent from the visitor's budget, and it starts only while that budget allows, so a
@@ -24,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..service.usage import not_counted
 from . import permalinks
-from .lens_tab import LENS_TABS, lens_request
+from .lens_tab import LENS_TABS, first_read, lens_request
+from .views import START
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +65,21 @@ class LinkPrefetch:
         tab = LENS_TABS.get(view.tab)
         if tab is None or (tab.lens != "logit" and service.jlens is None):
             return None
-        req, _ = lens_request(tab, service, tab.view.values_of(view))
-        return req
+        values = tab.view.values_of(view)
+        req, _ = lens_request(tab, service, values)
+        return req, START(values.get("start"))
 
     def _affords(self, client: str | None) -> bool:
         return self.guard is None or self.guard.limiter.allows(client)
 
-    def _run(self, req, client: str | None) -> None:
+    def _run(self, job: tuple, client: str | None) -> None:
+        req, start = job
         try:
             visitor = self.guard.visitor(client) if self.guard is not None else contextlib.nullcontext()
             with not_counted(), visitor:
+                first = first_read(self.service, req, start)
+                if first:                           # what the page asks first, then what it asks next
+                    self.service.lens(req, read_from=first)
                 self.service.lens(req)
         except Exception as e:  # noqa: BLE001 - the page's own request will meet and report it
             log.debug("prefetch failed: %s", e)
