@@ -86,7 +86,9 @@ class App:
             if self.proc is not None and self.proc.poll() is not None:
                 raise SystemExit(f"error: the app exited with {self.proc.returncode}")
             try:
-                if self.health()["state"] == "ready":
+                h = self.health()
+                # and every tab's example computed (ui/front.py): until then it holds the engine for ~15 s
+                if h["state"] == "ready" and h.get("front_page", "ready") == "ready":
                     return
             except (OSError, ValueError):
                 pass

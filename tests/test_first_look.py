@@ -67,8 +67,9 @@ def test_a_cache_holds_what_is_done_or_in_flight():
     cache = ResultCache(4, 1 << 20)
     assert not cache.holds("a")
     seen = []
-    cache.get_or_compute("a", lambda: seen.append(cache.holds("a")) or 1)     # in flight while it computes
-    assert seen == [True] and cache.holds("a") and not cache.holds("b")
+    cache.get_or_compute("a", lambda: seen.append((cache.holds("a"), cache.holds("a", finished=True))) or 1)
+    assert seen == [(True, False)]                                          # in flight while it computes
+    assert cache.holds("a") and cache.holds("a", finished=True) and not cache.holds("b")
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +116,13 @@ def test_a_window_read_first_on_vllm_is_the_whole_readout_there(vllm_service):
     n = len(vllm_service.prompts.ids(LONG))
     first = charts.window_of(n, None, charts.DisplaySettings()).start
     assert_window_equal(vllm_service.lens(req, read_from=first)[0], vllm_service.lens(req)[0], first)
+
+
+def test_a_first_look_takes_the_whole_readout_once_it_is_done(tiny_service, monkeypatch):
+    monkeypatch.setattr(tiny_service, "cache", ResultCache(8, 1 << 26))
+    req = LensRequest(prompts=(LONG,), lens="logit", layers="all", k=3)
+    first = len(tiny_service.prompts.ids(LONG)) - 48
+    part = tiny_service.lens(req, read_from=first)[0]
+    assert part.read_from == first and tiny_service.lens(req, read_from=first)[0] is part     # cached apart
+    whole = tiny_service.lens(req)[0]
+    assert whole.read_from == 0 and tiny_service.lens(req, read_from=first)[0] is whole

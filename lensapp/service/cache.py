@@ -51,10 +51,11 @@ class ResultCache:
         finally:
             _PINNING.reset(token)
 
-    def holds(self, key: Hashable) -> bool:
-        """Whether `key`'s value is here or being computed (asking for it now costs no new engine work)."""
+    def holds(self, key: Hashable, finished: bool = False) -> bool:
+        """Whether `key`'s value is here (`finished`) or here or being computed (asking for it costs no new engine
+        work)."""
         with self._lock:
-            return key in self._pinned or key in self._done or key in self._in_flight
+            return key in self._pinned or key in self._done or (not finished and key in self._in_flight)
 
     def get_or_compute(self, key: Hashable, compute: Callable[[], T]) -> T:
         return self.get_many([key], lambda todo: [compute()])[0]

@@ -49,12 +49,14 @@ class Reader:
     def read(self, req: LensRequest, max_prompts: int, read_from: int = 0) -> list[LensResult]:
         """Every requested lens, layer and position for each prompt; the prompts no cache holds run together.
         read_from: one prompt's positions read_from.. only, the others blank (`LensResult.read_from`), unless
-        its whole readout is cached or being computed: then that."""
+        its whole readout is cached: then that."""
         s = self.service
         plan = self.plan(req, max_prompts)
         keys = [(p, req.chat, plan.lenses, tuple(plan.layers), req.k, req.targets, req.raw, req.skip_punctuation)
                 + (("sublayers",) if req.sublayers else ()) for p in req.prompts]
-        if read_from and s.holds("lens", keys[0]):      # the whole readout is here or being computed
+        # The whole readout when it is done; else the part, even while the whole is being computed (a link's
+        # prefetch reads the part, then the whole: its page must not wait for the whole).
+        if read_from and s.holds("lens", keys[0], finished=True):
             read_from = 0
         if read_from:
             plan = self.plan(req, max_prompts, read_from)

@@ -212,9 +212,10 @@ class LensService:
                 return self.cache.get_or_compute(self._key(kind, *parts), compute)
         return self.cache.get_or_compute(self._key(kind, *parts), compute)
 
-    def holds(self, kind: str, parts: tuple) -> bool:
-        """Whether the result cache has `cached(kind, parts, ...)`'s answer or is computing it."""
-        return self.cache.holds(self._key(kind, *parts))
+    def holds(self, kind: str, parts: tuple, finished: bool = False) -> bool:
+        """Whether the result cache has `cached(kind, parts, ...)`'s answer (or, unless `finished`, is computing
+        it)."""
+        return self.cache.holds(self._key(kind, *parts), finished)
 
     def cached_many(self, kind: str, parts: list[tuple], compute: Callable[[list[int]], list[T]]) -> list[T]:
         """`cached` for several requests of one kind at once: `compute(indices of those no cache holds)` gives
