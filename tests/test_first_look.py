@@ -7,6 +7,8 @@ model (transformers backend, in process), and the window against the whole reado
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -94,6 +96,10 @@ def test_the_page_draws_a_long_prompts_window_first_then_reads_it_whole(tiny_ser
     # The same picture: the window's cells as the table a screen reader reads, the top-k table, the strip.
     assert first["grid_table"] == rest["grid_table"] and first["table"].equals(rest["table"])
     assert lens_tab.complete(tab, tiny_service, guard, {**VALUES, "state": whole}) == {}      # whole: nothing
+    one_a_minute = Guard(RateLimiter(1, burst=1))                 # and not a request of the visitor's rate either
+    visitor = SimpleNamespace(client=SimpleNamespace(host="203.0.113.9"), headers={})
+    for _ in range(3):
+        assert lens_tab.complete(tab, tiny_service, one_a_minute, {**VALUES, "state": whole}, request=visitor) == {}
     edited = {**VALUES, "prompt": LONG + "more", "state": brief}
     assert lens_tab.complete(tab, tiny_service, guard, edited) == {}                           # edited since
 

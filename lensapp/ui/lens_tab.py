@@ -223,10 +223,14 @@ def first_read(service, req, start: int | None) -> int:
 
 def complete(tab: LensTab, service, guard, values: dict, request: gr.Request = None) -> dict:
     """After a first look (a result with `read_from`), the whole readout of the same request, not counted twice
-    in a workshop's usage; nothing for a whole result, or when the prompt was edited since (its Run reads it)."""
+    in a workshop's usage; nothing for a whole result (not even a request of the visitor's rate: every state
+    change calls this), or when the prompt was edited since (its Run reads it)."""
+    result = values["state"]
+    if result is None or not result.read_from:
+        return {}
+
     def whole():
-        result = values["state"]
-        if result is None or not result.read_from or lens_request(tab, service, values)[0].prompts[0] != result.prompt:
+        if lens_request(tab, service, values)[0].prompts[0] != result.prompt:
             return {}
         with not_counted():
             return readout(tab, service, values, first_look=False)
