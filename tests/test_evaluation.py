@@ -5,6 +5,7 @@ test_evaluation_vllm.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import gradio as gr
@@ -15,7 +16,7 @@ from conftest import random_jacobians
 from hostile import assert_one_line
 
 from lensapp import config, jlens
-from lensapp.results.evaluation import best_band
+from lensapp.results.evaluation import EvaluationResult, best_band
 from lensapp.service.evaluation_items import SHIPPED, item_set, parse
 from lensapp.service.field import RequestError
 from lensapp.service.requests import EvaluateRequest
@@ -347,7 +348,6 @@ def test_the_cost_is_one_forward_and_one_cell_per_lens_and_layer_per_item(servic
 
 def constructed_result():
     """Four items, three layers; logit: the intermediate first read at layer 1 by items a-b; jacobian: at 0-1."""
-    from lensapp.results.evaluation import EvaluationResult
 
     def ranks(inter):            # inter [items][layers] -> [layers, 3] per item (intermediate, control, target)
         return [np.stack([np.array(row), np.array([7, 700, 20]), np.array([50, 9, 1])], 1) for row in inter]
@@ -396,6 +396,13 @@ def test_the_result_as_json_and_frames():
     assert j["lenses"]["logit"]["target_rank_last"] == [1, 1, 1, 1]
     assert j["lenses"]["logit"]["control_some_layer"] == {"1": 0.0, "10": 1.0}
     assert j["lenses"]["logit"]["control_rate"]["10"] == [1.0, 0.0, 0.0]
+    # No item's intermediate is in the model's top 10 at its last layer (ranks 30, 12, 500, 11 under the logit
+    # lens at layer 2): all four are unspoken; before layer 2 the logit lens has two, the Jacobian lens three.
+    assert j["unspoken"] == {"k": 10, "last_layer": 2, "items": 4, "read": {"logit": 0.5, "jacobian": 0.75}}
+    said = EvaluationResult(**{**vars(result), "lenses": {name: dataclasses.replace(
+        s, intermediate_rank=np.minimum(s.intermediate_rank, 10)) for name, s in result.lenses.items()}})
+    assert said.unspoken()["items"] == 0 and said.unspoken()["read"] == {"logit": None, "jacobian": None}
+    assert result.summary().iloc[1, 5:7].tolist() == [4, 0.75]
     frame = result.frame()
     assert len(frame) == 6 and list(frame.columns[:4]) == ["lens", "layer", "hit@1", "hit@10"]
     summary = result.summary().set_index("lens")

@@ -19,6 +19,10 @@ from it, so a single best layer would be the noise's choice; the band is the run
 intermediate about as well as any, which is what a reader picks layers from. It is contiguous because a lens's
 reading changes gradually with depth and a band is what one reads. No band where no item ever hits.
 
+Unspoken items: those whose intermediate the model does not say itself (not in its top 10 at the last layer). A
+logit lens reads at most what the model says, so the share of these a lens reads at some earlier layer is the
+plainest measure of what it adds (`EvaluationResult.unspoken`).
+
 `EvaluationResult.from_ranks` is the only code here that touches the engine's tensors.
 """
 
@@ -34,6 +38,7 @@ from .export import round_floats
 
 HIT_AT = (1, 10)        # the k of hit@k reported
 NO_CONTROL = 2**31 - 1  # the control rank of an item that has no control (no other item names other words)
+UNSPOKEN_READ = "unspoken: read before the last layer, hit@10"      # a column of `EvaluationResult.summary`
 
 
 @dataclass(frozen=True)
@@ -202,14 +207,29 @@ class EvaluationResult:
     def n_items(self) -> int:
         return len(self.names)
 
+    def unspoken(self, k: int = 10) -> dict | None:
+        """What a lens is for: of the items whose intermediate the model does not say (not in its own top k at its
+        last layer, which the logit lens reads there), the share each lens has within its top k at some layer
+        before that one. None without a logit lens; a lens's share None when every intermediate is said."""
+        logit = self.lenses.get("logit")
+        if logit is None:
+            return None
+        last, quiet = int(logit.layers[-1]), logit.intermediate_rank[:, -1] > k
+        read = {name: float(s.hits(k)[quiet][:, s.layers < last].any(1).mean()) if quiet.any() else None
+                for name, s in self.lenses.items()}
+        return {"k": k, "last_layer": last, "items": int(quiet.sum()), "read": read}
+
     def summary(self) -> pd.DataFrame:
-        """One row per lens: the "some layer" rates, the best band of hit@10 (and hit@1), the target at the last
-        layer (its top-1 and top-10 rates and median rank)."""
+        """One row per lens: the "some layer" rates, the unspoken items it reads before the last layer, the best
+        band of hit@10 (and hit@1), the target at the last layer (its top-1 and top-10 rates and median rank)."""
         rows = []
+        unspoken = self.unspoken() or {"items": 0, "read": {}}
         for name, s in self.lenses.items():
             rows.append({"lens": name, "items": s.n_items,
                          **{f"some layer hit@{k}": s.some_layer(k) for k in HIT_AT},
                          "control: some layer hit@10": s.control_some_layer(10),
+                         "unspoken items": unspoken["items"],
+                         UNSPOKEN_READ: unspoken["read"].get(name),
                          **{f"best band hit@{k}": str(s.band(k) or "none") for k in reversed(HIT_AT)},
                          "target top-1 at last layer": float((s.target_rank[:, -1] <= 1).mean()),
                          "target top-10 at last layer": float((s.target_rank[:, -1] <= 10).mean()),
@@ -243,4 +263,4 @@ class EvaluationResult:
         return {"model": self.model, "items": self.items, "split": self.split, "n_items": self.n_items,
                 "hit_at": list(HIT_AT), "jlens": self.jlens, "names": self.names, "prompts": self.prompts,
                 "targets": self.targets, "intermediates": self.intermediates,
-                "lenses": {name: s.to_json() for name, s in self.lenses.items()}}
+                "lenses": {name: s.to_json() for name, s in self.lenses.items()}, "unspoken": self.unspoken()}

@@ -17,7 +17,7 @@ import pandas as pd
 
 from .. import charts
 from ..charts.evaluation import evaluation_curves
-from ..results.evaluation import HIT_AT
+from ..results.evaluation import HIT_AT, UNSPOKEN_READ
 from ..service.requests import EvaluateRequest
 from .tabs import build_chart, on
 
@@ -68,6 +68,7 @@ def summary_table(result) -> pd.DataFrame:
     for column in [f"some layer hit@{k}" for k in HIT_AT] + ["control: some layer hit@10", "target top-1 at last layer",
                                                             "target top-10 at last layer"]:
         df[column] = [f"{x:.0%}" for x in df[column]]
+    df[UNSPOKEN_READ] = ["–" if x is None or x != x else f"{x:.0%}" for x in df[UNSPOKEN_READ]]    # None: all said
     return df
 
 
