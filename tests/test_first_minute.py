@@ -4,10 +4,11 @@ squeezed field and no tab scrolls sideways, Compare sits side by side (issue 37)
 
 from __future__ import annotations
 
+import traceback
 from urllib.parse import quote
 
 import pytest
-from test_ui_browser import open_tab, wait_plot
+from test_ui_browser import cells, open_tab, wait_plot
 from tiny_app import served
 
 from lensapp.config import Config
@@ -129,5 +130,30 @@ def test_compare_sits_side_by_side_on_a_wide_screen(browser, tiny_url):
                                       " Math.round(e.getBoundingClientRect().right)])")
     assert len(tops) == 2 and abs(tops[0][1] - tops[1][1]) <= 2, tops             # one row, two pictures
     assert max(right for _, _, right in tops) <= 1400
+    assert not page.errors
+    page.context.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_long_link_draws_its_window_first_then_reads_the_whole_prompt(browser, tiny_url, tiny_service, width,
+                                                                       monkeypatch):
+    """The drawn window's readout first, then the whole prompt's (`lens_tab.complete`, on the state's change): at
+    the end the window's slider and every position of the overview, and no page wider than a phone."""
+    prompt = "one two three four five six seven eight nine ten " * 12
+    n, lens, asked = len(tiny_service.prompts.ids(prompt)), tiny_service.lens, []
+
+    def spy(req, *args, read_from=0, **kwargs):            # the page's own readouts (a link's prefetch reads too)
+        if any(frame.name == "readout" for frame in traceback.extract_stack()):
+            asked.append(read_from)
+        return lens(req, *args, read_from=read_from, **kwargs)
+    monkeypatch.setattr(tiny_service, "lens", spy)
+    page = visit(browser, tiny_url, width, f"v=1&tab=logit&prompt={quote(prompt)}&k=3")
+    wait_plot(page, "logit-heatmap")
+    page.wait_for_selector("#logit-window", state="visible", timeout=60_000)
+    assert asked == [n - 48, 0]                                          # the window, then the whole prompt
+    assert len(cells(page, "logit-heatmap")) == 48 * tiny_service.info.n_layers
+    assert f"all {n} positions" in " ".join(svg_texts(page, "logit-heatmap"))
+    assert "Reading the rest" not in page.inner_text("#logit-summary")
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= page.evaluate("innerWidth")
     assert not page.errors
     page.context.close()
