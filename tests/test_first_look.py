@@ -132,3 +132,17 @@ def test_a_first_look_takes_the_whole_readout_once_it_is_done(tiny_service, monk
     assert part.read_from == first and tiny_service.lens(req, read_from=first)[0] is part     # cached apart
     whole = tiny_service.lens(req)[0]
     assert whole.read_from == 0 and tiny_service.lens(req, read_from=first)[0] is whole
+
+
+def test_a_new_run_cancels_the_whole_readout_in_flight(tiny_service):
+    """The whole-readout step is wired to every state change and cancelled by each way of running the tab anew."""
+    from lensapp import config, ui
+
+    built = ui.build_ui(tiny_service, config.Config(jlens="none"))
+    fns = built.demo.fns                                              # {id: BlockFunction}, named as `on` names them
+    completing = {i for i, f in fns.items() if f.name == "complete"}
+    assert len(completing) == 2                                       # the logit and the Jacobian tab
+    # Gradio makes a cancel function beside each listener given `cancels`, on the same triggers
+    cancelling = [f for f in fns.values() if f.is_cancel_function and set(f.cancels or []) & completing]
+    runs = {tuple(f.targets) for f in fns.values() if f.name == "run"}
+    assert len(cancelling) == 2 * 2 and {tuple(f.targets) for f in cancelling} <= runs   # Run or Enter; an example

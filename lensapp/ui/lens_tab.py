@@ -97,11 +97,12 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     reads = {"note": note} if note is not None else {}
     parts = {**form.inputs, **outputs, **more, **reads}
     run_fn = partial(run, tab, service, guard)
+    # A long prompt's first look is its drawn window (`readout`); the rest follows, without a veil over the picture,
+    # and a new Run cancels it (else the old prompt's whole readout could land over the new one's first look).
+    completing = on(parts["state"].change, partial(complete, tab, service, guard), parts,
+                    ["state", *form.inputs, *reads], outputs, show_progress="hidden")
     for trigger in ([run_button.click, form.inputs["prompt"].submit], examples.load_input_event.then):
-        on(trigger, run_fn, parts, [*form.inputs, *reads], outputs)
-    # A long prompt's first look is its drawn window (`readout`); the rest follows, without a veil over the picture.
-    on(parts["state"].change, partial(complete, tab, service, guard), parts, ["state", *form.inputs, *reads], outputs,
-       show_progress="hidden")
+        on(trigger, run_fn, parts, [*form.inputs, *reads], outputs, cancels=[completing])
     on(parts["position"].input, partial(pick_position, tab, guard), parts, ["state", "position"], ["table", "curves"])
     on(parts["window"].release, partial(move_window, tab, guard), parts, ["state", "metric", "window", "chat", *reads],
        ["heatmap", "diff", "start", "grid_table"])

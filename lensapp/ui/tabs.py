@@ -100,7 +100,7 @@ def on(triggers, fn: Callable[..., dict], parts: Components, reads: Iterable[str
     else:
         def handler(by_component, request: gr.Request = None):
             return updates(fn(values(by_component), request=request), by_component)
-    handler.__name__ = getattr(fn, "__name__", "handler")
+    handler.__name__ = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "handler")
     inputs, outputs = set(reads.values()) | set(replaced.values()), list(writes.values())
     if isinstance(triggers, list):
         return gr.on(triggers, handler, inputs=inputs, outputs=outputs, **PRIVATE, **event)
