@@ -58,3 +58,13 @@ def test_a_command_keeps_its_flags_and_arguments(command):
     positional = [a.dest for a in p._actions if not a.option_strings]
     assert set(FROZEN["cli"][command]["flags"]) <= flags
     assert positional == FROZEN["cli"][command]["positional"]
+
+
+def test_every_endpoint_is_served_under_its_own_name(tiny_service):
+    """Gradio names a UI event after its handler and suffixes a taken name: a page handler named `describe`,
+    made before the API, once moved the API's /describe to /describe_1 (CI: `Cannot find ... /describe`)."""
+    from lensapp import config, ui
+
+    demo = ui.build_app(tiny_service, config.Config(jlens="none", rate_limit=0))
+    served = {fn.api_name for fn in demo.fns.values() if fn.api_visibility != "private"}
+    assert served == {e.name for e in endpoints()}, served

@@ -101,10 +101,13 @@ def on(triggers, fn: Callable[..., dict], parts: Components, reads: Iterable[str
         def handler(by_component, request: gr.Request = None):
             return updates(fn(values(by_component), request=request), by_component)
     handler.__name__ = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "handler")
+    # Gradio names an event after its function and gives a taken name a suffix: a UI handler called `describe`
+    # made before the API's /describe took that name, and the API's became /describe_1. UI names never collide.
+    event = {"api_name": f"ui_{handler.__name__}", **PRIVATE, **event}
     inputs, outputs = set(reads.values()) | set(replaced.values()), list(writes.values())
     if isinstance(triggers, list):
-        return gr.on(triggers, handler, inputs=inputs, outputs=outputs, **PRIVATE, **event)
-    return triggers(handler, inputs, outputs, **PRIVATE, **event)       # one listener: `button.click`, `event.then`
+        return gr.on(triggers, handler, inputs=inputs, outputs=outputs, **event)
+    return triggers(handler, inputs, outputs, **event)       # one listener: `button.click`, `event.then`
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
