@@ -33,6 +33,7 @@ exits with code 2, before any engine starts.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from dataclasses import fields as dataclass_fields
@@ -221,6 +222,13 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
+def fit_model(model_cfg: config.Config, device: str):
+    """The model a fit worker process loads for itself (`--workers`): the parent's, by the same resolution."""
+    from .engine.start.loading import load_hf_model
+
+    return load_hf_model(model_cfg, device=device)[0]
+
+
 def run_fit(args: argparse.Namespace) -> int:
     """`fit` / `--merge` / `--snapshot` from parsed arguments."""
     import torch
@@ -254,6 +262,7 @@ def run_fit(args: argparse.Namespace) -> int:
     prompts = corpora.token_windows(chunks, model.tokenizer, cfg.tokens, min_tokens=cfg.skip + 2)
     layout = resolved.family.hf
     path = fit(model, layout, prompts, cfg, args.out, tokenizer=model.tokenizer, progress=not args.no_progress,
+               load=functools.partial(fit_model, model_cfg, cfg.device),
                provenance=dict(info, corpus=f"{label}, {corpora.CHUNK_CHARS}-char chunks (every "
                                             f"{corpora.HOLDOUT_EVERY}th held out) cut into {cfg.tokens}-token windows"))
     print(path)

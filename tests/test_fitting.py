@@ -20,9 +20,9 @@ def _one_thread(one_thread):
     """Every test here on one torch thread (conftest's `one_thread`)."""
 
 
-@pytest.fixture(scope="module")
-def model():
-    """nnsight's TransformersModel over a tiny random Llama (fp64), as the fitter gets it."""
+def tiny_model():
+    """nnsight's TransformersModel over a tiny random Llama (fp64), as the fitter gets it; the same in any process
+    (a fit worker's `load`)."""
     from nnsight import TransformersModel
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
@@ -35,6 +35,11 @@ def model():
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({str(i): i for i in range(100)},
                                                                                     unk_token="0")))
     return TransformersModel(LlamaForCausalLM(config).double().eval(), tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +149,25 @@ def test_interrupted_fit_resumes_to_the_same_lens(model, prompts, tmp_path):
     assert (tmp_path / "snap" / "r_convergence.csv").read_text() == (tmp_path / "r_convergence.csv").read_text()
 
 
+def test_worker_processes_fit_the_lens_one_process_fits(model, prompts, tmp_path):
+    one = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "1"), tmp_path / "one.pt", progress=False)
+    two = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "2", workers=2), tmp_path / "two.pt", progress=False,
+                      load=tiny_model)
+    one, two = load(one), load(two)
+    assert two.n_prompts == one.n_prompts == 4 and two.provenance["workers"] == "2 processes of 1 torch thread(s)"
+    for layer in one.layers:
+        assert torch.equal(two.J[layer], one.J[layer])
+    rows = [list(csv.reader(open(tmp_path / f"{name}_convergence.csv"))) for name in ("one", "two")]
+    assert [r[:4] for r in rows[0]] == [r[:4] for r in rows[1]]           # the same deltas, prompt by prompt
+    # A fit that converges with prompts still in the workers stops there, and its checkpoint resumes.
+    early = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "3", workers=2, min_prompts=2, threshold=10.0),
+                        tmp_path / "early.pt", progress=False, load=tiny_model)
+    assert load(early).n_prompts == 2
+    rest = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "3", workers=2), tmp_path / "early.pt",
+                       progress=False, load=tiny_model)
+    assert torch.equal(load(rest).J[1], one.J[1])
+
+
 def test_stops_when_converged(model, prompts, tmp_path):
     out = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path, min_prompts=2, window=1, threshold=10.0),
                       tmp_path / "c.pt", progress=False)
@@ -186,6 +210,8 @@ def test_chunks_are_cut_into_token_windows():
     (["--tokens", "17", "--skip", "16"], "must exceed skip + 1"),
     (["--shard", "3/2"], "--shard"),
     (["--probes", "-1"], "probes must be >= 0"),
+    (["--probes", "8", "--workers", "2"], "runs with --workers 1"),
+    (["--workers", "0"], "workers must be >= 1"),
     (["--snapshot", "--checkpoint-dir", "/no/such/dir"], "no checkpoint"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(argv, message, tmp_path, capsys):

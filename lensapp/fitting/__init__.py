@@ -2,6 +2,7 @@
 
     estimator.py    one prompt's Jacobian of every layer (one forward, d_model / dim_batch backward passes)
     loop.py         the running mean over prompts and its stopping rule
+    parallel.py     prompts' Jacobians from worker processes (--workers), folded in corpus order
     settings.py     FitConfig: a fit's settings, each with its help and flag (no torch)
     checkpoints.py  resuming, the convergence CSV, interim snapshots, merging shards
 

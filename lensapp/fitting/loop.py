@@ -16,7 +16,7 @@ import math
 import platform
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -35,6 +35,7 @@ from .checkpoints import (
     write_csv,
 )
 from .estimator import decoder_layers, frozen, prompt_jacobian
+from .parallel import jacobians_in_order
 from .settings import FitConfig, FitError
 
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -61,8 +62,20 @@ def hardware(device: str) -> str:
     return f"{cpu}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"
 
 
+def one_by_one(model, layout: Layout, items, cfg: FitConfig, state: FitState):
+    """(index, ids, J, seconds) for each (index, ids) of `items`, fitted here; a sketch draws around the running
+    mean as it is when the loop asks for the prompt, with probes seeded by the prompt's index."""
+    for index, ids in items:
+        t0 = time.perf_counter()
+        J = prompt_jacobian(model, layout, ids, cfg.skip, cfg.dim_batch, prefix_cache=cfg.prefix_cache,
+                            batched=cfg.batched_cotangents, probes=cfg.probes,
+                            control=state.total / state.n if state.n else None,
+                            generator=torch.Generator().manual_seed(index) if cfg.probes else None)
+        yield index, ids, J, time.perf_counter() - t0
+
+
 def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str | Path, *, tokenizer=None,
-        progress: bool = True, provenance: dict | None = None) -> Path:
+        progress: bool = True, provenance: dict | None = None, load: Callable | None = None) -> Path:
     """Fit a lens for `model` (a TransformersModel whose blocks are where `layout` says) on `prompts` and
     `jlens.save` it to `out_path`.
 
@@ -70,6 +83,7 @@ def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str 
     Resumes from `cfg.checkpoint_dir/<out stem>.ckpt.pt` when it exists and was made for the same
     model, T, skip and corpus (raising FitError when it was not). `provenance` adds keys such as
     `model` and `corpus` to what the fit records itself. Writes `<out stem>_convergence.csv` beside.
+    With `cfg.workers` > 1, `load()` (picklable) gives each worker process its own model (parallel.py).
     """
     from tqdm.auto import tqdm
 
@@ -116,25 +130,29 @@ def fit(model, layout: Layout, prompts: Sequence, cfg: FitConfig, out_path: str 
     bar = tqdm(total=min(cfg.max_prompts, len(prompts)), initial=state.n, disable=not progress, unit="prompt",
                desc="fit J")
     since_checkpoint = 0
-    with frozen(module), bar:
+    items = ((i, ids) for i in range(state.cursor, len(prompts))
+             if (ids := prompt_ids(prompts[i], tokenizer, cfg.tokens, bos_id)).shape[0] > cfg.skip + 1)
+    if cfg.workers > 1:
+        if load is None:
+            raise FitError("fitting with workers needs a way to load the model in each (`load`)")
+        threads = max(1, torch.get_num_threads() // cfg.workers)
+        jacobians = jacobians_in_order(load, layout, items, cfg, threads=threads)
+        base["workers"] = f"{cfg.workers} processes of {threads} torch thread(s)"
+    else:
+        jacobians = one_by_one(model, layout, items, cfg, state)
+    with frozen(module), bar, contextlib.closing(jacobians):
         while not done():
-            ids = prompt_ids(prompts[state.cursor], tokenizer, cfg.tokens, bos_id)
-            state.cursor += 1
-            if ids.shape[0] <= cfg.skip + 1:
-                continue
-            t0 = time.perf_counter()
+            index, ids, J, seconds = next(jacobians, (len(prompts) - 1, None, None, 0.0))
+            state.cursor = index + 1
+            if J is None:                       # the prompts ran out
+                break
             old = state.total / max(state.n, 1)
-            J = prompt_jacobian(model, layout, ids, cfg.skip, cfg.dim_batch, prefix_cache=cfg.prefix_cache,
-                                batched=cfg.batched_cotangents, probes=cfg.probes,
-                                control=old if state.n else None,
-                                generator=torch.Generator().manual_seed(state.cursor - 1) if cfg.probes else None)
             state.total += J
             state.n += 1
             new = state.total / state.n
             rel = (new - old).flatten(1).norm(dim=1) / new.flatten(1).norm(dim=1).clamp_min(1e-30)
             delta = rel.mean().item()
             identity = (new[-1] - torch.eye(d_model)).norm().item() / math.sqrt(d_model)
-            seconds = time.perf_counter() - t0
             state.deltas.append(delta)
             state.seconds += seconds
             state.rows.append([state.n, int(ids.shape[0]), delta, identity, round(seconds, 3)])

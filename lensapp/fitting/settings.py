@@ -50,6 +50,9 @@ class FitConfig:
                              "orthonormal probes per prompt around the running mean, unbiased, k/d_model of the "
                              "backward work but (d_model/k) times the variance per prompt: no better per hour, "
                              "and the stop test is met with a noisier lens (bench/RESULTS.md)")
+    workers: int = setting(1, "processes fitting prompts at once, each with its own copy of the model and its share "
+                              "of the torch threads: the same lens as one process, ~N times the prompts an hour "
+                              "on N free cores (two threads in one process: 1.3-1.4x one); exact estimate only")
     resume_from: str = setting("", "continue a lens file with its convergence CSV beside it (e.g. the shipped lens): "
                                    "its mean x n_prompts as the running sum, its CSV's prompts skipped after their "
                                    "token counts are checked against this run's; recorded as provenance "
@@ -63,7 +66,9 @@ class FitConfig:
                            "no position would be fitted")
         if self.probes < 0:
             raise FitError(f"probes must be >= 0 (0: exact), got {self.probes}")
-        for name in ("dim_batch", "min_prompts", "max_prompts", "window", "checkpoint_every"):
+        if self.workers > 1 and self.probes:
+            raise FitError("a sketched fit (--probes) draws around the running mean: it runs with --workers 1")
+        for name in ("dim_batch", "workers", "min_prompts", "max_prompts", "window", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise FitError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.threshold >= 0:
