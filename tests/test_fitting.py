@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,6 +167,65 @@ def test_worker_processes_fit_the_lens_one_process_fits(model, prompts, tmp_path
     rest = fitting.fit(model, LLAMA_HF, prompts, cfg(tmp_path / "3", workers=2), tmp_path / "early.pt",
                        progress=False, load=tiny_model)
     assert torch.equal(load(rest).J[1], one.J[1])
+
+
+KILLED_FIT = """
+import sys, time
+from pathlib import Path
+import torch
+sys.path.insert(0, {tests!r})
+import test_fitting as t
+from lensapp import fitting
+from lensapp.engine.run.families import LLAMA_HF
+
+
+class Stalls(list):
+    # The fit reads prompt 3 and stops there: its workers, done with prompts 0-2, wait for their next.
+    def __getitem__(self, i):
+        if i >= 3:
+            time.sleep(3600)
+        return list.__getitem__(self, i)
+
+
+out = Path({out!r})
+fitting.fit(t.tiny_model(), LLAMA_HF, Stalls(torch.randint(0, 100, (24,)).tolist() for _ in range(10)),
+            t.cfg(out, workers=2), out / "k.pt", progress=False, load=t.tiny_model)
+"""
+
+
+def test_a_killed_fit_takes_its_workers_with_it(tmp_path):
+    import sys
+    import time
+
+    import psutil
+
+    script = KILLED_FIT.format(tests=str(Path(__file__).parent), out=str(tmp_path))
+    fit = psutil.Popen([sys.executable, "-c", script])
+    deadline, workers = time.monotonic() + 120, []
+    while len(workers) < 2 and time.monotonic() < deadline and fit.poll() is None:
+        time.sleep(0.5)
+        workers = [c for c in fit.children() if "spawn_main" in " ".join(c.cmdline())]
+    assert len(workers) == 2, "the fit never started its workers"
+    time.sleep(5)                                                   # prompts 0-2 done, waiting for the next
+    assert all(w.is_running() for w in workers)
+    fit.kill()                                                      # no chance to shut its pool down
+    fit.wait()
+    def alive():        # an exited worker may wait as a zombie for a reaper that is slow here: gone all the same
+        with_status = []
+        for w in workers:
+            try:
+                with_status.append((w, w.status()))
+            except psutil.NoSuchProcess:
+                pass
+        return [w for w, status in with_status if status != psutil.STATUS_ZOMBIE]
+
+    deadline = time.monotonic() + 20
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = alive()
+    for w in left:
+        w.kill()
+    assert not left, f"{len(left)} worker(s) outlived the fit"
 
 
 def test_stops_when_converged(model, prompts, tmp_path):

@@ -15,6 +15,8 @@ through a pipe, not shared memory (a 64 MB /dev/shm holds less than two of the e
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -30,11 +32,20 @@ from .settings import FitConfig, FitError
 _worker: dict = {}      # this worker process's model and layout (set once by `_start`)
 
 
-def _start(load: Callable, layout: Layout, device: str, threads: int) -> None:
+def _start(load: Callable, layout: Layout, device: str, threads: int, parent: int) -> None:
+    threading.Thread(target=_exit_with, args=(parent,), name="fit-worker-parent", daemon=True).start()
     torch.set_num_threads(threads)
     model = load()
     model._module.to(device)
     _worker.update(model=model, layout=layout)
+
+
+def _exit_with(parent: int) -> None:
+    """Leave when the fit does. A fit killed outright (SIGKILL, the OOM killer) cannot shut its pool down, and a
+    worker waiting for its next prompt would wait for ever, holding its model."""
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
 
 
 def _jacobian(ids: torch.Tensor, cfg: FitConfig):
@@ -54,7 +65,7 @@ def jacobians_in_order(load: Callable, layout: Layout, items: Iterable, cfg: Fit
     converged) cancels what has not started and waits for the prompts being fitted (at most one each).
     """
     pool = ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
-                               initargs=(load, layout, cfg.device, threads))
+                               initargs=(load, layout, cfg.device, threads, os.getpid()))
     items, pending = iter(items), deque()
 
     def submit() -> None:
