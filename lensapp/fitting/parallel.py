@@ -1,7 +1,8 @@
 """Prompts' Jacobians from worker processes, handed back in corpus order.
 
 A prompt's estimate is almost all matrix products (bench/RESULTS.md: `aten::mm` 82%), and torch's threads
-share them poorly on this project's CPUs: two threads ran a prompt 1.3-1.4x as fast as one. Prompts are
+share them poorly on this project's CPUs: two threads ran a prompt 1.3-1.6x as fast as one, two workers 2.0x
+(bench/RESULTS.md, 2026-12-04). Prompts are
 independent, so N processes of one thread each, every one with its own copy of the model, fit ~N prompts in
 the time of one. The loop still folds them one at a time in corpus order, so the running sum, the deltas,
 the checkpoints and the lens are those of the one-process fit (tests/test_fitting.py: equal).

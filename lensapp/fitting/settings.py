@@ -52,7 +52,7 @@ class FitConfig:
                              "and the stop test is met with a noisier lens (bench/RESULTS.md)")
     workers: int = setting(1, "processes fitting prompts at once, each with its own copy of the model and its share "
                               "of the torch threads: the same lens as one process, ~N times the prompts an hour "
-                              "on N free cores (two threads in one process: 1.3-1.4x one); exact estimate only")
+                              "on N free cores (two threads in one process: 1.3-1.6x one); exact estimate only")
     resume_from: str = setting("", "continue a lens file with its convergence CSV beside it (e.g. the shipped lens): "
                                    "its mean x n_prompts as the running sum, its CSV's prompts skipped after their "
                                    "token counts are checked against this run's; recorded as provenance "
