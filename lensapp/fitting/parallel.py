@@ -3,8 +3,9 @@
 A prompt's estimate is almost all matrix products (bench/RESULTS.md: `aten::mm` 82%), and torch's threads
 share them poorly on this project's CPUs: two threads ran a prompt 1.3-1.6x as fast as one, two workers 2.0x
 (bench/RESULTS.md, 2026-12-04). Prompts are independent, so N processes of one thread each, every one with
-its own copy of the model, fit ~N prompts in the time of one. The loop still folds them one at a time in corpus order, so the running sum, the deltas,
-the checkpoints and the lens are those of the one-process fit (tests/test_fitting.py: equal).
+its own copy of the model, fit ~N prompts in the time of one. The loop still folds them one at a time in corpus
+order, so the running sum, the deltas, the checkpoints and the lens are those of the one-process fit
+(tests/test_fitting.py: equal).
 
 Only the exact estimate runs here: a sketch draws around the running mean, which a worker ahead of the loop
 does not have yet. A worker loads the model itself with `load`, a picklable zero-argument callable (processes
