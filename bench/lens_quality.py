@@ -7,7 +7,9 @@ Examples:
 
 The chunks are `corpus.split_holdout`'s held-out part of the corpus, which no fit ever sees. At every
 position p >= skip of each chunk (first T tokens), layer l's lens reads its block output (J-lens:
-transported by J_l; the last layer uses I) through the model's final norm and lm_head. Reported per
+transported by J_l; the last layer uses I) through the model's final norm and lm_head. Each chunk is read as
+the app reads it beside this lens: with the tokenizer's BOS first when the lens was fitted so (`--bos` says
+otherwise), which changes both lenses' readings, the logit lens's too. Reported per
 layer: top-1 = how often the lens's argmax is the model's own next-token argmax; top-5 = how often
 that argmax is among the lens's top 5; KL = mean KL(final || lens) in nats. Prints a markdown
 table, then one JSON line.
@@ -47,8 +49,9 @@ def block_outputs(model, layout: Layout, ids: torch.Tensor) -> tuple[torch.Tenso
 
 
 def score(model, layout: Layout, lens: jlens.JacobianLens, chunks: list[str], tokenizer, tokens: int,
-          skip: int) -> dict:
-    """Per-layer sums over held-out positions -> {"logit": {...}, "jlens": {...}} of per-layer lists."""
+          skip: int, bos_id: int | None = None) -> dict:
+    """Per-layer sums over held-out positions -> {"logit": {...}, "jlens": {...}} of per-layer lists; each
+    chunk's first `tokens` ids with `bos_id` first when it is given."""
     hf = model._module                      # the torch model under nnsight's TransformersModel
     n_layers, d_model = len(fitting.decoder_layers(hf, layout)), hf.config.hidden_size
     head = find(hf, layout.head)
@@ -62,7 +65,7 @@ def score(model, layout: Layout, lens: jlens.JacobianLens, chunks: list[str], to
     sums = {name: {metric: torch.zeros(n_layers) for metric in ("top1", "top5", "kl")} for name in ("logit", "jlens")}
     positions = 0
     for chunk in chunks:
-        ids = fitting.prompt_ids(chunk, tokenizer, tokens)
+        ids = fitting.prompt_ids(chunk, tokenizer, tokens, bos_id)
         if ids.shape[0] <= skip:
             continue
         h, logits = block_outputs(model, layout, ids)
@@ -96,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="T: tokens per chunk")
     parser.add_argument("--skip", type=int, default=16, help="leading positions not scored")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--bos", choices=("fitted", "yes", "no"), default="fitted",
+                        help="BOS first in every chunk: as the lens was fitted (default; none when it does not "
+                             "say), always, or never")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
@@ -115,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(model, layout, lens, model_name, corpus_name, chunks, tokenizer, args, n_layers) -> None:
     t0 = time.perf_counter()
-    s = score(model, layout, lens, chunks, tokenizer, args.tokens, args.skip)
+    bos = args.bos == "yes" or (args.bos == "fitted" and jlens.fitted_with_bos(lens) is True)
+    s = score(model, layout, lens, chunks, tokenizer, args.tokens, args.skip,
+              tokenizer.bos_token_id if bos else None)
     print(f"\n{model_name}, lens {Path(args.lens).name} ({lens.n_prompts} prompts), corpus {corpus_name}: "
-          f"{len(chunks)} held-out chunks, T={args.tokens}, {s['positions']} positions\n")
+          f"{len(chunks)} held-out chunks, T={args.tokens}{', BOS first' if bos else ''}, "
+          f"{s['positions']} positions\n")
     print("| layer | logit top-1 | J-lens top-1 | logit top-5 | J-lens top-5 | logit KL | J-lens KL |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for i in range(n_layers):
@@ -130,7 +139,7 @@ def report(model, layout, lens, model_name, corpus_name, chunks, tokenizer, args
     mean.update({f"upper_top1_{name}": round(sum(s[name]["top1"][i] for i in upper) / len(upper), 4)
                  for name in ("logit", "jlens")})
     print(json.dumps({"bench": "lens_quality", "model": model_name, "lens": str(args.lens), "corpus": corpus_name,
-                      "n_prompts": lens.n_prompts, "chunks": len(chunks), "T": args.tokens,
+                      "n_prompts": lens.n_prompts, "chunks": len(chunks), "T": args.tokens, "bos": bos,
                       "skip": args.skip, "positions": s["positions"], **mean,
                       "seconds": round(time.perf_counter() - t0, 1),
                       "per_layer": {name: {k: [round(x, 4) for x in v] for k, v in s[name].items()}
