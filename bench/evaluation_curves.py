@@ -5,8 +5,7 @@ Examples:
     lensapp evaluate --json --jlens fits/smollm2-135m-instruct_jlens_converged.pt > new.json
     python bench/evaluation_curves.py shipped=shipped.json new=new.json
 
-Prints a markdown table, one row per layer: for each file, the share of its items whose unspoken intermediate
-is within the Jacobian lens's and the logit lens's top k (default 10) at that layer; then each file's "some
+Prints a markdown table, one row per layer: for each file, the share of its items whose intermediate is within the Jacobian lens's and the logit lens's top k (default 10) at that layer; then each file's "some
 layer" rates and their ratio. Each file is read as it was evaluated (the app reads with BOS first for a lens
 fitted so, the logit lens beside it too), so a file's two lenses always share one reading.
 """
@@ -16,11 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def curves(path: str, k: int) -> dict:
     """{"J": [...], "logit": [...], "layers": [...], "some": {lens: rate}} from one evaluation's JSON."""
-    result = json.loads(open(path).read())
+    result = json.loads(Path(path).read_text())
     lenses = result["lenses"]
     layers = lenses["logit"]["layers"]
     rates = {name: lenses[key]["hit_rate"][str(k)] for name, key in (("J", "jacobian"), ("logit", "logit"))}
