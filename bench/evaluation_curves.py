@@ -5,7 +5,8 @@ Examples:
     lensapp evaluate --json --jlens fits/smollm2-135m-instruct_jlens_converged.pt > new.json
     python bench/evaluation_curves.py shipped=shipped.json new=new.json
 
-Prints a markdown table, one row per layer: for each file, the share of its items whose intermediate is within the Jacobian lens's and the logit lens's top k (default 10) at that layer; then each file's "some
+Prints a markdown table, one row per layer: for each file, the share of its items whose intermediate is within
+the Jacobian lens's and the logit lens's top k (default 10) at that layer; then each file's "some
 layer" rates and their ratio. Each file is read as it was evaluated (the app reads with BOS first for a lens
 fitted so, the logit lens beside it too), so a file's two lenses always share one reading.
 """
