@@ -52,21 +52,26 @@ def test_a_seed_gives_the_same_sample_on_the_transformers_backend(hf_service):
     assert hf_service.generate(req).token_ids == hf_service.generate(req).token_ids
 
 
-def test_the_code_snippet_reproduces_the_apps_top1(vllm_service, tmp_path):
-    """'Show the code' (TransformersModel form) run as a script agrees with the app's engine."""
+@pytest.mark.parametrize("lenses", ["both", "logit"])
+def test_the_code_snippet_reproduces_the_apps_top1(vllm_service, tmp_path, lenses):
+    """'Show the code' (TransformersModel form) run as a script agrees with the app's engine: with the shipped
+    Jacobian lens, fitted with BOS first, both read with BOS first; with no lens, both read the text as tokenized."""
     layers = [5, 20, 29]
     model = vllm_service.model
-    code = lens_snippet(family=model.family, model=model.path, prompt=A, layers=layers, k=3, lens="both",
-                        jlens=str(config.SHIPPED_JLENS))
+    if lenses == "both":
+        vllm_service.load_jlens(str(config.SHIPPED_JLENS))
+    try:
+        assert vllm_service.prompts.bos is (lenses == "both")
+        app = vllm_service.lens(LensRequest(prompts=(A,), lens=lenses, layers="5,20,29", k=3))[0]
+        code = lens_snippet(family=model.family, model=model.path, prompt=A, layers=layers, k=3, lens=lenses,
+                            jlens=str(config.SHIPPED_JLENS) if lenses == "both" else None,
+                            bos=vllm_service.prompts.bos)
+    finally:
+        vllm_service.install_jlens(None)
     script = tmp_path / "snippet.py"                  # a file, as a notebook user's cell: nnsight reads its source
     script.write_text(code)
     readout = runpy.run_path(str(script))["readout"]
-    vllm_service.load_jlens(str(config.SHIPPED_JLENS))
-    try:
-        app = vllm_service.lens(LensRequest(prompts=(A,), lens="both", layers="5,20,29", k=3))[0]
-    finally:
-        vllm_service.install_jlens(None)
-    for lens in ("logit", "jacobian"):
+    for lens in app.lenses:
         for row, layer in enumerate(layers):
             mine = readout[lens][layer]
             theirs = app.lenses[lens]
@@ -75,6 +80,7 @@ def test_the_code_snippet_reproduces_the_apps_top1(vllm_service, tmp_path):
             assert abs(mine[0][1] - float(theirs.top_probs[row, -1, 0])) < 2e-3
     assert "TransformersModel(MODEL, task=\"text-generation\", dispatch=True)" in code
     vllm_form = lens_snippet(family=model.family, model=model.path, prompt=A, layers=layers, k=3,
-                             lens="logit", form="vllm")
+                             lens="logit", form="vllm", bos=lenses == "both")
     compile(vllm_form, "<vllm snippet>", "exec")
+    assert ("read(INPUT)" in code) == ("read(INPUT)" in vllm_form) == (lenses == "both")
     assert "VLLM(MODEL, dispatch=True" in vllm_form and "sum(out)" in vllm_form

@@ -200,19 +200,31 @@ def test_report_the_worst_errors():
         print(f"components vs reference: {model_type:10s} {backend:12s} worst relative error {worst:.2e}")
 
 
-def test_the_code_snippet_reproduces_the_apps_components(service, family, tmp_path):
-    """'Show the code' run as a script (a file, as a notebook user's cell) gives the app's parts and pattern."""
+@pytest.mark.parametrize("bos", [False, True], ids=["as tokenized", "BOS lens"])
+def test_the_code_snippet_reproduces_the_apps_components(service, family, tmp_path, bos):
+    """'Show the code' run as a script (a file, as a notebook user's cell) gives the app's parts and pattern; with a
+    Jacobian lens fitted with BOS first, both read with the tokenizer's BOS first."""
     import runpy
 
+    from lensapp import jlens
     from lensapp.engine.run.anatomy import anatomy_of
     from lensapp.service.components import model_shape
     from lensapp.snippets.components import components_snippet
 
     model_type, folder, _ = family
-    r = service.components(ComponentsRequest(prompt=PROMPT, target="Paris", foil="London", position=-2, patterns=1))
+    if bos:
+        d = service.info.d_model
+        service.install_jlens(jlens.JacobianLens(J=jlens.identity(d, [0]), n_prompts=0, d_model=d,
+                                                 provenance={"bos": True}))
+    try:
+        assert service.prompts.bos is bos and service.prompts.bos_id is not None
+        r = service.components(ComponentsRequest(prompt=PROMPT, target="Paris", foil="London", position=-2,
+                                                 patterns=1))
+    finally:
+        service.install_jlens(None)
     code = components_snippet(family=service.model.family, anatomy=anatomy_of(model_type), model=str(folder),
                               prompt=PROMPT, target="Paris", foil="London", position=r.position, patterns=1,
-                              head_dim=model_shape(service.model.hf_config)[1])
+                              head_dim=model_shape(service.model.hf_config)[1], bos=bos)
     script = tmp_path / "components.py"
     script.write_text(code)
     got = runpy.run_path(str(script))["components"]

@@ -28,3 +28,24 @@ def model_reference(setting: str, name: str) -> tuple[str, str]:
     if Path(setting).expanduser().exists():
         return name, "a folder on the app's server: point MODEL at your copy of it"
     return setting, ""
+
+
+def traced(text: str, bos: bool) -> str:
+    """What a script traces for the expression `text`: `read(text)` where the app reads with BOS (`bos_reader`)."""
+    return f"read({text})" if bos else text
+
+
+def bos_reader(bos: bool, form: str = "transformers") -> str:
+    """Code defining `read(text)`, the text as the app reads it ("" where it reads the text as tokenized). With a
+    Jacobian lens fitted with BOS first the app puts the tokenizer's BOS first in every prompt (service/prompts.py,
+    jlens.with_bos): a script that traced the bare text would read other positions and other numbers."""
+    if not bos:
+        return ""
+    ids = "torch.tensor([ids])" if form == "transformers" else "ids"
+    return f'''def read(text):
+    """The app's reading: the Jacobian lens was fitted with the tokenizer's BOS token first, so every prompt is
+    read with it first (unless the tokenizer or a chat template already put it there)."""
+    ids, bos = model.tokenizer(text).input_ids, model.tokenizer.bos_token_id
+    ids = ids if ids[:1] == [bos] else [bos] + ids
+    return {ids}
+'''

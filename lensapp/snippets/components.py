@@ -10,6 +10,7 @@ final residual, the rule of `lensapp.attribution`, which the app's own readout f
 from __future__ import annotations
 
 from ..engine.run.families import Family
+from . import bos_reader, traced
 
 COMPONENTS = '''# Lens Explorer: who wrote {what} at position {position}, on HF transformers
 # pip install nnsight torch transformers
@@ -30,8 +31,8 @@ PLUS_ONE = {plus_one!r}                 # the family's norms multiply by (1 + we
 # Eager attention: the one path of transformers that forms the attention weights.
 model = TransformersModel(MODEL, task="text-generation", dispatch=True, attn_implementation="eager")
 INPUT = {input_code}
-blocks = model.{blocks}
-with torch.no_grad(), model.trace(INPUT):
+{reader}blocks = model.{blocks}
+with torch.no_grad(), model.trace({input_read}):
     saved = []
     for layer in range(model.config.num_hidden_layers):     # in forward order: each part where the block adds it
         block = blocks[layer]
@@ -60,7 +61,8 @@ def token(word):
     """The first token `word` adds after the prompt up to POSITION, as the model would write it there (the app's
     rule for every word: a space between them, the tokens of context + word past the context's own)."""
     tok = model.tokenizer
-    context = tok.decode(tok(PROMPT, add_special_tokens=False).input_ids[:POSITION + 1 or None])
+    ids = tok(PROMPT, add_special_tokens=False).input_ids
+    context = tok.decode(ids[:{context_end}] if POSITION >= 0 else ids[:POSITION + 1 or None])
     before = tok(context, add_special_tokens=False).input_ids
     return tok(context + " " + word.strip(), add_special_tokens=False).input_ids[len(before)]
 
@@ -98,9 +100,10 @@ print(json.dumps(components, indent=1))
 
 def components_snippet(*, family: Family, anatomy, model: str, prompt: str, target: str, foil: str | None,
                        position: int, patterns: int | None, head_dim: int, chat: bool = False,
-                       model_note: str = "") -> str:
+                       model_note: str = "", bos: bool = False) -> str:
     """A runnable script printing the components readout of the view ({logit, parts, sum, patterns}, as the CLI's
-    JSON) from nnsight's TransformersModel with eager attention; the last lines set `components` to it."""
+    JSON) from nnsight's TransformersModel with eager attention; the last lines set `components` to it. `bos`:
+    the app reads with the tokenizer's BOS first (position 0 is then the BOS), and so does the script."""
     layout = family.hf
     what = f"logit({target!r})" + (f" - logit({foil!r})" if foil else "")
     input_code = "PROMPT" if not chat else ("model.tokenizer.apply_chat_template([{\"role\": \"user\", \"content\": "
@@ -113,4 +116,5 @@ def components_snippet(*, family: Family, anatomy, model: str, prompt: str, targ
                              foil=foil or None, patterns=patterns, head_dim=head_dim, plus_one=family.norm_plus_one,
                              input_code=input_code, blocks=layout.blocks, o_proj=anatomy.o_proj, attn=anatomy.attn,
                              attn_part=attn_part, mlp_part=anatomy.mlp_part, norm=layout.norm, head=layout.head,
-                             post_code=post_code)
+                             post_code=post_code, reader=bos_reader(bos), input_read=traced("INPUT", bos),
+                             context_end="POSITION" if bos else "POSITION + 1")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..engine.run.families import Family
 from ..results import AblateDone, InterventionDone, PatchDone, SteerDone
+from . import bos_reader, traced
 
 INTERVENE = '''# Lens Explorer: an intervention ({kind}), on HF transformers
 # pip install nnsight torch transformers
@@ -33,6 +34,7 @@ def token(word, context):
 
 
 target = token(WORD, PROMPT)
+{reader}
 
 
 def stream(out):
@@ -42,7 +44,7 @@ def stream(out):
 
 def p_word(edit=None, text=PROMPT):
     """P(WORD) at the last position of the model's output, with `edit(layer, h)` changing h in place."""
-    with torch.no_grad(), model.trace(text):
+    with torch.no_grad(), model.trace({text}):
         for layer in LAYERS:
             if edit is not None:
                 edit(layer, stream(blocks[layer].output))
@@ -75,7 +77,7 @@ print("ablated:", p_word(ablate))
 
 PATCH = '''SOURCE = {source!r}
 SOURCE_POSITIONS = {sources!r}
-with torch.no_grad(), model.trace(SOURCE):
+with torch.no_grad(), model.trace({source_read}):
     saved = nnsight.save({{layer: stream(blocks[layer].output)[SOURCE_POSITIONS] for layer in LAYERS}})
 for patched in LAYERS:                             # one layer at a time, as the app's sweep
     def patch(layer, h):
@@ -86,10 +88,10 @@ for patched in LAYERS:                             # one layer at a time, as the
 
 
 def intervention_snippet(*, family: Family, model: str, prompt: str, intervention: InterventionDone,
-                         jlens: str | None = None, model_note: str = "") -> str:
+                         jlens: str | None = None, model_note: str = "", bos: bool = False) -> str:
     """A runnable script that makes the same change (what `intervention` says was done) on nnsight's
     TransformersModel and prints the word's probability at the output before and after each change ("" for a
-    kind it has no script for)."""
+    kind it has no script for). `bos`: the app reads with the tokenizer's BOS first, and so does the script."""
     layout = family.hf
     done = intervention
     if not isinstance(done, (SteerDone, AblateDone, PatchDone)):
@@ -97,9 +99,11 @@ def intervention_snippet(*, family: Family, model: str, prompt: str, interventio
     body = [INTERVENE.format(kind=done.kind, model=model, model_note=f"  # {model_note}" if model_note else "",
                              prompt=prompt, layers=list(done.layers),
                              positions=None if done.changed_positions is None else list(done.changed_positions),
-                             word=done.word or "", blocks=layout.blocks, norm=layout.norm, head=layout.head)]
+                             word=done.word or "", blocks=layout.blocks, norm=layout.norm, head=layout.head,
+                             reader=bos_reader(bos), text=traced("text", bos))]
     if isinstance(done, PatchDone):
-        body.append(PATCH.format(source=done.source, sources=list(done.source_positions)))
+        body.append(PATCH.format(source=done.source, sources=list(done.source_positions),
+                                 source_read=traced("SOURCE", bos)))
         return "\n".join(body)
     jacobian = done.direction == "jacobian"
     if jacobian and not jlens:

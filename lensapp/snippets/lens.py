@@ -9,6 +9,7 @@ one is asked for, and unembed through the model's own final norm and head.
 from __future__ import annotations
 
 from ..engine.run.families import Family
+from . import bos_reader, traced
 
 HEADER = '''# Lens Explorer: {what}
 # pip install nnsight torch transformers{extra}
@@ -29,9 +30,11 @@ J = torch.load({path!r}, map_location="cpu", weights_only=True)["J"]
 
 
 def lens_snippet(*, family: Family, model: str, prompt: str, layers: list[int], k: int, lens: str,
-                 jlens: str | None = None, chat: bool = False, form: str = "transformers", model_note: str = "") -> str:
+                 jlens: str | None = None, chat: bool = False, form: str = "transformers", model_note: str = "",
+                 bos: bool = False) -> str:
     """A runnable script printing, for each layer, the lens's top-k at the prompt's last position as JSON
-    ({lens: {layer: [[token, probability], ...]}}); the last line sets `readout` to the same dict."""
+    ({lens: {layer: [[token, probability], ...]}}); the last line sets `readout` to the same dict. `bos`: the app
+    reads with the tokenizer's BOS first (a Jacobian lens fitted so), and so does the script."""
     lenses = ("logit", "jacobian") if lens == "both" else (lens,)
     if "jacobian" in lenses and not jlens:
         raise ValueError("the Jacobian lens needs a lens file")
@@ -57,9 +60,9 @@ def lens_snippet(*, family: Family, model: str, prompt: str, layers: list[int], 
                          if name in lenses)
     body.append(f"LENSES = {{\n{transports}}}\n")
     if form == "vllm":
-        body.append(_vllm_code(layout, residual))
+        body.append(_vllm_code(layout, residual, bos))
     else:
-        body.append(_hf_code(layout, residual))
+        body.append(_hf_code(layout, residual, bos))
     body.append('''readout = {name: {layer: [[model.tokenizer.decode([int(i)]), round(float(p), 4)]
                          for p, i in zip(*tops[name][n])] for n, layer in enumerate(LAYERS)} for name in LENSES}
 print(json.dumps(readout, ensure_ascii=False, indent=1))
@@ -74,12 +77,12 @@ def _prompt_code(chat: bool) -> str:
             "INPUT = None  # set below, once the tokenizer is loaded\n")
 
 
-def _hf_code(layout, residual: str) -> str:
+def _hf_code(layout, residual: str, bos: bool) -> str:
     return f'''model = TransformersModel(MODEL, task="text-generation", dispatch=True)
 if INPUT is None:
     INPUT = model.tokenizer.apply_chat_template([{{"role": "user", "content": PROMPT}}], add_generation_prompt=True,
                                                 tokenize=False)
-with torch.no_grad(), model.trace(INPUT):
+{bos_reader(bos)}with torch.no_grad(), model.trace({traced("INPUT", bos)}):
     saved = []
     for layer in LAYERS:
         out = model.{layout.blocks}[layer].output      # the residual stream after block `layer`
@@ -101,12 +104,12 @@ with torch.no_grad():
 '''
 
 
-def _vllm_code(layout, residual: str) -> str:
+def _vllm_code(layout, residual: str, bos: bool) -> str:
     return f'''model = VLLM(MODEL, dispatch=True, enable_prefix_caching=False)
 if INPUT is None:
     INPUT = model.tokenizer.apply_chat_template([{{"role": "user", "content": PROMPT}}], add_generation_prompt=True,
                                                 tokenize=False)
-with model.trace(INPUT, temperature=0.0, max_tokens=1):
+{bos_reader(bos, "vllm")}with model.trace({traced("INPUT", bos)}, temperature=0.0, max_tokens=1):
     tops = {{name: [] for name in LENSES}}
     for layer in LAYERS:
         out = model.{layout.blocks}[layer].output

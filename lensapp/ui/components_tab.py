@@ -160,7 +160,7 @@ def code_for(service, result) -> str:
                               model=model, prompt=result.prompt, target=result.target.text,
                               foil=None if result.foil is None else result.foil.text, position=result.position,
                               patterns=result.patterns_layer, head_dim=model_shape(service.model.hf_config)[1],
-                              model_note=note)
+                              model_note=note, bos=service.prompts.bos)
 
 
 def cell_link(prompt: str, chat: bool = False):

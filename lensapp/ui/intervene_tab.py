@@ -235,7 +235,7 @@ def code_for(service, result) -> str:
         return ""
     model, note = model_reference(service.cfg.model, service.info.name)
     return intervention_snippet(family=service.model.family, model=model, prompt=result.before.prompt,
-                                intervention=result.intervention, model_note=note,
+                                intervention=result.intervention, model_note=note, bos=service.prompts.bos,
                                 jlens=service.jlens.describe()["source"] if service.jlens is not None else None)
 
 

@@ -40,4 +40,5 @@ def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
     return lens_snippet(family=service.model.family, model=model, prompt=result.prompt,
                         layers=result.layers, k=result.lenses[next(iter(result.lenses))].top_ids.shape[-1], lens=lens,
                         jlens=service.jlens.describe()["source"] if service.jlens is not None else None,
-                        chat=chat, form="vllm" if form == "vllm" else "transformers", model_note=note)
+                        chat=chat, form="vllm" if form == "vllm" else "transformers", model_note=note,
+                        bos=service.prompts.bos)
