@@ -2,7 +2,7 @@
 
 Examples:
     lensapp evaluate --json > shipped.json
-    lensapp evaluate --json --jlens fits/smollm2-135m-instruct_jlens_converged.pt > new.json
+    lensapp evaluate --json --jlens my_lens.pt > new.json
     python bench/evaluation_curves.py shipped=shipped.json new=new.json
 
 Prints a markdown table, one row per layer: for each file, the share of its items whose intermediate is within

@@ -106,8 +106,14 @@ def test_an_intervention_leaves_a_concurrent_plain_request_alone(service):
 
 
 def test_vllm_and_transformers_agree_on_an_intervened_readout(service, hf_service):
+    """Both backends with the shipped lens, so both read with BOS first as it was fitted."""
     a = steer(service, k=3)
-    b = steer(hf_service, k=3)
+    hf_service.load_jlens(str(config.SHIPPED_JLENS))
+    try:
+        b = steer(hf_service, k=3)
+    finally:
+        hf_service.install_jlens(None)
+    assert a.before.input_ids == b.before.input_ids and a.before.input_ids[0] == service.prompts.bos_id
     for x, y in zip([a.before, *a.after], [b.before, *b.after]):
         rx, ry = x.lenses["logit"], y.lenses["logit"]
         np.testing.assert_allclose(rx.top_probs, ry.top_probs, atol=2e-3)
@@ -160,7 +166,9 @@ def test_show_the_code_reproduces_the_intervention(service, tmp_path, kind):
     r = service.intervene(InterveneRequest.parse(**request))
     model = service.model
     code = intervention_snippet(family=model.family, model=model.path, prompt=r.before.prompt,
-                                intervention=r.intervention, jlens=str(config.SHIPPED_JLENS))
+                                intervention=r.intervention, jlens=str(config.SHIPPED_JLENS),
+                                bos=service.prompts.bos)
+    assert service.prompts.bos and "read(text)" in code            # the shipped lens was fitted with BOS first
     script = tmp_path / "intervention.py"
     script.write_text(code)
     out, sys.stdout = sys.stdout, StringIO()

@@ -109,7 +109,7 @@ def test_a_4_gb_container_on_a_big_host_serves_a_long_lens_and_eight_generations
             plan = health(url)["memory"]["plan"]
             assert plan["limit_mb"] == 4096 and "cgroup" in plan["limit_source"]
             result = lens(url, prompt_of(embedded_dir, 256))
-            assert len(result["input_ids"]) == 256 and len(result["layers"]) == 30
+            assert len(result["input_ids"]) == 1 + 256 and len(result["layers"]) == 30   # the shipped lens: BOS first
             generations = eight_generations(url)
             assert all(len(g["steps"]) == 16 for g in generations)
             h = health(url)
