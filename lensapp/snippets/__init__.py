@@ -35,13 +35,13 @@ def traced(text: str, bos: bool) -> str:
     return f"read({text})" if bos else text
 
 
-def bos_reader(bos: bool, form: str = "transformers") -> str:
+def bos_reader(bos: bool, as_tensor: bool = True) -> str:
     """Code defining `read(text)`, the text as the app reads it ("" where it reads the text as tokenized). With a
     Jacobian lens fitted with BOS first the app puts the tokenizer's BOS first in every prompt (service/prompts.py,
     jlens.with_bos): a script that traced the bare text would read other positions and other numbers."""
     if not bos:
         return ""
-    ids = "torch.tensor([ids])" if form == "transformers" else "ids"
+    ids = "torch.tensor([ids])" if as_tensor else "ids"      # TransformersModel takes [1, T] ids, VLLM a list
     return f'''def read(text):
     """The app's reading: the Jacobian lens was fitted with the tokenizer's BOS token first, so every prompt is
     read with it first (unless the tokenizer or a chat template already put it there)."""

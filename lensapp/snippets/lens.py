@@ -109,7 +109,7 @@ def _vllm_code(layout, residual: str, bos: bool) -> str:
 if INPUT is None:
     INPUT = model.tokenizer.apply_chat_template([{{"role": "user", "content": PROMPT}}], add_generation_prompt=True,
                                                 tokenize=False)
-{bos_reader(bos, "vllm")}with model.trace({traced("INPUT", bos)}, temperature=0.0, max_tokens=1):
+{bos_reader(bos, as_tensor=False)}with model.trace({traced("INPUT", bos)}, temperature=0.0, max_tokens=1):
     tops = {{name: [] for name in LENSES}}
     for layer in LAYERS:
         out = model.{layout.blocks}[layer].output
