@@ -12,6 +12,9 @@ choose; hover a cell for its top-k.
 - *Skip punctuation and whitespace* shows each cell's best word instead of a `.` or `␣`, with its rank as a
   superscript (`␣city³`: rank 3); the hover still lists the true top-k, and the colour is still the metric's.
 - Early layers of most models read out noise or the current token itself; that is expected.
+- A first column such as `<|im_start|>` or `<s>` is the tokenizer's start token (BOS), not your text: the
+  Jacobian lens loaded was fitted with it before every prompt, so every tab reads every prompt with it first.
+  The model parks attention there; its cells say little.
 - *KL to final* is how far a layer's guess is from the model's final distribution (0 = the same).
 - *Target* metrics score the first token of each target word as it would follow the prompt (a leading
   space is added).
@@ -29,6 +32,9 @@ then unembeds: what the model is *disposed* to say from layer *l*, not what it w
   token everywhere): an average Jacobian fitted from far below carries little of the prompt. Read it from
   the middle layers on.
 - The top layer has no J (J = I there), so both lenses agree on it by construction.
+- A first column such as `<|im_start|>` or `<s>` is the tokenizer's start token (BOS), not your text: the
+  Jacobian lens loaded was fitted with it before every prompt, so every tab reads every prompt with it first.
+  The model parks attention there; its cells say little.
 """
 
 NO_LENS = """
