@@ -1,6 +1,13 @@
 """The words of the logit-lens and Jacobian-lens tabs: each tab's two-sentence intro, its "How to read this", the
 page shown where no Jacobian lens is loaded, and the options' explanations (`lens_tab.py` lays them out)."""
 
+# Both tabs: the column a BOS rule adds (service/prompts.py reads every prompt so when the lens was fitted so).
+BOS_COLUMN = """
+- A first column such as `<|im_start|>` or `<s>` is the tokenizer's start token (BOS), not your text: the
+  Jacobian lens loaded was fitted with it before every prompt, so every tab reads every prompt with it first.
+  The model parks attention there; its cells say little.
+"""[1:]
+
 LOGIT_HOW_TO = """
 Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
 token. A cell shows the token the model would predict *next* if it stopped at that layer: the layer's
@@ -12,13 +19,10 @@ choose; hover a cell for its top-k.
 - *Skip punctuation and whitespace* shows each cell's best word instead of a `.` or `␣`, with its rank as a
   superscript (`␣city³`: rank 3); the hover still lists the true top-k, and the colour is still the metric's.
 - Early layers of most models read out noise or the current token itself; that is expected.
-- A first column such as `<|im_start|>` or `<s>` is the tokenizer's start token (BOS), not your text: the
-  Jacobian lens loaded was fitted with it before every prompt, so every tab reads every prompt with it first.
-  The model parks attention there; its cells say little.
 - *KL to final* is how far a layer's guess is from the model's final distribution (0 = the same).
 - *Target* metrics score the first token of each target word as it would follow the prompt (a leading
   space is added).
-"""
+""" + BOS_COLUMN
 
 JACOBIAN_HOW_TO = """
 The **logit lens** reads layer *l* as if the layers after it did nothing. The **Jacobian lens** first moves
@@ -32,10 +36,7 @@ then unembeds: what the model is *disposed* to say from layer *l*, not what it w
   token everywhere): an average Jacobian fitted from far below carries little of the prompt. Read it from
   the middle layers on.
 - The top layer has no J (J = I there), so both lenses agree on it by construction.
-- A first column such as `<|im_start|>` or `<s>` is the tokenizer's start token (BOS), not your text: the
-  Jacobian lens loaded was fitted with it before every prompt, so every tab reads every prompt with it first.
-  The model parks attention there; its cells say little.
-"""
+""" + BOS_COLUMN
 
 NO_LENS = """
 ### No Jacobian lens is loaded
