@@ -198,7 +198,12 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     app.add_route("/health", health, methods=["GET"])
 
     def what_was_run(request):      # a plain Starlette route: FastAPI cannot read this module's lazy annotations
-        if cfg.auth_pairs and not _logged_in(request, cfg.auth_pairs):
+        # The host is auth's first login: a workshop gives its participants logins too, and what was run may hold
+        # their prompts, which no participant may read.
+        if cfg.auth_pairs and not _logged_in(request, cfg.auth_pairs[:1]):
+            if _logged_in(request, cfg.auth_pairs[1:]):
+                return JSONResponse({"error": "only the host's login (the first of auth) reads /workshop"},
+                                    status_code=403)
             return JSONResponse({"error": "the host's login is needed"}, status_code=401,
                                 headers={"WWW-Authenticate": 'Basic realm="Lens Explorer workshop"'})
         return JSONResponse(usage.to_json())

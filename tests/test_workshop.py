@@ -132,3 +132,39 @@ def test_the_counts_are_the_hosts_behind_the_login():
     assert service.observer is not None
     with TestClient(make_app(service, config.Config(), plan)) as client:
         assert client.get("/workshop").status_code == 200                # no login: the host's alone
+
+
+def test_only_the_hosts_login_reads_what_was_run_and_participants_run_the_app(tiny_service):
+    """A workshop with logins for the host and a participant (`auth: "host:...,alice:..."`), the real app served
+    over HTTP: alice's login runs a readout, and /workshop (which holds her prompt) refuses her; the host reads it."""
+    import base64
+    import json
+    import urllib.error
+    import urllib.request
+
+    from gradio_client import Client
+    from tiny_app import served
+
+    from lensapp.server import make_app
+
+    def get(url: str, login: tuple[str, str] | None = None) -> tuple[int, str]:
+        headers = {} if login is None else {"Authorization": "Basic " + base64.b64encode(":".join(login).encode())
+                                            .decode()}
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    plan = workshop.Workshop("T", config.TABS, workshop.load(TEST_FILE).exercises, {}, record_prompts=True)
+    host, alice = ("host", "h0st-pw"), ("alice", "al1ce-pw")
+    cfg = config.Config(auth=f"{':'.join(host)},{':'.join(alice)}", rate_limit=0)
+    with served(make_app(tiny_service, cfg, plan)) as url:
+        read = Client(url, auth=alice, verbose=False).predict("alice's own question", "logit", "all", 3,
+                                                              api_name="/lens")
+        assert read["input_tokens"][-1] == " question"
+        for login, status in ((None, 401), (("alice", "wrong"), 401), (alice, 403)):
+            code, body = get(url + "workshop", login)
+            assert code == status and "alice's own question" not in body, (login, code, body)
+        code, body = get(url + "workshop", host)
+        assert code == 200 and [p["prompt"] for p in json.loads(body)["prompts"]] == ["alice's own question"]
