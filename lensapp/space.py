@@ -8,7 +8,8 @@
 What goes up: every file git tracks here, less what `.dockerignore` keeps out of a build (tests, benches,
 CI), so the Space builds from exactly the files `docker build .` sees in this checkout; `--with tests`
 adds a folder back. Files the Space holds that the plan does not (a module since removed) are deleted in
-the same commit, `.gitattributes` aside.
+the same commit, `.gitattributes` aside. A login or a key in a file to be sent (a workshop's `auth:`, an
+`hf_...` token) stops the plan in one line naming the file: a Space's secrets are set as its secrets.
 
 Why not `git push`: the Hub refuses binary files pushed through git unless they are stored with Xet or
 LFS, and this repository's history holds `lensapp/assets/*.pt` and `docs/images/*.png` as plain blobs.
@@ -45,6 +46,17 @@ VARIANTS = {
     "cpu": ({"VARIANT": "cpu", "LENSAPP_MODEL": "embedded"}, "cpu-upgrade"),
     "gpu": ({"VARIANT": "gpu", "LENSAPP_MODEL": "Qwen/Qwen3-8B"}, "l40sx1"),
 }
+
+
+# Settings that are secrets (lensapp/settings.py's `Secrets`; tests/test_space.py keeps the two equal). A Space
+# gets them as its secrets, which the app reads as environment variables, never from a file it publishes.
+SECRET_SETTINGS = ("auth", "health_token", "engine_key")
+SECRET_VARIABLE = re.compile(r"\b(LENSAPP_(?:AUTH|HEALTH_TOKEN|ENGINE_KEY))(?:\s*=\s*|\s+)[\"']?([^\s\"'$]+)")
+# Keys by their shape, in any file: Hugging Face, GitHub, OpenAI-style and AWS keys, a PEM private key.
+KEY_SHAPES = re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}|sk-[\w-]{32,}"
+                        r"|AKIA[0-9A-Z]{16})\b|-----BEGIN [A-Z ]*PRIVATE KEY-----")
+# Files that tell a person how to set a secret (`LENSAPP_AUTH=user:password` in a guide), and hold none.
+EXPLAINED_IN = (".md", ".py")
 
 
 class SpaceError(ValueError):
@@ -153,8 +165,60 @@ def plan(space: str, variant: str = "cpu", root: Path = ROOT, with_dirs: tuple[s
             with open(root / path, "rb") as f:
                 sample = f.read(SAMPLE_BYTES)
         files.append(PlannedFile(path, size, upload_mode(size, sample)))
+    refuse_secrets(files, root, readme)
     return Plan(space=space, variant=variant, files=tuple(files), variables=dict(variables), hardware=hardware,
                 readme=readme)
+
+
+def refuse_secrets(files: list[PlannedFile], root: Path, readme: bytes) -> None:
+    """SpaceError, one line naming each file, when a file to be sent holds a login or a key (`secrets_in`)."""
+    found = []
+    for f in files:
+        if f.mode != "regular":           # binary: a lens, a picture
+            continue
+        data = readme if f.path == "README.md" else (root / f.path).read_bytes()
+        found += [f"{f.path} ({what})" for what in secrets_in(f.path, data.decode("utf-8", "replace"))]
+    if found:
+        raise SpaceError(f"refusing to publish a login or key with the Space: {'; '.join(found)}; set it as one of "
+                         "the Space's secrets instead (docs/hosting.md#secrets-and-a-private-space)")
+
+
+def secrets_in(path: str, text: str) -> list[str]:
+    """What in a file's text is a login or a key, one short description each (none of them quotes it): a secret
+    setting with a value in a YAML file (a workshop's `settings: {auth: ...}`), a secret variable given a value
+    outside the guides, and anything shaped like a key."""
+    found = []
+    if path.endswith((".yaml", ".yml")):
+        found += [f"{name}: a value" for name in sorted(_secret_settings(_yaml_documents(text)))]
+    if not path.endswith(EXPLAINED_IN):
+        found += [f"line {_line(text, m.start())}: {m.group(1)}=..." for m in SECRET_VARIABLE.finditer(text)]
+    found += [f"line {_line(text, m.start())}: " + ("a private key" if m.group(0).startswith("-") else
+                                                    f"a key ({m.group(0)[:3]}...)") for m in KEY_SHAPES.finditer(text)]
+    return found
+
+
+def _yaml_documents(text: str) -> list:
+    # PyYAML is huggingface_hub's own dependency: present wherever a push can run.
+    import yaml
+
+    try:
+        return list(yaml.safe_load_all(text))
+    except yaml.YAMLError:
+        return []        # not YAML after all: its text is still searched for keys
+
+
+def _secret_settings(node) -> set[str]:
+    """The names of SECRET_SETTINGS given a non-empty value anywhere in a YAML document."""
+    if isinstance(node, list):
+        return set().union(*map(_secret_settings, node))
+    if not isinstance(node, dict):
+        return set()
+    named = {str(k) for k, v in node.items() if str(k).lower() in SECRET_SETTINGS and v not in (None, "")}
+    return named.union(*map(_secret_settings, node.values()))
+
+
+def _line(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
 
 
 def format_plan(p: Plan) -> str:

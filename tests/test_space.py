@@ -178,3 +178,65 @@ def test_the_docs_show_the_command_and_the_variables_the_plan_sets():
         assert hardware in hosting
         for key, value in variables.items():
             assert f"{key}={value}" in hosting, f"{key}={value}"
+
+
+def checkout(root: Path, files: dict[str, str]) -> Path:
+    """A git checkout holding `files` (tracked, not committed: the plan reads what git tracks), a README with the
+    Space's front matter and this repository's .dockerignore."""
+    files = {"README.md": "---\nsdk: docker\nsuggested_hardware: cpu-upgrade\n---\n# x\n",
+             ".dockerignore": (ROOT / ".dockerignore").read_text(), **files}
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
+    return root
+
+
+WORKSHOP = "title: T\nsettings:\n  rate_limit: 120\n  auth: \"host:s3cret-pw,alice:pw\"\nexercises: []\n"
+HF_TOKEN = "hf_" + "Xy7" * 12                         # made here, so no file of this repository holds one
+PEM = "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nb3Blbn\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+@pytest.mark.parametrize("name, text, named", [
+    ("workshops/room.yaml", WORKSHOP, "workshops/room.yaml (auth: a value)"),
+    ("Dockerfile", "FROM python:3.11\nENV LENSAPP_AUTH=host:s3cret-pw\n", "Dockerfile (line 2: LENSAPP_AUTH=...)"),
+    ("scripts/deploy.sh", f"export HF_TOKEN={HF_TOKEN}\n", "scripts/deploy.sh (line 1: a key (hf_...))"),
+    ("lensapp/notes.py", f'"""{PEM}"""\n', "lensapp/notes.py (line 1: a private key)"),
+], ids=["workshop-auth", "dockerfile-env", "hf-token", "private-key"])
+def test_a_login_or_key_in_a_file_it_would_send_stops_the_push_in_one_line(tmp_path, name, text, named):
+    """Before anything goes up (the plan is all `push` sends): one line naming the file and what is in it, never
+    the secret itself, and the Space's secrets named as where it goes."""
+    root = checkout(tmp_path, {name: text, "app.py": "print('hi')\n"})
+    with pytest.raises(space.SpaceError) as e:
+        space.plan("someone/lens-explorer", root=root)
+    said = str(e.value)
+    assert "\n" not in said and named in said and "Space's secrets" in said
+    assert "s3cret" not in said and HF_TOKEN not in said and "b3Blbn" not in said
+
+
+def test_what_is_not_sent_or_only_explains_a_secret_does_not_stop_it(tmp_path):
+    root = checkout(tmp_path, {
+        "tests/data/room.yaml": WORKSHOP,                                    # .dockerignore keeps tests out
+        "docs/hosting.md": "Set a login (`LENSAPP_AUTH=alice:pw,bob:pw`) for a private session.\n",
+        "lensapp/engine_service.py": '"""export LENSAPP_ENGINE_KEY=$(python -c "...")"""\n',
+        "workshops/open.yaml": "title: T\nsettings: {rate_limit: 120, auth: ''}\nexercises: []\n",
+        "Dockerfile": "ENV LENSAPP_ENGINE_KEY=$ENGINE_KEY\n",                # a variable of the build, not a value
+    })
+    planned = {f.path for f in space.plan("someone/lens-explorer", root=root).files}
+    assert "workshops/open.yaml" in planned and "tests/data/room.yaml" not in planned
+    with pytest.raises(space.SpaceError, match="tests/data/room.yaml"):     # sent when asked for: refused
+        space.plan("someone/lens-explorer", root=root, with_dirs=("tests",))
+
+
+def test_the_secrets_it_looks_for_are_the_apps():
+    """space.py imports nothing of the app: its list of secret settings is checked against lensapp/settings.py."""
+    import dataclasses
+
+    from lensapp import config
+
+    secret = [f.name for f in dataclasses.fields(config.Config) if not f.repr]
+    assert sorted(space.SECRET_SETTINGS) == sorted(secret)
+    for name in secret:
+        assert space.secrets_in("Dockerfile", f"ENV {config.env_name(name)}=value") != [], name
+        assert space.secrets_in("w.yml", f"settings: {{{name}: value}}") != [], name
