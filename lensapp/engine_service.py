@@ -31,7 +31,8 @@ import logging
 import signal
 import sys
 import time
-from collections import OrderedDict
+
+from cachetools import LRUCache
 
 from . import config, shell
 from .engine.start.backend_kinds import kind_for
@@ -217,16 +218,15 @@ class Refusals:
     """Refusals by peer address, counted in windows of REFUSAL_WINDOW_S, for the MAX_PEERS latest addresses."""
 
     def __init__(self):
-        self.by_peer: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        # peer -> (its window's start, refusals in it); the least recently refused address forgotten first
+        self.by_peer: LRUCache[str, tuple[float, int]] = LRUCache(MAX_PEERS)
 
     def count(self, peer: str, now: float) -> int:
         """This refusal counted: how many `peer` has had in its window, this one included."""
-        start, n = self.by_peer.pop(peer, (now, 0))
+        start, n = self.by_peer.get(peer, (now, 0))
         if now - start > REFUSAL_WINDOW_S:
             start, n = now, 0
         self.by_peer[peer] = (start, n + 1)
-        while len(self.by_peer) > MAX_PEERS:
-            self.by_peer.popitem(last=False)
         return n + 1
 
 

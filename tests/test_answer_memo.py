@@ -60,6 +60,18 @@ def test_the_bound_holds_and_the_least_recent_goes_first():
     assert len(made[1]) == 2 and memo.bytes <= 250     # larger than the bound: never kept
 
 
+def test_a_json_over_the_bound_is_not_kept_and_the_others_stay():
+    memo = AnswerMemo(250)
+    kept = [Result() for _ in range(2)]
+    for result in kept:
+        memo.json_of(result, lambda: b"k" * 100)
+    huge = Result()
+    memo.json_of(huge, lambda: b"h" * 251)
+    assert memo.bytes == 200
+    make, calls = counted(b"never made")
+    assert [memo.json_of(result, make) for result in kept] == [b"k" * 100] * 2 and calls == []
+
+
 def test_what_cannot_be_referred_to_weakly_is_made_each_time():
     memo, make_calls = AnswerMemo(1000), counted(b"[]")
     listed = [1, 2]

@@ -11,7 +11,7 @@ import pytest
 
 from lensapp.results.lens import LensResult
 from lensapp.results.readout import LensReadout, TargetScore
-from lensapp.service.cache import ResultCache, approx_bytes
+from lensapp.service.cache import BoundedLRU, ResultCache, approx_bytes
 
 
 def test_identical_requests_in_flight_together_are_computed_once():
@@ -45,6 +45,42 @@ def test_bounded_by_entries_and_bytes_least_recent_first():
     big = np.zeros(5_000)                                                          # 40 kB: over the byte bound
     assert cache.get_or_compute("big", lambda: big) is big and cache.stats()["entries"] <= 2
     assert all(approx_bytes(v) < 10_000 for v in ("a", "b"))
+
+
+def test_the_bounded_map_refuses_a_value_over_its_bound_and_keeps_the_others():
+    """The app's one shape of bounded map: least recently used out first, by size and by entries, and a value
+    larger than the whole bound raises before anything is let go (the store never empties itself for it)."""
+    lru = BoundedLRU(100, getsizeof=len, max_entries=3)
+    for key in "abc":
+        lru[key] = key * 30
+    lru["a"]                                                        # read: "b" is now the least recently used
+    with pytest.raises(ValueError):
+        lru["huge"] = "h" * 101
+    assert sorted(lru) == ["a", "b", "c"] and lru.currsize == 90 and lru.evicted == 0
+    lru["d"] = "d" * 5                                              # a fourth entry: one goes, the least recent
+    assert sorted(lru) == ["a", "c", "d"] and lru.evicted == 1
+    lru["e"] = "e" * 70                                             # over the size bound: the least recent go
+    assert sorted(lru) == ["d", "e"] and lru.currsize == 75 and lru.evicted == 3
+    with pytest.raises(ValueError):
+        BoundedLRU(100, max_entries=0)["x"] = "x"                   # no entries: nothing kept
+
+
+def test_a_result_over_the_bound_is_not_kept_and_evicts_nothing():
+    cache = ResultCache(max_entries=8, max_bytes=1000, size=len)
+    for key in "abc":
+        cache.get_or_compute(key, lambda key=key: key * 100)
+    huge = "h" * 1001
+    assert cache.get_or_compute("huge", lambda: huge) is huge      # answered, not kept
+    stats = cache.stats()
+    assert (stats["entries"], stats["bytes"], stats["evicted"], stats["too_large"]) == (3, 300, 0, 1)
+    assert [cache.get_or_compute(key, lambda: "recomputed") for key in "abc"] == ["a" * 100, "b" * 100, "c" * 100]
+    assert cache.get_or_compute("huge", lambda: "recomputed") == "recomputed"
+    for key in "defghij":                                           # eight entries at most: the three oldest go
+        cache.get_or_compute(key, lambda key=key: key * 100)
+    stats = cache.stats()
+    assert (stats["entries"], stats["bytes"], stats["evicted"]) == (8, 10 + 700, 3)
+    assert cache.get_or_compute("huge", lambda: "again") == "recomputed"
+    assert cache.get_or_compute("a", lambda: "again") == "again"
 
 
 def test_many_keys_compute_the_missing_ones_in_one_call():

@@ -163,6 +163,16 @@ def test_refusals_wait_longer_each_time_and_hold_up_no_one_else(service):
     assert engine_service.refusal_delay(1000) == engine_service.MAX_DELAY_S      # bounded
 
 
+def test_refusals_count_in_a_window_and_forget_the_least_recently_refused_address(monkeypatch):
+    monkeypatch.setattr(engine_service, "MAX_PEERS", 3)
+    refusals = engine_service.Refusals()
+    assert [refusals.count("a", t) for t in (0, 1, 2)] == [1, 2, 3]
+    assert refusals.count("a", 2 + engine_service.REFUSAL_WINDOW_S + 1) == 1      # a new window
+    for peer in "bcd":                                              # "a" was refused before these three
+        refusals.count(peer, 100)
+    assert sorted(refusals.by_peer) == ["b", "c", "d"] and refusals.count("a", 100) == 1
+
+
 def test_an_answer_leaves_as_plain_data_and_a_page_reads_it_weights_only(fresh):
     raw = httpx.post(fresh.url + GENERATE, content=b"a lens", headers={"ndif-api-key": KEY}, timeout=30).content
     reply = torch.load(io.BytesIO(raw), weights_only=True)                  # nothing but plain data in it

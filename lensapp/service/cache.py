@@ -12,6 +12,10 @@ a long readout used to hold it for 0.4 s (30 layers x 300 positions x top 100: 9
 Results computed or read inside `with cache.pinning():` are kept apart and never evicted, whatever the
 bounds: the front page's examples (`ui/front.py`), so a crowd of visitors never costs an engine forward
 however many other links it opens.
+
+The app's bounded maps are one shape: `cachetools.LRUCache` (here `BoundedLRU`, which adds a bound on entries
+to its bound on size). Over its bound it lets go of the least recently used entry, and a value larger than the
+whole bound is refused (ValueError) before anything is let go, so one huge result never empties the cache.
 """
 
 from __future__ import annotations
@@ -20,27 +24,56 @@ import contextlib
 import contextvars
 import dataclasses
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future
+from operator import itemgetter
 from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
+from cachetools import LRUCache
 
 T = TypeVar("T")
 _PINNING = contextvars.ContextVar("pinning", default=False)
 SAMPLED = 16        # a longer list (or dict, or object array) is sized from this many of its items, evenly spaced
 
 
+class BoundedLRU(LRUCache):
+    """cachetools' LRUCache, bounded by `maxsize` (in `getsizeof`'s units) and by `max_entries` (None: no bound
+    on entries); counts what it lets go (`evicted`). A value over either bound raises ValueError and the entries
+    already here stay. Not thread-safe: its owner holds a lock."""
+
+    def __init__(self, maxsize: int, getsizeof: Callable[[Any], int] | None = None, max_entries: int | None = None):
+        super().__init__(maxsize, getsizeof)
+        self.max_entries = max_entries
+        self.evicted = 0
+
+    def __setitem__(self, key, value) -> None:
+        if self.max_entries is not None and key not in self:
+            # cachetools makes room for size only: room for one more entry is made here, once the value is known
+            # to fit (checked first, so a refused value lets nothing go)
+            if self.max_entries <= 0 or self.getsizeof(value) > self.maxsize:
+                raise ValueError("value too large")
+            while len(self) >= self.max_entries:
+                self.popitem()
+        super().__setitem__(key, value)
+
+    def popitem(self):
+        """The least recently used entry, let go to make room (cachetools calls it for nothing else)."""
+        item = super().popitem()
+        self.evicted += 1
+        return item
+
+
 class ResultCache:
     def __init__(self, max_entries: int, max_bytes: int, size: Callable[[Any], int] | None = None):
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self.size = approx_bytes if size is None else size
-        self._done: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
+        # key -> (value, its size): sized before the lock is taken, so the cache reads the size it is handed
+        self._done = BoundedLRU(max_bytes, getsizeof=itemgetter(1), max_entries=max_entries)
         self._in_flight: dict[Hashable, Future] = {}
         self._pinned: dict[Hashable, object] = {}
         self._lock = threading.Lock()
-        self.bytes = 0
         self.hits = self.shared = self.misses = 0
+        self.too_large = 0          # results not kept: larger than the whole bound
 
     @contextlib.contextmanager
     def pinning(self):
@@ -73,12 +106,10 @@ class ResultCache:
                     self.hits += 1
                     out[i] = self._pinned[key]
                 elif key in self._done:
-                    self._done.move_to_end(key)
                     self.hits += 1
-                    out[i] = self._done[key][0]
+                    out[i] = self._done[key][0]             # read: the most recently used now
                     if pin:                          # computed by a visitor first: pinned from now on
-                        self._pinned[key], size = self._done.pop(key)
-                        self.bytes -= size
+                        self._pinned[key] = self._done.pop(key)[0]
                 elif key in self._in_flight:
                     self.shared += 1
                     waiting[i] = self._in_flight[key]
@@ -114,18 +145,19 @@ class ResultCache:
         return out
 
     def _store(self, key: Hashable, value, size: int) -> None:
-        if self.max_entries <= 0 or size > self.max_bytes:
+        if self.max_entries <= 0:           # the cache is off
             return
-        self._done[key] = (value, size)
-        self.bytes += size
-        while len(self._done) > self.max_entries or self.bytes > self.max_bytes:
-            _, (_, old) = self._done.popitem(last=False)
-            self.bytes -= old
+        try:
+            self._done[key] = (value, size)
+        except ValueError:                  # larger than the whole bound: not kept, the others stay
+            self.too_large += 1
 
     def stats(self) -> dict:
         with self._lock:
-            return {"entries": len(self._done), "pinned": len(self._pinned), "bytes": self.bytes, "hits": self.hits,
-                    "shared_in_flight": self.shared, "misses": self.misses, "in_flight": len(self._in_flight)}
+            return {"entries": len(self._done), "pinned": len(self._pinned), "bytes": self._done.currsize,
+                    "max_bytes": self.max_bytes, "hits": self.hits, "shared_in_flight": self.shared,
+                    "misses": self.misses, "in_flight": len(self._in_flight), "evicted": self._done.evicted,
+                    "too_large": self.too_large}
 
 
 def approx_bytes(obj, _depth: int = 0) -> int:

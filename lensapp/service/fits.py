@@ -12,9 +12,10 @@ already under way is waited for (not queued again), and the cache is read and wr
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable
+
+from cachetools import LRUCache
 
 from ..engine.run.turns import CLIENT
 from ..fitting.worker import FitJob, FitStopped, FitWorker
@@ -31,7 +32,7 @@ class FitDesk:
     def __init__(self, cfg, off_reason: str | None = None):
         self.cfg, self.off_reason = cfg, off_reason
         self._worker = FitWorker(cfg, threads=cfg.fit_threads)
-        self._cache: OrderedDict = OrderedDict()
+        self._cache = LRUCache(FITS_KEPT)      # the latest fits asked for, the least recently asked out first
         self._cache_lock = threading.Lock()
         self._desk = threading.Lock()            # the fitter: one job at a time
         self._line = threading.Lock()            # guards `_waiting` and `_pending`
@@ -94,8 +95,6 @@ class FitDesk:
             raise RequestError(str(e)) from None
         with self._cache_lock:
             self._cache[key] = fit
-            while len(self._cache) > FITS_KEPT:
-                self._cache.popitem(last=False)
         return fit
 
     def close(self) -> None:
@@ -103,7 +102,4 @@ class FitDesk:
 
     def _cached(self, key):
         with self._cache_lock:
-            fit = self._cache.get(key)
-            if fit is not None:
-                self._cache.move_to_end(key)
-            return fit
+            return self._cache.get(key)         # a hit is the most recently used now

@@ -7,22 +7,27 @@ seconds each time, most of it rounding floats (`results/export.round_floats`), w
 lock that the engine's own loop needs too (bench/RESULTS.md, the workshop's run AB). Here the JSON is kept
 beside the result, as bytes, while the result lives (a weak reference: when the result cache lets go of it,
 its JSON goes too) and while it fits in `max_bytes` (least recently answered first out).
+
+The bound is the app's one shape for bounded maps, `cachetools.LRUCache` sized by the JSON's length (a JSON
+larger than the whole bound is refused, the others stay); the weak reference is the memo's own part: cachetools
+holds its values strongly, so a freed result's entry is dropped here, at the next call.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 from typing import Callable
+
+from cachetools import LRUCache
 
 
 class AnswerMemo:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.bytes = 0
         self.hits = self.misses = 0
-        self._kept: OrderedDict[int, tuple[weakref.ref, bytes]] = OrderedDict()    # id(result) -> (result, JSON)
+        # id(result) -> (a weak reference to it, its JSON), bounded by the JSON's bytes
+        self._kept: LRUCache[int, tuple[weakref.ref, bytes]] = LRUCache(max_bytes, getsizeof=lambda kept: len(kept[1]))
         self._gone: list[int] = []              # results freed since: their JSON dropped at the next call
         self._lock = threading.Lock()
 
@@ -31,9 +36,8 @@ class AnswerMemo:
         key = id(result)
         with self._lock:
             self._sweep()
-            kept = self._kept.get(key)
+            kept = self._kept.get(key)          # a hit is the most recently answered now
             if kept is not None and kept[0]() is result:
-                self._kept.move_to_end(key)
                 self.hits += 1
                 return kept[1]
         data = make()
@@ -48,22 +52,20 @@ class AnswerMemo:
                 self._keep(key, ref, data)
         return data
 
+    @property
+    def bytes(self) -> int:
+        return self._kept.currsize
+
     def _keep(self, key: int, ref: weakref.ref, data: bytes) -> None:
-        self._drop(key)
-        if len(data) <= self.max_bytes:
+        self._kept.pop(key, None)
+        try:
             self._kept[key] = (ref, data)
-            self.bytes += len(data)
-            while self.bytes > self.max_bytes:
-                self._drop(next(iter(self._kept)))
+        except ValueError:                      # larger than the whole bound: not kept, the others stay
+            pass
 
     def _sweep(self) -> None:
         while self._gone:
             key = self._gone.pop()
             kept = self._kept.get(key)
             if kept is not None and kept[0]() is None:      # not a newer result at the same address
-                self._drop(key)
-
-    def _drop(self, key: int) -> None:
-        kept = self._kept.pop(key, None)
-        if kept is not None:
-            self.bytes -= len(kept[1])
+                del self._kept[key]
