@@ -8,6 +8,7 @@ calls the real method, and the guard's rate limiter is the real one, its clock s
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import gradio as gr
 import pytest
@@ -51,7 +52,7 @@ def visitor():
 
 def spent(limiter: RateLimiter) -> float:
     """The work the visitor has spent (its bucket's capacity less what is left; the clock is stopped)."""
-    return limiter.work.capacity - limiter._buckets[VISITOR][1]
+    return limiter.work.capacity - limiter._buckets[VISITOR].work.tokens
 
 
 def test_twenty_cosmetic_variants_of_a_greedy_generation_cost_one(cached_service, engine_calls):
@@ -103,3 +104,35 @@ def test_distinct_heavy_requests_are_limited_by_cost_before_count(cached_service
             refused = e.message
             break
     assert 2 <= answered < limiter.requests.capacity and refused.startswith("too much work from your address")
+
+
+def test_four_distinct_requests_at_once_run_only_as_many_as_the_budget_holds(cached_service, engine_calls):
+    """Four distinct lenses from one address let in together (each waits for the others inside the guard before it
+    reads): with a burst of two and a half lenses' work, two run and two are refused as their work would start;
+    while work was spent after the fact, from any bucket at or above zero, all four ran."""
+    reqs = [LensRequest.parse(prompts=[f"{i} " + " ".join(["word"] * 60)], lens="logit") for i in range(4)]
+    units = {cached_service.check(r).units(cached_service.token_weight) for r in reqs}
+    assert len(units) == 1
+    (one,) = units
+    limiter = RateLimiter(per_minute=600, clock=lambda: 0.0, work_per_minute=6000, work_burst=2 * one + one // 2)
+    guard, together = Guard(limiter), threading.Barrier(4)
+    answered, refused = [], []
+
+    def read(req):
+        together.wait(30)                     # all four let in before any starts its work
+        return cached_service.lens(req)
+
+    def ask(req) -> None:
+        try:
+            answered.append(guard.api(visitor(), read, req))
+        except gr.Error as e:
+            refused.append(e.message)
+
+    threads = [threading.Thread(target=ask, args=(r,)) for r in reqs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(answered) == 2 and engine_calls == {"lens": 2}
+    assert len(refused) == 2 and all(m.startswith("too much work from your address") for m in refused)
+    assert spent(limiter) == 2 * one

@@ -79,3 +79,30 @@ def tiny_service_request(service):
     from lensapp.service import LensRequest
 
     return LensRequest.parse(prompts=[f"0 {LONG}"], lens="logit")
+
+
+@pytest.fixture(scope="module")
+def counted(tiny_service):
+    """The app with the default count (60 requests a minute in bursts of 12) and work that never binds."""
+    from lensapp.server import make_app
+
+    cfg = config.Config(trusted_proxies="1", cache_entries=64, work_per_minute=10**9)
+    built = make_app(tiny_service, cfg)
+    prefetch = next(m.kwargs["prefetch"] for m in built.user_middleware if "prefetch" in m.kwargs)
+    with served(built) as url:
+        yield url, prefetch
+
+
+def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls(counted):
+    """Each link's prefetch takes one of the address's requests, as an API call does: 40 distinct short links a
+    tenth of a second apart start at most a burst and what refilled meanwhile (they started 40 before)."""
+    url, prefetch = counted
+    before, t = prefetch.started, time.perf_counter()
+    for i in range(40):
+        request = urllib.request.Request(f"{url}?tab=logit&prompt={quote(f'page {i} of the crawl')}",
+                                         headers={"X-Forwarded-For": CRAWLER})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            r.read()
+        time.sleep(0.1)
+    allowed = 12 + (time.perf_counter() - t) * 60 / 60          # a burst, and one a second since
+    assert 1 <= prefetch.started - before <= allowed + 1, (prefetch.started - before, allowed)

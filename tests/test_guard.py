@@ -137,21 +137,24 @@ def test_the_guard_limits_by_the_derived_address():
     assert guard.limiter.refused == 2
 
 
-def test_work_is_spent_after_the_fact_and_the_next_request_waits():
+def test_work_is_taken_as_it_starts_or_refused_until_the_budget_holds_it():
     now = [0.0]
     limiter = RateLimiter(per_minute=60, burst=12, clock=lambda: now[0], work_per_minute=6000, work_burst=1000)
     limiter.check("203.0.113.7")
-    limiter.spend("203.0.113.7", 900)                     # within the burst: the next request goes ahead
-    limiter.check("203.0.113.7")
-    limiter.spend("203.0.113.7", 600)                     # 100 - 600: below zero, 500 units to make up
+    limiter.spend("203.0.113.7", 900)                     # within the burst: taken, 100 left
+    limiter.check("203.0.113.7")                          # a cached answer costs nothing: let in
     with pytest.raises(RateLimited, match=r"too much work from your address for now; try again in 5 s"):
-        limiter.check("203.0.113.7")
-    limiter.check("198.51.100.1")                         # another address's budget is its own
+        limiter.spend("203.0.113.7", 600)                 # 100 < 600: 500 units to wait for, nothing taken
+    limiter.spend("198.51.100.1", 600)                    # another address's budget is its own
     now[0] += 5.0
-    limiter.check("203.0.113.7")
-    limiter.spend("203.0.113.7", 10**9)                   # at most a burst below zero: ten seconds' wait
-    with pytest.raises(RateLimited, match="try again in 10 s"):
-        limiter.check("203.0.113.7")
+    limiter.spend("203.0.113.7", 600)                     # 600 now: taken, none left
+    with pytest.raises(RateLimited, match="try again in 1 s"):
+        limiter.spend("203.0.113.7", 1)
+    now[0] += 10.0                                        # full again
+    limiter.spend("203.0.113.7", 10**9)                   # dearer than a burst: from a full bucket, a burst below zero
+    with pytest.raises(RateLimited, match="too much work from your address for now; try again in 10 s"):
+        limiter.check("203.0.113.7")                      # in debt: even a cached answer waits
+    assert limiter.refused == 3
     for client in ("127.0.0.1", None):                    # loopback and the app itself: never charged
         limiter.spend(client, 10**9)
         limiter.check(client)

@@ -1,10 +1,14 @@
 """Which links start their readout when their page is asked for (`ui.prefetch`), on a stand-in service:
-lens links, into an idle engine, one at a time, as the visitor asking (its turn, its budget, not counted);
-nothing else."""
+lens links, into an idle engine, one at a time, as the visitor asking (one of its requests, its turn, its budget,
+not counted); nothing else."""
 
 import threading
+from types import SimpleNamespace
 from urllib.parse import quote
 
+import gradio as gr
+
+from lensapp import config
 from lensapp.engine import ModelInfo
 from lensapp.engine.run.turns import CLIENT
 from lensapp.service import usage
@@ -130,3 +134,38 @@ def test_a_prefetch_is_the_visitors_own_request_in_its_turn_and_budget_and_not_c
     assert prefetch(link(tab="logit", prompt="three"), "198.51.100.4")    # another visitor's is its own
     prefetch._runner.shutdown(wait=True)
     assert [r.prompts for r in service.asked] == [("one",), ("three",)]
+
+
+def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls_would_get():
+    """A crawler (a chat app's link preview runs no script) GETs 40 distinct links, a tenth of a second apart, from
+    one address: each prefetch takes a request as an API call does, so no more start than 40 API calls at the
+    same moments are answered (the default limits: 60 a minute in bursts of 12). Loopback stays exempt."""
+    def stopped_guard(now):
+        limiter = RateLimiter.of(config.Config())
+        limiter.clock = lambda: now[0]
+        return Guard(limiter)
+
+    crawler = "198.51.100.9"
+    service = StandIn(cost=300)
+    service.release.set()
+    now = [0.0]
+    prefetch = LinkPrefetch(service, stopped_guard(now))
+    for i in range(40):
+        prefetch(link(tab="logit", prompt=f"page {i}"), crawler)
+        prefetch._runner.submit(lambda: None).result()          # done: the engine idle before the next GET
+        now[0] += 0.1
+    api_now, answered = [0.0], 0
+    api = stopped_guard(api_now)
+    asking = SimpleNamespace(client=SimpleNamespace(host=crawler), headers={})
+    for _ in range(40):
+        try:
+            api.api(asking, spend, 300)
+            answered += 1
+        except gr.Error:
+            pass
+        api_now[0] += 0.1
+    assert len(service.asked) == prefetch.started <= answered < 40, (prefetch.started, answered)
+    host = LinkPrefetch(service, stopped_guard([0.0]))
+    for i in range(40):                                          # the host's own scripts: never limited
+        assert host(link(tab="logit", prompt=f"host {i}"), "127.0.0.1")
+        host._runner.submit(lambda: None).result()

@@ -1,15 +1,17 @@
 """Fair use per client: what one address may ask for, by count and by cost, so one script cannot take a public
 Space for itself.
 
-Each address (an IPv6 one by its /56: `identity.bucket`) has two token buckets:
+Each address (an IPv6 one by its /56: `identity.bucket`) has two token buckets (`Bucket`):
 - requests: `per_minute` a minute on average, in bursts of up to a fifth of that (at least 5). A large answer
   counts as more than one (`charge`): each ANSWER_BYTES of it one more. A visitor replaying the heaviest request
   the app accepts is answered from the result cache, but sending its 26 MB still costs the web process ~0.2 CPU
   seconds; at 60 a minute that was a fifth of a core for one visitor (bench/RESULTS.md, run AD).
-- work: `work_per_minute` units of the cost model (`cost.py`) a minute, in bursts of `work_burst`. Work the
-  engine really does for a request is spent from it when it starts (`spend`, through `paying`: a result the
-  cache answers costs nothing), after the fact: the bucket may go below zero, and the address's next request
-  waits until it is above. So twenty distinct heavy requests meet this limit long before the count's.
+- work: `work_per_minute` units of the cost model (`cost.py`) a minute, in bursts of `work_burst`. A request's
+  planned cost is taken whole when its engine work starts (`spend`, through `paying`: a result the cache answers
+  costs nothing), or the request is refused then, saying when there will be enough. Work in flight is taken
+  before more is let in, so requests running at once share one budget: four at once cannot spend twice it a
+  minute (they did while work was spent after the fact, from any bucket at or above zero). So twenty distinct
+  heavy requests meet this limit long before the count's.
 An IPv6 /48 (`identity.site`) has buckets of its own, SITE_SHARE times a client's, which every /56 in it also
 draws from: a site that takes a fresh /56 for each request is limited as a few clients are.
 
@@ -21,6 +23,13 @@ university's NAT) should raise the limits or turn them off (`LENSAPP_RATE_LIMIT=
 At most `max_clients` buckets are kept. Only a full bucket is forgotten (it says nothing a new one would not):
 a penalised address stays penalised however many others come by, and while every bucket kept is still in
 use, newcomers share one overflow bucket.
+
+Why our own `Bucket` and not the `limits` package (5.8): it charges a cost per hit, but only in windows (a fixed
+window lets twice the limit through across its edge; a moving window keeps one timestamp per unit, 24,000 for one
+heavy request; a sliding counter approximates), reads `time.time()` itself (no stopped clock for the tests), cannot
+take from an address's and its site's buckets at once, nor count an answer after the fact below zero, and keeps
+any number of keys. What is needed here is a dozen lines of arithmetic, tested in tests/test_guard.py and
+tests/test_budgets.py.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import contextvars
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 from .field import RequestError
 from .identity import bucket, is_loopback, site
@@ -58,7 +67,8 @@ def paying(payer: Callable[[int], None] | None) -> Iterator[None]:
 
 
 def spend(units: int) -> None:
-    """Work of `units` (cost.py's) starts now for whoever is paying (`paying`); nobody pays for the app's own."""
+    """Work of `units` (cost.py's) starts now for whoever is paying (`paying`), who may refuse it (RateLimited);
+    nobody pays for the app's own."""
     payer = _PAYER.get()
     if payer is not None and units > 0:
         payer(units)
@@ -71,12 +81,40 @@ class Rate:
     per_second: float
     capacity: float
 
-    def refill(self, tokens: float, seconds: float) -> float:
-        return min(self.capacity, tokens + seconds * self.per_second)
 
-    def wait(self, tokens: float, need: float) -> float:
-        """Seconds until `tokens` reach `need`."""
-        return max(0.0, need - tokens) / self.per_second if self.per_second > 0 else float("inf")
+class Bucket:
+    """A token bucket: up to `capacity` tokens, refilled at `per_second`. What is taken may leave it below zero, at
+    most a burst below (an answer counted after the fact, a request dearer than a whole burst): it refills from
+    there."""
+
+    __slots__ = ("per_second", "capacity", "tokens", "at")
+
+    def __init__(self, rate: Rate, share: int, now: float):
+        self.per_second, self.capacity = rate.per_second * share, rate.capacity * share
+        self.tokens, self.at = self.capacity, now
+
+    def refill(self, now: float) -> None:
+        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.per_second)
+        self.at = now
+
+    def wait(self, need: float) -> float:
+        """Seconds until it holds `need` (refilled to now)."""
+        if self.tokens >= need:
+            return 0.0
+        return (need - self.tokens) / self.per_second if self.per_second > 0 else float("inf")
+
+    def take(self, n: float) -> None:
+        self.tokens = max(self.tokens - n, -self.capacity)
+
+    def full(self, now: float) -> bool:
+        return self.tokens + (now - self.at) * self.per_second >= self.capacity
+
+
+class Account(NamedTuple):
+    """One address's (or one site's) buckets."""
+
+    requests: Bucket
+    work: Bucket
 
 
 class RateLimiter:
@@ -85,7 +123,7 @@ class RateLimiter:
         self.requests = Rate(per_minute / 60.0, float(burst if burst is not None else max(5, per_minute // 5)))
         self.work = Rate(work_per_minute / 60.0, float(work_burst if work_burst is not None else work_per_minute))
         self.clock, self.max_clients = clock, max_clients
-        self._buckets: dict[str, list[float]] = {}     # key -> [requests left, work left, last refill]
+        self._buckets: dict[str, Account] = {}
         self._lock = threading.Lock()
         self._swept = float("-inf")
         self.refused = 0
@@ -99,40 +137,32 @@ class RateLimiter:
     def check(self, client: str | None) -> None:
         """Take one request for `client` (an IP address; anything else shares one bucket; None: a call from inside
         the app, never limited), or raise RateLimited saying when to come back: when its requests are spent, or
-        when the work it asked for has run its work bucket below zero."""
+        while work it was let run (dearer than a whole burst) keeps its work bucket below zero."""
         if not (self._limits(client, self.requests) or self._limits(client, self.work)):
             return
         with self._lock:
-            buckets = self._refilled(client)
-            busy = max((self.requests.wait(b[0], 1.0) for b, _ in buckets), default=0.0) \
-                if self.requests.per_second > 0 else 0.0
-            heavy = max((self.work.wait(b[1], 0.0) for b, _ in buckets), default=0.0) \
-                if self.work.per_second > 0 else 0.0
+            accounts = self._refilled(client)
+            busy = max(a.requests.wait(1.0) for a in accounts) if self._limits(client, self.requests) else 0.0
+            heavy = max(a.work.wait(0.0) for a in accounts) if self._limits(client, self.work) else 0.0
             if busy > 0 or heavy > 0:
-                self.refused += 1
-                what = "too much work from your address for now" if heavy > busy else \
-                    "too many requests from your address"
-                raise RateLimited(f"{what}; try again in {max(1.0, busy, heavy):.0f} s")
-            for b, _ in buckets:
-                b[0] -= 1.0
-
-    def allows(self, client: str | None) -> bool:
-        """Whether `client` may ask now (what `check` would let through), taking nothing."""
-        if not (self._limits(client, self.requests) or self._limits(client, self.work)):
-            return True
-        with self._lock:
-            buckets = self._refilled(client)
-            return all((self.requests.per_second == 0 or b[0] >= 1.0) and (self.work.per_second == 0 or b[1] >= 0)
-                       for b, _ in buckets)
+                self._refuse("too much work from your address for now" if heavy > busy else
+                             "too many requests from your address", max(busy, heavy))
+            for a in accounts:
+                a.requests.take(1.0)
 
     def spend(self, client: str | None, units: float) -> None:
-        """Count `units` of engine work against `client` as it starts. The bucket may go below zero, at most a
-        burst below: the next request waits."""
+        """Take `units` of engine work for `client` as the work starts, or raise RateLimited saying when its budget
+        will hold them: what is running already has been taken. Work dearer than a whole burst (a fit may be)
+        goes from a full bucket and leaves it at most a burst below zero."""
         if units <= 0 or not self._limits(client, self.work):
             return
         with self._lock:
-            for b, share in self._refilled(client):
-                b[1] = max(b[1] - units, -self.work.capacity * share)
+            accounts = self._refilled(client)
+            wait = max(a.work.wait(min(units, a.work.capacity)) for a in accounts)
+            if wait > 0:
+                self._refuse("too much work from your address for now", wait)
+            for a in accounts:
+                a.work.take(units)
 
     def charge(self, client: str | None, answer_bytes: int) -> None:
         """Count an answer of `answer_bytes` against `client` once it is made (one more request for each
@@ -141,29 +171,33 @@ class RateLimiter:
         if extra <= 0 or not self._limits(client, self.requests):
             return
         with self._lock:
-            for b, share in self._refilled(client):
-                b[0] = max(b[0] - extra, -self.requests.capacity * share)
+            for a in self._refilled(client):
+                a.requests.take(extra)
+
+    def _refuse(self, what: str, wait: float) -> None:
+        self.refused += 1
+        raise RateLimited(f"{what}; try again in {max(1.0, wait):.0f} s")
 
     def _limits(self, client: str | None, rate: Rate) -> bool:
         return rate.per_second > 0 and client is not None and not is_loopback(client)
 
-    def _refilled(self, client: str) -> list[tuple[list[float], int]]:
-        """The buckets `client` draws from, refilled to now, each with its share (a site's is SITE_SHARE), the
-        lock held."""
+    def _refilled(self, client: str) -> list[Account]:
+        """The accounts `client` draws from (its own, and its site's: SITE_SHARE times as large), refilled to now,
+        the lock held."""
         now = self.clock()
         keys = [(bucket(client), 1)]
         if site(client) is not None:
             keys.append((f"site {site(client)}", SITE_SHARE))
         out = []
         for key, share in keys:
-            b = self._buckets.get(key)
-            if b is None:
+            account = self._buckets.get(key)
+            if account is None:
                 key = key if self._room(now) else OVERFLOW
-                b = self._buckets.setdefault(key, [self.requests.capacity * share, self.work.capacity * share, now])
-            b[0] = min(self.requests.capacity * share, b[0] + (now - b[2]) * self.requests.per_second * share)
-            b[1] = min(self.work.capacity * share, b[1] + (now - b[2]) * self.work.per_second * share)
-            b[2] = now
-            out.append((b, share))
+                account = self._buckets.setdefault(key, Account(Bucket(self.requests, share, now),
+                                                                Bucket(self.work, share, now)))
+            account.requests.refill(now)
+            account.work.refill(now)
+            out.append(account)
         return out
 
     def _room(self, now: float) -> bool:
@@ -173,12 +207,7 @@ class RateLimiter:
             return True
         if now - self._swept >= SWEEP_SECONDS:
             self._swept = now
-            for key in [k for k, b in self._buckets.items() if k != OVERFLOW and self._full(k, b, now)]:
+            for key in [k for k, a in self._buckets.items() if k != OVERFLOW and a.requests.full(now)
+                        and a.work.full(now)]:
                 del self._buckets[key]
         return len(self._buckets) < self.max_clients
-
-    def _full(self, key: str, b: list[float], now: float) -> bool:
-        share = SITE_SHARE if key.startswith("site ") else 1
-        elapsed = now - b[2]
-        return (self.requests.refill(b[0] / share, elapsed) >= self.requests.capacity
-                and (self.work.per_second == 0 or self.work.refill(b[1] / share, elapsed) >= self.work.capacity))

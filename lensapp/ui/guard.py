@@ -2,7 +2,7 @@
 
 A handler runs through `Guard.ui` (the page's events) or `Guard.api` (the API endpoints): the
 client's rate is checked, the engine is told who is asking (its fair turns), the work the engine does
-for it is spent from that client's budget (`service/limits.py`), and any exception
+for it is taken from that client's budget as it starts, or refused (`service/limits.py`), and any exception
 becomes a `gr.Error` with a one-line message. Who is asking is an address no header a client writes can
 change (`service/identity.py`). The page renders an error's message as HTML, so there it is escaped
 (text, never markup); API clients get it as it is (no HTML entities). Expected failures (bad input, a
@@ -66,7 +66,7 @@ class Guard:
     @contextlib.contextmanager
     def visitor(self, client: str | None) -> Iterator[None]:
         """Work done within this block is `client`'s: it waits in that client's turn (engine/run/turns: the host's,
-        None, for the app itself and loopback) and is spent from its budget."""
+        None, for the app itself and loopback) and is taken from its budget as it starts, or refused (RateLimited)."""
         turn = None if client is None or identity.is_loopback(client) else identity.turn(client)
         with asking(turn), paying(functools.partial(self.limiter.spend, client)):
             yield

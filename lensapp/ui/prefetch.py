@@ -7,13 +7,17 @@ drawn window first, then the whole prompt (`lens_tab.readout`, `first_read`); th
 same way from the same values (`lens_tab.lens_request`), join them in the result cache (identical requests in
 flight are computed once) or find them done.
 
-It goes through the guard like any request the visitor makes (`Guard.visitor`): it waits in the visitor's
-turn and its work is spent from the visitor's budget, and it starts only while that budget allows, so a
-crawler following links pays for what it starts and soon starts nothing. Only into idle capacity besides:
-only while the engine is ready with nothing running or queued (two counters read, nothing walked), one at
-a time. It is not counted in a workshop's usage (the page's own request is). Not with a login (the page is
-the login form) or without a result cache. The lens tabs only: a generation or comparison link waits for
-its page.
+It is a request the visitor makes, as an API call is (`Guard.visitor`): it takes one of the address's requests
+(`RateLimiter.check`), waits in its turn, and its work is taken from its budget or refused (`RateLimiter.spend`).
+So a crawler following links (a chat app's link preview runs no script) gets no more readouts than as many API
+calls would, and soon starts nothing; a visitor opening a link pays two requests (the link's, and its page's,
+which the cache then answers for nothing). Serving only what is already cached was the other choice, and no
+choice: the page's own request finds that at once, so a prefetch would start nothing worth having.
+
+Only into idle capacity besides: only while the engine is ready with nothing running or queued (two counters
+read, nothing walked), one at a time. It is not counted in a workshop's usage (the page's own request is). Not
+with a login (the page is the login form) or without a result cache. The lens tabs only: a generation or
+comparison link waits for its page.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ..service.limits import RateLimited
 from ..service.usage import not_counted
 from . import permalinks
 from .lens_tab import LENS_TABS, first_read, lens_request
@@ -36,7 +41,7 @@ class LinkPrefetch:
         """guard: whose budget and turn a prefetch is (`ui.guard.Guard`); None: the host's (scripts, tests)."""
         self.service, self.guard = service, guard
         self.enabled = enabled
-        self.started = 0
+        self.started = 0                             # let in, a request taken (its work may yet be refused)
         self._one = threading.Lock()                 # held while a prefetch runs
         self._runner = ThreadPoolExecutor(1, thread_name_prefix="lens-prefetch")
 
@@ -51,9 +56,10 @@ class LinkPrefetch:
         except Exception as e:  # noqa: BLE001 - a link the page itself will explain
             log.debug("not prefetching %r: %s", query[:80], e)
             return False
-        if req is None or not self.service.idle() or not self._affords(client):
+        if req is None or not self.service.idle() or not self._one.acquire(blocking=False):
             return False
-        if not self._one.acquire(blocking=False):
+        if not self._takes_a_request(client):
+            self._one.release()
             return False
         self.started += 1
         self._runner.submit(self._run, req, client)
@@ -61,7 +67,7 @@ class LinkPrefetch:
 
     def _request(self, query: str):
         service = self.service
-        view, _ = permalinks.decode(query, n_layers=service.info.n_layers, jlens_layers=service.jlens_layers)
+        view, _ = permalinks.decode(query, **permalinks.as_read_by(service))
         tab = LENS_TABS.get(view.tab)
         if tab is None or (tab.lens != "logit" and service.jlens is None):
             return None
@@ -69,8 +75,15 @@ class LinkPrefetch:
         req, _ = lens_request(tab, service, values)
         return req, START(values.get("start"))
 
-    def _affords(self, client: str | None) -> bool:
-        return self.guard is None or self.guard.limiter.allows(client)
+    def _takes_a_request(self, client: str | None) -> bool:
+        """One of `client`'s requests taken, as an API call takes it; False when its rate refuses."""
+        if self.guard is None:
+            return True
+        try:
+            self.guard.limiter.check(client)
+        except RateLimited:
+            return False
+        return True
 
     def _run(self, job: tuple, client: str | None) -> None:
         req, start = job

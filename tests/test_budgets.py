@@ -1,0 +1,93 @@
+"""Budgets hold under concurrency: work in flight is taken before more is let in, so requests running at once from
+one address share its budget (`service/limits.py`). The real RateLimiter and Guard, the clock stopped and moved by
+hand, requests in threads."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+
+from lensapp import config
+from lensapp.service.limits import SITE_SHARE, Bucket, Rate, RateLimiter, spend
+from lensapp.ui.guard import Guard
+
+VISITOR = SimpleNamespace(client=SimpleNamespace(host="203.0.113.7"), headers={})
+
+
+def test_a_bucket_refills_waits_and_owes_at_most_a_burst():
+    bucket = Bucket(Rate(per_second=10.0, capacity=100.0), share=1, now=0.0)
+    bucket.take(70)
+    assert bucket.wait(50) == pytest.approx(2.0) and bucket.wait(30) == 0.0
+    bucket.refill(1.0)
+    assert bucket.tokens == 40 and not bucket.full(6.0) and bucket.full(7.0)
+    bucket.take(10**6)                                   # an answer counted after the fact: a burst below zero
+    assert bucket.tokens == -100 and bucket.wait(0) == pytest.approx(10.0)
+    bucket.refill(100.0)
+    assert bucket.tokens == 100                           # never more than its capacity
+    site = Bucket(Rate(per_second=10.0, capacity=100.0), share=SITE_SHARE, now=0.0)
+    assert (site.capacity, site.per_second) == (100.0 * SITE_SHARE, 10.0 * SITE_SHARE)
+
+
+def four_at_once(guard: Guard, units: int) -> int:
+    """Four requests from one address let in together, each then starting `units` of work (as the service does
+    where engine work starts): the units taken. Every request is admitted (or refused) before any work starts,
+    the order that let four in flight spend twice the budget."""
+    gate, settled, spent = threading.Event(), threading.Semaphore(0), []
+
+    def ask() -> None:
+        admitted = False
+
+        def work() -> None:
+            nonlocal admitted
+            admitted = True
+            settled.release()
+            gate.wait(10)
+            spend(units)
+            spent.append(units)
+        try:
+            guard.api(VISITOR, work)
+        except gr.Error:
+            if not admitted:
+                settled.release()
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert settled.acquire(timeout=10)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    return sum(spent)
+
+
+def test_four_requests_at_once_cannot_spend_more_than_the_budget_a_minute():
+    """The default settings (120,000 units a minute, bursts of 48,000), four of the heaviest legal request
+    (max_work) at once every six seconds for ten minutes: at most the budget (and one burst), and most of it."""
+    cfg = config.Config()
+    now = [0.0]
+    limiter = RateLimiter.of(cfg)
+    limiter.clock = lambda: now[0]
+    guard = Guard(limiter)
+    minutes, spent = 10, 0
+    while now[0] < 60 * minutes:
+        spent += four_at_once(guard, cfg.max_work)
+        now[0] += 6.0
+    budget = cfg.work_per_minute * minutes
+    assert 0.9 * budget <= spent <= budget + limiter.work.capacity, spent / minutes     # was 240,000 a minute
+    assert limiter.refused > 0
+
+
+def test_work_refused_for_the_budget_takes_nothing():
+    """A request refused as its work starts leaves the budget as it was: the next that fits goes ahead."""
+    now = [0.0]
+    limiter = RateLimiter(per_minute=600, clock=lambda: now[0], work_per_minute=600, work_burst=100)
+    guard = Guard(limiter)
+    guard.api(VISITOR, spend, 60)
+    with pytest.raises(gr.Error, match="too much work from your address for now; try again in 2 s"):
+        guard.api(VISITOR, spend, 60)                  # 40 left
+    guard.api(VISITOR, spend, 40)
+    assert limiter._buckets[VISITOR.client.host].work.tokens == 0
