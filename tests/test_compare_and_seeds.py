@@ -82,5 +82,5 @@ def test_the_code_snippet_reproduces_the_apps_top1(vllm_service, tmp_path, lense
     vllm_form = lens_snippet(family=model.family, model=model.path, prompt=A, layers=layers, k=3,
                              lens="logit", form="vllm", bos=lenses == "both")
     compile(vllm_form, "<vllm snippet>", "exec")
-    assert ("read(INPUT)" in code) == ("read(INPUT)" in vllm_form) == (lenses == "both")
+    assert f"BOS = {lenses == 'both'}" in code and f"BOS = {lenses == 'both'}" in vllm_form
     assert "VLLM(MODEL, dispatch=True" in vllm_form and "sum(out)" in vllm_form

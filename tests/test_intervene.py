@@ -168,7 +168,7 @@ def test_show_the_code_reproduces_the_intervention(service, tmp_path, kind):
     code = intervention_snippet(family=model.family, model=model.path, prompt=r.before.prompt,
                                 intervention=r.intervention, jlens=str(config.SHIPPED_JLENS),
                                 bos=service.prompts.bos)
-    assert service.prompts.bos and "read(text)" in code            # the shipped lens was fitted with BOS first
+    assert service.prompts.bos and "BOS = True" in code            # the shipped lens was fitted with BOS first
     script = tmp_path / "intervention.py"
     script.write_text(code)
     out, sys.stdout = sys.stdout, StringIO()

@@ -20,6 +20,9 @@ FORBIDDEN = {
     "lensapp.interventions": ("lensapp.", "gradio", "altair", "vllm", "nnsight"),
     "lensapp.jlens": ("lensapp.engine", "lensapp.service", "lensapp.ui", "gradio", "altair", "vllm", "nnsight"),
     "lensapp.provenance": ("lensapp.", "gradio", "altair", "vllm", "nnsight"),
+    # Its functions' source runs in "Show the code"'s scripts: the standard library and jlens.with_bos (a script's too).
+    "lensapp.tokenizing": ("lensapp.engine", "lensapp.service", "lensapp.results", "lensapp.ui", "torch", "gradio",
+                           "altair", "vllm", "nnsight"),
     "lensapp.results": ("lensapp.service", "lensapp.ui", "lensapp.charts", "gradio", "altair", "vllm", "nnsight"),
     "lensapp.charts": ("lensapp.service", "lensapp.engine", "lensapp.ui", "torch", "gradio", "vllm", "nnsight"),
     # Scripts written as text: it names nnsight and vLLM in them, and imports neither.

@@ -32,8 +32,8 @@ from lensapp.service import (
     components,
     evaluating,
 )
-from lensapp.service.prompts import joined
 from lensapp.service.requests import EvaluateRequest
+from lensapp.tokenizing import joined
 
 ITALY = "The capital of Italy is"
 

@@ -8,21 +8,18 @@ description's, a components readout's, an evaluation's) gets the tokenizer's BOS
 Jacobian lens was fitted so (`bos`, set by the service from the lens: jlens.fitted_with_bos), and is read
 as tokenized otherwise; so a cell is the same cell in every tab, whichever lens reads it.
 
-Words, one function (`word`): a word typed in any field (a lens's targets, a steering or ablation word and its
-from-word, a components target and foil, a forced token, an evaluation's words) is read as the model would
-write it after the text it follows: the tokens that `text + word` has after the text's own tokens. So on a
-SentencePiece tokenizer with a dummy prefix (Llama 2, Mistral v0.x) "Paris" after "...France is" is `▁Paris`,
-never the lone `▁` that `tokenize(" Paris")` starts with.
+Words, one function (`word`): a word typed in any field is read as the model would write it after the text it
+follows (tokenizing.word_ids). The rules themselves, a prompt's ids and a word's tokens, are lensapp/tokenizing.py's
+pure functions, which "Show the code" writes into its scripts: here they get the app's limits and errors.
 """
 
 from __future__ import annotations
 
-import unicodedata
 from typing import NamedTuple, Sequence
 
 from ..config import MAX_PROMPT_CHARS
-from ..jlens import with_bos
 from ..results import Target
+from ..tokenizing import context_of, conversation_ids, plain_ids, prompt_ids, word_ids
 from .field import RequestError
 from .tokens import TokenDecoder, show_bytes
 
@@ -53,8 +50,9 @@ class Prompts:
     def ids(self, prompt: str, chat: bool = False) -> list[int]:
         """A prompt's token ids (in the chat template when `chat`; with the tokenizer's BOS first when `bos`,
         as a lens fitted so reads: see jlens.with_bos), within the token limit."""
-        ids = self._template([{"role": "user", "content": prompt}]) if chat else self._bos(
-            self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if chat:
+            self._needs_template()
+        ids = prompt_ids(self.tokenizer, prompt, chat, self.bos)
         if not ids:
             raise RequestError("the prompt has no tokens")
         if len(ids) > self.max_prompt_tokens:
@@ -69,9 +67,8 @@ class Prompts:
 
     def words(self, words: Sequence[str], after: Sequence[int]) -> list[Target]:
         """`word` for each of `words`, after the same tokens (their text tokenized once)."""
-        context = self.tokenizer.decode([int(i) for i in after], skip_special_tokens=True,
-                                        clean_up_tokenization_spaces=False)
-        before = self._plain(context)
+        context = context_of(self.tokenizer, after)
+        before = plain_ids(self.tokenizer, context)
         return [self._word(w, context, before) for w in words]
 
     def forced(self, word: str | int, after: Sequence[int], vocab_size: int) -> int:
@@ -87,20 +84,10 @@ class Prompts:
         text = word.rstrip()
         if not text.strip():
             raise RequestError(f"the word {word!r} is empty")
-        full = joined(context, text)
-        ids = self._plain(full)
-        if ids[:len(before)] == before:
-            added = ids[len(before):]
-        else:                                     # the text's last tokens merge with the word's: go on from them
-            anchor = self._plain(ANCHOR)
-            alone = self._plain(ANCHOR + full[len(context):])
-            added = alone[len(anchor):] if alone[:len(anchor)] == anchor else ids[_common(ids, before):]
+        added = word_ids(self.tokenizer, context, text, before)
         if not added:
             raise RequestError(f"{text.strip()!r} adds no token after this text")
         return Target(text=text.strip(), token_ids=tuple(added))
-
-    def _plain(self, text: str) -> list[int]:
-        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
 
     @property
     def stop_ids(self) -> set[int]:
@@ -145,14 +132,12 @@ class Prompts:
         return show_bytes(b"".join(pieces))
 
     def _template(self, messages: list[dict]) -> list[int]:
+        self._needs_template()
+        return conversation_ids(self.tokenizer, messages, self.bos)
+
+    def _needs_template(self) -> None:
         if not self.has_chat_template:
             raise RequestError("this model's tokenizer has no chat template; turn chat off")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return self._bos(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    def _bos(self, ids) -> list[int]:
-        ids = [int(i) for i in ids]
-        return with_bos(ids, self.bos_id) if self.bos and ids else ids
 
 
 class Conversation(NamedTuple):
@@ -169,35 +154,6 @@ def recent_turns(messages: Sequence[dict], most: int, drop: int = 0) -> tuple[li
     while (dropped < drop or len(msgs) > most) and (n := _drop_oldest_turn(msgs)):
         dropped += n
     return msgs, dropped
-
-
-# A text the word's own text is tokenized after when the context's last tokens merge with it: a line break, which
-# no tokenizer merges with what follows it (byte-level BPE splits it off; SentencePiece has it as a byte).
-ANCHOR = "\n"
-# Punctuation that attaches to the word before it (no space before it): Unicode's closing, final and other
-# punctuation (. , ; : ! ? ) ] } ' " ...), dashes and connectors.
-ATTACHED = ("Pe", "Pf", "Po", "Pd", "Pc")
-
-
-def joined(context: str, word: str) -> str:
-    """`word` after `context` as a new word: a space between them, unless the context is empty or ends in
-    whitespace, the word starts with whitespace (its own, kept as typed) or with punctuation that attaches, or
-    either side is written without spaces (Chinese, Japanese, Korean: East Asian wide characters)."""
-    if (not context or context[-1].isspace() or word[0].isspace()
-            or unicodedata.category(word[0]) in ATTACHED or _unspaced(context[-1]) or _unspaced(word[0])):
-        return context + word
-    return context + " " + word
-
-
-def _unspaced(ch: str) -> bool:
-    return unicodedata.east_asian_width(ch) in ("W", "F")
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def _drop_oldest_turn(msgs: list[dict]) -> int:

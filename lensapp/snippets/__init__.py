@@ -6,15 +6,19 @@ wrote a logit, with eager attention). Each takes the model's family (where it ke
 norm and head) and what the view did, and returns the script as text; nothing here imports nnsight or
 runs a model. This module names the model as a visitor can load it (`model_reference`: a hub id, never a
 folder on the app's server); a lens is named by `jlens.describe()`'s name for it (a file's name, or
-`REPO:FILE`).
+`REPO:FILE`, which a script downloads: `lens_file`). Every script reads its prompt and words as the app does by
+running the app's own rule (`rules`: tokenizing.py's functions, their source written into the script).
 """
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
+from .. import tokenizing
 from ..config import EMBEDDED
 from ..engine.start.embedded import EMBEDDED_NAME
+from ..jlens import with_bos
 
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -30,22 +34,37 @@ def model_reference(setting: str, name: str) -> tuple[str, str]:
     return setting, ""
 
 
-def traced(text: str, bos: bool) -> str:
-    """What a script traces for the expression `text`: `read(text)` where the app reads with BOS (`bos_reader`)."""
-    return f"read({text})" if bos else text
+def settings(chat: bool, bos: bool) -> str:
+    """A script's lines saying how the app read the prompt (`rules` reads it so)."""
+    return (f"CHAT = {chat!r:<5}                    # True: the prompt as a user's message in the chat template\n"
+            f"BOS = {bos!r:<5}                     # True: the tokenizer's BOS first, if it has one (the app's "
+            "Jacobian lens was fitted so)\n")
 
 
-def bos_reader(bos: bool, as_tensor: bool = True) -> str:
-    """Code defining `read(text)`, the text as the app reads it ("" where it reads the text as tokenized). With a
-    Jacobian lens fitted with BOS first the app puts the tokenizer's BOS first in every prompt (service/prompts.py,
-    jlens.with_bos): a script that traced the bare text would read other positions and other numbers."""
-    if not bos:
-        return ""
-    ids = "torch.tensor([ids])" if as_tensor else "ids"      # TransformersModel takes [1, T] ids, VLLM a list
-    return f'''def read(text):
-    """The app's reading: the Jacobian lens was fitted with the tokenizer's BOS token first, so every prompt is
-    read with it first (unless the tokenizer or a chat template already put it there)."""
-    ids, bos = model.tokenizer(text).input_ids, model.tokenizer.bos_token_id
-    ids = ids if ids[:1] == [bos] else [bos] + ids
-    return {ids}
-'''
+def rules(words: bool = False) -> str:
+    """Code a script runs to read its prompt (`prompt_ids`) and, with `words`, a word (`word_ids`) as the app
+    does: the source of lensapp/tokenizing.py's own functions (and jlens.with_bos), which the app runs too, so a
+    script cannot read other tokens than the app (a SentencePiece word, a prompt without a space, a tokenizer
+    without BOS, the chat template)."""
+    functions = [tokenizing.prompt_ids, tokenizing.conversation_ids, tokenizing.bos_first, with_bos]
+    constants = ""
+    if words:
+        functions += [tokenizing.context_of, tokenizing.plain_ids, tokenizing.word_ids, tokenizing.joined,
+                      tokenizing.unspaced, tokenizing.common_prefix]
+        constants = (f"ANCHOR = {tokenizing.ANCHOR!r}     # what a word is read after where a text's last tokens "
+                     f"merge with it\nATTACHED = {tokenizing.ATTACHED!r}     # punctuation that attaches to the word "
+                     "before it\n\n\n")
+    what = "a prompt and a word" if words else "a prompt"
+    return (f"# How the app reads {what}: lensapp/tokenizing.py's own functions, as the app runs them.\n"
+            + constants + "\n\n".join(inspect.getsource(f) for f in functions) + "\n")
+
+
+def lens_file(name: str) -> str:
+    """Lines setting J to the Jacobian lens `name` (`jlens.describe()`'s: a file's name, or REPO:FILE on the hub,
+    downloaded as the app does: jlens.resolve)."""
+    repo, sep, filename = name.partition(":")
+    hub = sep and repo.count("/") == 1 and filename
+    where = (f"hf_hub_download({repo!r}, {filename!r})     # the lens file, from the Hugging Face hub"
+             if hub else f"{name!r}     # the lens file")
+    return (("from huggingface_hub import hf_hub_download\n" if hub else "") + f"LENS = {where}\n"
+            'J = torch.load(LENS, map_location="cpu", weights_only=True)["J"]\n')

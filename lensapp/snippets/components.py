@@ -10,11 +10,14 @@ final residual, the rule of `lensapp.attribution`, which the app's own readout f
 from __future__ import annotations
 
 from ..engine.run.families import Family
-from . import bos_reader, traced
+from . import rules, settings
 
 COMPONENTS = '''# Lens Explorer: who wrote {what} at position {position}, on HF transformers
 # pip install nnsight torch transformers
+from __future__ import annotations
+
 import json
+import unicodedata
 
 import nnsight
 import torch
@@ -27,12 +30,14 @@ POSITION = {position}                   # the position whose next-token logit is
 PATTERNS = {patterns!r}                 # a layer whose attention weights are printed (None: none)
 HEAD_DIM = {head_dim}
 PLUS_ONE = {plus_one!r}                 # the family's norms multiply by (1 + weight) (Gemma)
+{settings}
 
+{rules}
 # Eager attention: the one path of transformers that forms the attention weights.
 model = TransformersModel(MODEL, task="text-generation", dispatch=True, attn_implementation="eager")
-INPUT = {input_code}
-{reader}blocks = model.{blocks}
-with torch.no_grad(), model.trace({input_read}):
+IDS = prompt_ids(model.tokenizer, PROMPT, CHAT, BOS)          # the prompt's token ids, as the app read them
+blocks = model.{blocks}
+with torch.no_grad(), model.trace(torch.tensor([IDS])):
     saved = []
     for layer in range(model.config.num_hidden_layers):     # in forward order: each part where the block adds it
         block = blocks[layer]
@@ -58,13 +63,8 @@ def frozen(norm, h):
 
 
 def token(word):
-    """The first token `word` adds after the prompt up to POSITION, as the model would write it there (the app's
-    rule for every word: a space between them, the tokens of context + word past the context's own)."""
-    tok = model.tokenizer
-    ids = tok(PROMPT, add_special_tokens=False).input_ids
-    context = tok.decode(ids[:{context_end}] if POSITION >= 0 else ids[:POSITION + 1 or None])
-    before = tok(context, add_special_tokens=False).input_ids
-    return tok(context + " " + word.strip(), add_special_tokens=False).input_ids[len(before)]
+    """The first token of `word` as the app reads it after the prompt's tokens up to POSITION (word_ids)."""
+    return word_ids(model.tokenizer, context_of(model.tokenizer, IDS[:POSITION + 1]), word)[0]
 
 
 norm, W_U = model.{norm}._module, model.{head}._module.weight
@@ -102,19 +102,17 @@ def components_snippet(*, family: Family, anatomy, model: str, prompt: str, targ
                        position: int, patterns: int | None, head_dim: int, chat: bool = False,
                        model_note: str = "", bos: bool = False) -> str:
     """A runnable script printing the components readout of the view ({logit, parts, sum, patterns}, as the CLI's
-    JSON) from nnsight's TransformersModel with eager attention; the last lines set `components` to it. `bos`:
-    the app reads with the tokenizer's BOS first (position 0 is then the BOS), and so does the script."""
+    JSON) from nnsight's TransformersModel with eager attention; the last lines set `components` to it. It reads
+    the prompt and the words as the app did (`chat`: in the chat template; `bos`: the tokenizer's BOS first, which
+    is then position 0) with the app's own rule (`rules`); `position` counts from 0."""
     layout = family.hf
     what = f"logit({target!r})" + (f" - logit({foil!r})" if foil else "")
-    input_code = "PROMPT" if not chat else ("model.tokenizer.apply_chat_template([{\"role\": \"user\", \"content\": "
-                                            "PROMPT}], add_generation_prompt=True, tokenize=False)")
     attn_part = f"block.{anatomy.attn_norm}.output" if anatomy.attn_norm else "attn[0]"
     post_code = (f"frozen(blocks[layer].{anatomy.attn_norm}._module, s[\"raw\"])   # the norm after the attention"
                  if anatomy.attn_norm else "lambda c: c")
     return COMPONENTS.format(what=what, position=position, model=model,
                              model_note=f"  # {model_note}" if model_note else "", prompt=prompt, target=target,
                              foil=foil or None, patterns=patterns, head_dim=head_dim, plus_one=family.norm_plus_one,
-                             input_code=input_code, blocks=layout.blocks, o_proj=anatomy.o_proj, attn=anatomy.attn,
-                             attn_part=attn_part, mlp_part=anatomy.mlp_part, norm=layout.norm, head=layout.head,
-                             post_code=post_code, reader=bos_reader(bos), input_read=traced("INPUT", bos),
-                             context_end="POSITION" if bos else "POSITION + 1")
+                             blocks=layout.blocks, o_proj=anatomy.o_proj, attn=anatomy.attn, attn_part=attn_part,
+                             mlp_part=anatomy.mlp_part, norm=layout.norm, head=layout.head, post_code=post_code,
+                             settings=settings(chat, bos), rules=rules(words=True))

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from ..engine.run.families import Family
 from ..results import AblateDone, InterventionDone, PatchDone, SteerDone
-from . import bos_reader, traced
+from . import lens_file, rules, settings
 
 INTERVENE = '''# Lens Explorer: an intervention ({kind}), on HF transformers
 # pip install nnsight torch transformers
+from __future__ import annotations
+
+import unicodedata
+
 import nnsight
 import torch
 from nnsight import TransformersModel
@@ -22,19 +26,20 @@ PROMPT = {prompt!r}
 LAYERS = {layers!r}                # the layers whose output is changed
 POSITIONS = {positions!r}          # the prompt positions changed (None: all)
 WORD = {word!r}
+{settings}
+
+{rules}
 model = TransformersModel(MODEL, task="text-generation", dispatch=True)
 blocks, norm, head = model.{blocks}, model.{norm}._module, model.{head}._module
+IDS = prompt_ids(model.tokenizer, PROMPT, CHAT, BOS)          # the prompt's token ids, as the app read them
 
 
-def token(word, context):
-    """The first token `word` adds after `context`, as the model would write it there (the app's rule for every
-    word: a space between them, the tokens of context + word past the context's own)."""
-    before = model.tokenizer(context, add_special_tokens=False).input_ids
-    return model.tokenizer(context + " " + word.strip(), add_special_tokens=False).input_ids[len(before)]
+def token(word):
+    """The first token of `word` as the app reads it after the prompt (word_ids)."""
+    return word_ids(model.tokenizer, context_of(model.tokenizer, IDS), word)[0]
 
 
-target = token(WORD, PROMPT)
-{reader}
+target = token(WORD)
 
 
 def stream(out):
@@ -42,9 +47,9 @@ def stream(out):
     return (out[0] if isinstance(out, tuple) else out)[0]
 
 
-def p_word(edit=None, text=PROMPT):
+def p_word(edit=None, ids=IDS):
     """P(WORD) at the last position of the model's output, with `edit(layer, h)` changing h in place."""
-    with torch.no_grad(), model.trace({text}):
+    with torch.no_grad(), model.trace(torch.tensor([ids])):
         for layer in LAYERS:
             if edit is not None:
                 edit(layer, stream(blocks[layer].output))
@@ -77,7 +82,8 @@ print("ablated:", p_word(ablate))
 
 PATCH = '''SOURCE = {source!r}
 SOURCE_POSITIONS = {sources!r}
-with torch.no_grad(), model.trace({source_read}):
+SOURCE_IDS = prompt_ids(model.tokenizer, SOURCE, CHAT, BOS)    # read as the prompt is
+with torch.no_grad(), model.trace(torch.tensor([SOURCE_IDS])):
     saved = nnsight.save({{layer: stream(blocks[layer].output)[SOURCE_POSITIONS] for layer in LAYERS}})
 for patched in LAYERS:                             # one layer at a time, as the app's sweep
     def patch(layer, h):
@@ -88,10 +94,12 @@ for patched in LAYERS:                             # one layer at a time, as the
 
 
 def intervention_snippet(*, family: Family, model: str, prompt: str, intervention: InterventionDone,
-                         jlens: str | None = None, model_note: str = "", bos: bool = False) -> str:
+                         jlens: str | None = None, model_note: str = "", bos: bool = False,
+                         chat: bool = False) -> str:
     """A runnable script that makes the same change (what `intervention` says was done) on nnsight's
     TransformersModel and prints the word's probability at the output before and after each change ("" for a
-    kind it has no script for). `bos`: the app reads with the tokenizer's BOS first, and so does the script."""
+    kind it has no script for). It reads the prompts and words as the app did (`chat`: in the chat template;
+    `bos`: the tokenizer's BOS first) with the app's own rule (`rules`)."""
     layout = family.hf
     done = intervention
     if not isinstance(done, (SteerDone, AblateDone, PatchDone)):
@@ -100,19 +108,17 @@ def intervention_snippet(*, family: Family, model: str, prompt: str, interventio
                              prompt=prompt, layers=list(done.layers),
                              positions=None if done.changed_positions is None else list(done.changed_positions),
                              word=done.word or "", blocks=layout.blocks, norm=layout.norm, head=layout.head,
-                             reader=bos_reader(bos), text=traced("text", bos))]
+                             settings=settings(chat, bos), rules=rules(words=True))]
     if isinstance(done, PatchDone):
-        body.append(PATCH.format(source=done.source, sources=list(done.source_positions),
-                                 source_read=traced("SOURCE", bos)))
+        body.append(PATCH.format(source=done.source, sources=list(done.source_positions)))
         return "\n".join(body)
     jacobian = done.direction == "jacobian"
     if jacobian and not jlens:
         raise ValueError("a Jacobian-lens direction needs the lens file")
-    from_id = f"model.tokenizer(' ' + {done.from_word!r}.strip(), add_special_tokens=False).input_ids[0]"
-    from_line = (f"w = w - head.weight[{from_id}].float() * norm.weight.float()     # from that word to WORD\n"
-                 if done.from_word else "")
+    from_line = (f"w = w - head.weight[token({done.from_word!r})].float() * norm.weight.float()   # from that word "
+                 "to WORD\n" if done.from_word else "")
     body.append(DIRECTION.format(from_line=from_line, jacobian=(
-        f"J = torch.load({jlens!r}, map_location='cpu', weights_only=True)['J']   # the Jacobian lens\n"
+        "# The Jacobian lens: a word's direction at a layer is J_l^T w.\n" + lens_file(jlens) +
         "def direction(layer):\n    return w @ J[layer].float() if layer in J else w   # J_l^T w\n"
         if jacobian else "def direction(layer):\n    return w\n")))
     if isinstance(done, SteerDone):

@@ -9,10 +9,12 @@ one is asked for, and unembed through the model's own final norm and head.
 from __future__ import annotations
 
 from ..engine.run.families import Family
-from . import bos_reader, traced
+from . import lens_file, rules, settings
 
 HEADER = '''# Lens Explorer: {what}
 # pip install nnsight torch transformers{extra}
+from __future__ import annotations
+
 import json
 
 import nnsight
@@ -22,19 +24,18 @@ MODEL = {model!r}{model_note}
 PROMPT = {prompt!r}
 LAYERS = {layers!r}
 K = {k}
-'''
+{settings}'''
 
-JLENS = '''# The Jacobian lens: J[layer] moves a layer's residual into the last layer's basis (h @ J.T).
-J = torch.load({path!r}, map_location="cpu", weights_only=True)["J"]
-'''
+JLENS = "# The Jacobian lens: J[layer] moves a layer's residual into the last layer's basis (h @ J.T).\n"
 
 
 def lens_snippet(*, family: Family, model: str, prompt: str, layers: list[int], k: int, lens: str,
                  jlens: str | None = None, chat: bool = False, form: str = "transformers", model_note: str = "",
                  bos: bool = False) -> str:
     """A runnable script printing, for each layer, the lens's top-k at the prompt's last position as JSON
-    ({lens: {layer: [[token, probability], ...]}}); the last line sets `readout` to the same dict. `bos`: the app
-    reads with the tokenizer's BOS first (a Jacobian lens fitted so), and so does the script."""
+    ({lens: {layer: [[token, probability], ...]}}); the last line sets `readout` to the same dict. It reads the
+    prompt as the app did (`chat`: in the chat template; `bos`: the tokenizer's BOS first, a Jacobian lens fitted
+    so) with the app's own rule (`rules`)."""
     lenses = ("logit", "jacobian") if lens == "both" else (lens,)
     if "jacobian" in lenses and not jlens:
         raise ValueError("the Jacobian lens needs a lens file")
@@ -43,26 +44,22 @@ def lens_snippet(*, family: Family, model: str, prompt: str, layers: list[int], 
     if form == "vllm":
         imports = ("from nnsight.modeling.vllm import VLLM"
                    "   # on a CPU: from lensapp.engine.start.vllm_cpu import CPUVLLM\n")
-        head = (HEADER.format(what="the view as vLLM runs it", extra=" vllm", imports=imports, model=model,
-                              model_note=note, prompt=prompt, layers=layers, k=k))
+        what, extra = "the view as vLLM runs it", " vllm"
     else:
         imports = "from nnsight import TransformersModel\n"
-        head = HEADER.format(what="the view, on HF transformers", extra="", imports=imports, model=model,
-                             model_note=note, prompt=prompt, layers=layers, k=k)
-    body = [head]
+        what, extra = "the view, on HF transformers", ""
+    body = [HEADER.format(what=what, extra=extra, imports=imports, model=model, model_note=note, prompt=prompt,
+                          layers=layers, k=k, settings=settings(chat, bos))]
     if "jacobian" in lenses:
-        body.append(JLENS.format(path=jlens))
-    body.append(_prompt_code(chat))
+        body.append(JLENS + lens_file(jlens))
+    body.append(rules())
     residual = "sum(out)" if layout.pairs else "out[0] if isinstance(out, tuple) else out"
     transports = "".join(f'    "{name}": {transport},\n' for name, transport in
                          (("logit", "lambda layer, h: h"),
                           ("jacobian", "lambda layer, h: h @ J[layer].to(h.dtype).T if layer in J else h"))
                          if name in lenses)
     body.append(f"LENSES = {{\n{transports}}}\n")
-    if form == "vllm":
-        body.append(_vllm_code(layout, residual, bos))
-    else:
-        body.append(_hf_code(layout, residual, bos))
+    body.append(_vllm_code(layout, residual) if form == "vllm" else _hf_code(layout, residual))
     body.append('''readout = {name: {layer: [[model.tokenizer.decode([int(i)]), round(float(p), 4)]
                          for p, i in zip(*tops[name][n])] for n, layer in enumerate(LAYERS)} for name in LENSES}
 print(json.dumps(readout, ensure_ascii=False, indent=1))
@@ -70,19 +67,10 @@ print(json.dumps(readout, ensure_ascii=False, indent=1))
     return "\n".join(body)
 
 
-def _prompt_code(chat: bool) -> str:
-    if not chat:
-        return "INPUT = PROMPT\n"
-    return ("# The prompt wrapped in the model's chat template, as the app's chat option does.\n"
-            "INPUT = None  # set below, once the tokenizer is loaded\n")
-
-
-def _hf_code(layout, residual: str, bos: bool) -> str:
+def _hf_code(layout, residual: str) -> str:
     return f'''model = TransformersModel(MODEL, task="text-generation", dispatch=True)
-if INPUT is None:
-    INPUT = model.tokenizer.apply_chat_template([{{"role": "user", "content": PROMPT}}], add_generation_prompt=True,
-                                                tokenize=False)
-{bos_reader(bos)}with torch.no_grad(), model.trace({traced("INPUT", bos)}):
+IDS = prompt_ids(model.tokenizer, PROMPT, CHAT, BOS)          # the prompt's token ids, as the app read them
+with torch.no_grad(), model.trace(torch.tensor([IDS])):
     saved = []
     for layer in LAYERS:
         out = model.{layout.blocks}[layer].output      # the residual stream after block `layer`
@@ -104,12 +92,10 @@ with torch.no_grad():
 '''
 
 
-def _vllm_code(layout, residual: str, bos: bool) -> str:
+def _vllm_code(layout, residual: str) -> str:
     return f'''model = VLLM(MODEL, dispatch=True, enable_prefix_caching=False)
-if INPUT is None:
-    INPUT = model.tokenizer.apply_chat_template([{{"role": "user", "content": PROMPT}}], add_generation_prompt=True,
-                                                tokenize=False)
-{bos_reader(bos, as_tensor=False)}with model.trace({traced("INPUT", bos)}, temperature=0.0, max_tokens=1):
+IDS = prompt_ids(model.tokenizer, PROMPT, CHAT, BOS)          # the prompt's token ids, as the app read them
+with model.trace(IDS, temperature=0.0, max_tokens=1):
     tops = {{name: [] for name in LENSES}}
     for layer in LAYERS:
         out = model.{layout.blocks}[layer].output

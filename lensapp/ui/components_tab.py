@@ -65,7 +65,7 @@ def build_components_tab(service, guard, downloads: Downloads,
     parts = {**form.inputs, **outputs}
     run_fn = partial(run, view, service, guard)
     on([run_button.click, form.inputs["prompt"].submit], run_fn, parts, form.inputs, outputs)
-    on(outputs["state"].change, partial(show_code, service, guard), parts, ["state"], ["code"])
+    on(outputs["state"].change, partial(show_code, service, guard), parts, ["state", "chat"], ["code"])
     return TabParts(view, form.inputs, {k: v for k, v in outputs.items() if k != "code"}, run_fn,
                     run_button=run_button)
 
@@ -123,8 +123,8 @@ def read_components(service, values: dict, view: TabView = TAB_VIEWS["components
 
 
 def show_code(service, guard, values: dict, request: gr.Request = None) -> dict:
-    result = values["state"]
-    return {} if result is None else guard.ui(request, lambda: {"code": code_for(service, result)})
+    result, chat = values["state"], bool(values["chat"])       # the chat option the readout was run with
+    return {} if result is None else guard.ui(request, lambda: {"code": code_for(service, result, chat)})
 
 
 def _blank(value):
@@ -153,14 +153,14 @@ def summary(result) -> str:
     return "\n".join(lines)
 
 
-def code_for(service, result) -> str:
-    """The view as a runnable nnsight script (snippets/components.py)."""
+def code_for(service, result, chat: bool = False) -> str:
+    """The view as a runnable nnsight script (snippets/components.py), its prompt in the chat template when `chat`."""
     model, note = model_reference(service.cfg.model, service.info.name)
     return components_snippet(family=service.model.family, anatomy=anatomy_of(service.model.hf_config.model_type),
                               model=model, prompt=result.prompt, target=result.target.text,
                               foil=None if result.foil is None else result.foil.text, position=result.position,
                               patterns=result.patterns_layer, head_dim=model_shape(service.model.hf_config)[1],
-                              model_note=note, bos=service.prompts.bos)
+                              model_note=note, bos=service.prompts.bos, chat=chat)
 
 
 def cell_link(prompt: str, chat: bool = False):

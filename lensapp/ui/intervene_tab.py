@@ -186,7 +186,7 @@ def readout(view: TabView, service, values: dict, progress=None) -> dict:
         "source_table": top1_table(result.source) if patch else gr.skip(),
         "target_table": top1_table(result.before) if patch else gr.skip(),
         **Downloads.shown(),
-        "code": code_for(service, result),
+        "code": code_for(service, result, req.chat),
     }
 
 
@@ -228,14 +228,15 @@ def pick_target(values: dict, evt: gr.SelectData) -> dict:
     return {"positions": str(evt.index[1] - 1)}
 
 
-def code_for(service, result) -> str:
-    """The intervention as a runnable nnsight script (snippets/intervention.py)."""
+def code_for(service, result, chat: bool = False) -> str:
+    """The intervention as a runnable nnsight script (snippets/intervention.py), its prompts in the chat template
+    when `chat`."""
     jacobian = isinstance(result.intervention, (SteerDone, AblateDone)) and result.intervention.direction == "jacobian"
     if jacobian and service.jlens is None:
         return ""
     model, note = model_reference(service.cfg.model, service.info.name)
     return intervention_snippet(family=service.model.family, model=model, prompt=result.before.prompt,
-                                intervention=result.intervention, model_note=note, bos=service.prompts.bos,
+                                intervention=result.intervention, model_note=note, bos=service.prompts.bos, chat=chat,
                                 jlens=service.jlens.describe()["source"] if service.jlens is not None else None)
 
 
