@@ -29,7 +29,7 @@ def test_round_trip(view):
 
 def test_encode_is_versioned_and_only_carries_the_tab():
     q = pl.encode(View(tab="logit", max_tokens=30))
-    assert q["v"] == "1" and q["tab"] == "logit"
+    assert q["v"] == str(pl.FORMAT_VERSION) == "2" and q["tab"] == "logit"      # v=2: BOS counts (test_link_versions)
     assert "max_tokens" not in q and "temperature" not in q
     assert "targets" not in pl.encode(View(tab="generate"))
 

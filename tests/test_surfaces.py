@@ -8,7 +8,9 @@ Intended changes since the freeze:
 - /intervene `alphas`: default '' (was '0,0.1,0.2,0.4,0.8'). Empty is the default sweep, 0, 0.1, 0.2, 0.4 and
   0.8, or for a fitted vector 0, 1/2, 1 and 2 times its own length: a caller who names no alphas gets what
   they got before, and one who names 0,0.1,0.2,0.4,0.8 now gets exactly those, fitted vector or not (before,
-  that text was taken for "the default" and swapped for the fitted sweep)."""
+  that text was taken for "the default" and swapped for the fitted sweep).
+- Links say v=2 (a link's keys are unchanged): positions count the tokens the app reads, BOS first where it reads
+  so; a v=1 link's positions are moved as it opens to name what they named (tests/test_link_versions.py)."""
 
 from __future__ import annotations
 

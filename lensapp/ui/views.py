@@ -53,6 +53,10 @@ EXAMPLES = {"prompt": DEFAULT_PROMPT, "prompts": DEFAULT_COMPARE, "word": DEFAUL
 SHORT_NAMES = {f.SKIP_PUNCTUATION.name: "punct"}
 # A list a link and a form spread over numbered keys (prompt1, prompt2, ...): its name -> (stem, how many).
 SPREAD = {f.PROMPTS.name: ("prompt", config.MAX_COMPARE_PROMPTS)}
+# Link fields that count a text's tokens, each by the link field holding that text: what they name depends on how
+# the app reads the text (BOS first or not), so a link's format version says how they counted (permalinks.py).
+# `patterns` names a layer and `branches` a generation's steps: neither counts a prompt's tokens.
+TOKEN_POSITIONS = {"start": "prompt", "positions": "prompt", "source_positions": "source", "position": "prompt"}
 
 
 @dataclass(frozen=True)
