@@ -21,6 +21,8 @@ from lensapp.ui.prefetch import LinkPrefetch
 class Words:
     """A tokenizer of words: a prompt's length in tokens is its word count."""
 
+    bos = False                 # no BOS first: a v=1 link's positions stay as written (ui/permalinks.py)
+
     def ids(self, prompt, chat=False):
         return prompt.split()
 

@@ -237,7 +237,7 @@ def restored(page: Components, parts: dict[str, TabParts], service, shown, opene
     """The page as the link it was opened with shows it (without one: every tab's example, `front.py`)."""
     if not (opened_with or "").lstrip("?"):
         return {page["pending"]: FRONT}
-    view, notices = permalinks.decode(opened_with, n_layers=service.info.n_layers, jlens_layers=service.jlens_layers)
+    view, notices = permalinks.decode(opened_with, **permalinks.as_read_by(service))
     if view.tab not in shown:
         notices.append(f"This workshop does not show the {view.tab} tab; showing its first one instead.")
         view = View(tab=shown[0])

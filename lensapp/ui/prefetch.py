@@ -67,7 +67,7 @@ class LinkPrefetch:
 
     def _request(self, query: str):
         service = self.service
-        view, _ = permalinks.decode(query, n_layers=service.info.n_layers, jlens_layers=service.jlens_layers)
+        view, _ = permalinks.decode(query, **permalinks.as_read_by(service))
         tab = LENS_TABS.get(view.tab)
         if tab is None or (tab.lens != "logit" and service.jlens is None):
             return None
