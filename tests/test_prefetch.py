@@ -166,7 +166,7 @@ def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls_would_get()
         except gr.Error:
             pass
         api_now[0] += 0.1
-    assert len(service.asked) == prefetch.started <= answered < 40, (prefetch.started, answered)
+    assert len(service.asked) == prefetch.read == prefetch.started <= answered < 40, (prefetch.started, answered)
     host = LinkPrefetch(service, stopped_guard([0.0]))
     for i in range(40):                                          # the host's own scripts: never limited
         assert host(link(tab="logit", prompt=f"host {i}"), "127.0.0.1")

@@ -41,7 +41,8 @@ class LinkPrefetch:
         """guard: whose budget and turn a prefetch is (`ui.guard.Guard`); None: the host's (scripts, tests)."""
         self.service, self.guard = service, guard
         self.enabled = enabled
-        self.started = 0                             # let in, a request taken (its work may yet be refused)
+        self.started = 0                             # let in: a request taken (its work may yet be refused)
+        self.read = 0                                # of those, the ones whose work the budget took: read
         self._one = threading.Lock()                 # held while a prefetch runs
         self._runner = ThreadPoolExecutor(1, thread_name_prefix="lens-prefetch")
 
@@ -87,14 +88,18 @@ class LinkPrefetch:
 
     def _run(self, job: tuple, client: str | None) -> None:
         req, start = job
+        read = False
         try:
             visitor = self.guard.visitor(client) if self.guard is not None else contextlib.nullcontext()
             with not_counted(), visitor:
                 first = first_read(self.service, req, start)
                 if first:                           # what the page asks first, then what it asks next
                     self.service.lens(req, read_from=first)
+                    read = True
                 self.service.lens(req)
+                read = True
         except Exception as e:  # noqa: BLE001 - the page's own request will meet and report it
             log.debug("prefetch failed: %s", e)
         finally:
+            self.read += read
             self._one.release()
