@@ -51,11 +51,17 @@ def _serve(args, stopping: Stopping) -> int:
     if stopping.requested.is_set():
         starting.handover().close()
         return 0
+    service = None
     try:
         if plan is not None:
             ui.check_links(plan)
-        service = LensService.start(cfg)
+        service = LensService.start(cfg, start_engine=plan is None)
+        if plan is not None:          # its words as this model's tokenizer reads them, before the engine starts
+            workshops.check_words(plan, service)
+            service.engine.start()
     except ValueError as e:          # a lens, model, setting or link that cannot work: one line each, exit 2
+        if service is not None:
+            service.close()
         starting.handover().close()
         print(f"error: {e}", file=sys.stderr)
         return 2

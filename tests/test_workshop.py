@@ -168,3 +168,59 @@ def test_only_the_hosts_login_reads_what_was_run_and_participants_run_the_app(ti
             assert code == status and "alice's own question" not in body, (login, code, body)
         code, body = get(url + "workshop", host)
         assert code == 200 and [p["prompt"] for p in json.loads(body)["prompts"]] == ["alice's own question"]
+
+
+ASKS = """\
+title: Words
+tabs: [logit, intervene, components]
+exercises:
+  - title: Read whole
+    link: "?v=1&tab=logit&prompt=12%20%2B%207%20%3D&targets=19&metric=target_prob"
+    question: How sure is the model of 19?
+  - title: Who wrote 19
+    link: "?v=1&tab=components&prompt=12%20%2B%207%20%3D&target=19"
+    question: Which head writes 19?
+  - title: Steer to 20
+    link: "?v=1&tab=intervene&prompt=12%20%2B%207%20%3D&intervention=steer&word=20&layer=2"
+    question: Does the answer follow?
+  - title: A long number
+    link: "?v=1&tab=logit&prompt=12%20%2B%207%20%3D&targets=1234567890123456789"
+    question: Is it read?
+  - title: Paris
+    link: "?v=1&tab=components&prompt=The%20capital%20of%20France%20is&target=Paris&foil=Rome"
+    question: Who writes Paris over Rome?
+"""
+
+
+def test_an_exercise_asking_for_a_word_that_cannot_mean_itself_is_one_line_at_start(tmp_path, tiny_service):
+    """Opened in the service with the embedded tokenizer: a components target or a steering word read by a bare
+    space, and a target too long to read whole, are named; a target read whole and a word are not."""
+    path = tmp_path / "w.yaml"
+    path.write_text(ASKS)
+    with pytest.raises(workshop.WorkshopError) as e:
+        workshop.check_words(workshop.load(path), tiny_service)
+    lines = str(e.value).splitlines()
+    assert [line.split(" asks for ")[0] for line in lines] == [
+        "workshop file: exercise 2 (Who wrote 19)", "workshop file: exercise 3 (Steer to 20)",
+        "workshop file: exercise 4 (A long number)"]
+    assert "'19', whose first token is only whitespace, which cannot mean '19'" in lines[0]
+    assert "too long to read whole (20 tokens)" in lines[2]
+    workshop.check_words(workshop.load(SHIPPED), tiny_service)          # the shipped file asks only for words
+
+
+def test_serve_stops_on_such_an_exercise_before_the_engine_starts(tmp_path, tiny_model_dir, capsys):
+    import argparse
+    import socket
+
+    from lensapp import server
+
+    path = tmp_path / "w.yaml"
+    path.write_text(ASKS)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = argparse.Namespace(workshop=str(path), model=str(tiny_model_dir), backend="transformers", jlens="none",
+                              host="127.0.0.1", port=port)
+    assert server.serve(args) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 3 and said[0].startswith("error: workshop file: exercise 2 (Who wrote 19) asks for '19'")

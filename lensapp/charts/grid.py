@@ -81,7 +81,7 @@ class Grid:
         r = result.lenses[lens]
         shown = None if r.display_ranks is None else (r.display_tokens, r.display_ranks, r.display_probs, r.searched)
         return cls(list(result.layers), "position", list(result.input_tokens), r.top_tokens, r.top_probs,
-                   r.entropy, r.kl_to_final, [(t.text, t.probs, t.ranks) for t in r.targets], shown=shown)
+                   r.entropy, r.kl_to_final, [(t.text, *t.as_read()) for t in r.targets], shown=shown)
 
     @classmethod
     def from_generation(cls, gen: GenerationResult, lens: str) -> Grid:

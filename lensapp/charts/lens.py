@@ -154,16 +154,18 @@ def top1_curves(result: LensResult, lenses: tuple[str, ...] = ("logit",), positi
 
 
 def target_rows(result: LensResult, lens: str, pos: int, **extra) -> list[dict]:
-    """One row per target x layer: probability (the whole word at the last position) and rank."""
+    """One row per target x layer: probability (the whole word at the last position) and rank (none where the
+    word's first token is only whitespace: `TargetScore.as_read`)."""
     rows = []
     whole_ok = pos == len(result.input_ids) - 1
     for t in result.lenses[lens].targets:
         whole = whole_ok and t.continuation_logprob is not None
-        probs = np.exp(t.continuation_logprob) if whole else t.probs[:, pos]
+        read, ranks = t.as_read()
+        probs = np.exp(t.continuation_logprob) if whole else read[:, pos]
         name = show_token(t.text) + (" (whole word)" if whole else "")
         for i, layer in enumerate(result.layers):
             rows.append({"layer": int(layer), "target": name, "lens": LENS_TITLES[lens],
-                         "prob": finite(probs[i]), "rank": int(t.ranks[i, pos]), **extra})
+                         "prob": finite(probs[i]), "rank": int(ranks[i, pos]) or None, **extra})
     return rows
 
 

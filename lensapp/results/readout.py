@@ -32,6 +32,12 @@ def in_context(decode: Decode, ids: list[int]) -> list[str]:
     return getattr(decode, "sequence", decode)(list(ids))
 
 
+def bare_first(tokens: list[str]) -> bool:
+    """Whether a word's first token is only whitespace (" 19" is ␣, 1, 9 to SmolLM2's and Qwen's tokenizers): its
+    probability is the space's, which cannot mean the word, so the word is read whole (`TargetScore.as_read`)."""
+    return len(tokens) > 1 and not tokens[0].strip()
+
+
 @dataclass(frozen=True)
 class Target:
     """A target word as it is scored: its text, and its tokens as they would follow the prompt."""
@@ -62,9 +68,23 @@ class TargetScore:
     def scored_as(self) -> str:
         if len(self.token_ids) == 1:
             return "single token"
+        if bare_first(self.tokens):
+            return ("whole word at the last position (its first token is only whitespace)"
+                    if self.continuation_logprob is not None else "not read: its first token is only whitespace")
         if self.continuation_logprob is None:
             return "first token only (too many tokens to score the whole continuation)"
         return "first token per position; whole continuation at the last position"
+
+    def as_read(self) -> tuple[np.ndarray, np.ndarray]:
+        """probs, ranks [L, P] of the word as the charts show it: its first token's, except where that is only
+        whitespace (`bare_first`): then the whole word's probability at the last position, nothing elsewhere
+        (NaN) and no rank (0), since no single token there is the word."""
+        if not bare_first(self.tokens):
+            return self.probs, self.ranks
+        probs = np.full(self.probs.shape, np.nan, dtype=np.float32)
+        if self.continuation_logprob is not None:
+            probs[:, -1] = np.exp(self.continuation_logprob)
+        return probs, np.zeros_like(self.ranks)
 
     def to_json(self) -> dict:
         out = {

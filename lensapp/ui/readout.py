@@ -8,6 +8,7 @@ import pandas as pd
 
 from .. import charts
 from ..config import LENS_CHOICES
+from ..results.readout import bare_first
 from ..service.field import RequestError
 from .tabs import md_text, table_html, warn
 from .views import METRIC
@@ -62,7 +63,12 @@ def lens_summary(result, lenses: tuple[str, ...]) -> str:
             p, rank = float(t.probs[-1, -1]), int(t.ranks[-1, -1])
             line = (f"{charts.LENS_TITLES[lens]}, layer {last}: P({md_text(charts.show_token(t.tokens[0]))}) = "
                     f"{100 * p:.1f}% (rank {rank})")
-            if len(t.token_ids) > 1:
+            if bare_first(t.tokens):          # the space's probability says nothing of the word: the word's, whole
+                whole = float(t.as_read()[0][-1, -1])
+                line = (f"{charts.LENS_TITLES[lens]}, layer {last}: {md_text(t.text)} is {len(t.token_ids)} tokens, "
+                        f"the first only whitespace, so it is read whole: "
+                        + (f"{100 * whole:.2f}%" if np.isfinite(whole) else "too long to read whole"))
+            elif len(t.token_ids) > 1:
                 whole = float(np.exp(t.continuation_logprob[-1])) if t.continuation_logprob is not None else None
                 line += (f"; {md_text(t.text)} is {len(t.token_ids)} tokens, scored by its first"
                          + (f"; the whole word: {100 * whole:.2f}%" if whole is not None else ""))
