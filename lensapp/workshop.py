@@ -12,7 +12,10 @@
 
 `load(path)` reads and checks it before anything heavy starts: every mistake is one line of the
 `WorkshopError`, and `serve` exits 2 with them. A link's fields are checked later, with the same
-decoder the page uses (`ui/exercises.py`). Settings given by a flag or a variable win over the file's.
+decoder the page uses (`ui/exercises.py`), and the words it asks for once the model's tokenizer is read
+(`check_words`). Settings given by a flag or a variable win over the file's. `auth`'s first login is the
+host's, the only one that reads /workshop (server.py); a file with a login is never published to a Space
+(space.py refuses it).
 Nothing here stores anything: counting what was run is `service/usage.py`'s.
 """
 

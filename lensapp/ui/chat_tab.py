@@ -28,8 +28,8 @@ CHAT = TabView("chat", "chat", omits=("messages", "k", "force"))
 HOW_TO = """
 Chat with the model through its chat template. Under every reply, each token it wrote stands over
 what one lens read at one layer while it wrote it: the model's *disposition* at that depth. Hover
-or tap a token for the readout's top-3. The readout is installed in the engine once (nnsight
-`model.edit()` on vLLM) and rides every chat request, so each turn pays only its own readout. Older
+or tap a token for the readout's top-3. Each reply reads its lens in its own nnsight trace, step by
+step as it generates, so two people reading different layers in one batch each get their own. Older
 turns are dropped when the conversation outgrows the prompt limit. With a temperature above 0, the
 seed makes a reply reproducible.
 """
