@@ -18,7 +18,8 @@ Supervision (`supervisor.py`): a backend that dies or stops stepping is restarte
 
 Every admitted call ends in exactly one outcome, counted for /health: `served`, `failed` (its own
 error: bad input the planner missed, an error inside the trace), `restarted` (the backend died or
-stopped stepping under it), `timed_out` (its deadline passed) or `cancelled` (the app closed).
+stopped stepping under it), `timed_out` (its deadline passed) or `cancelled` (the app closed, or the
+reader of a streamed generation left: `step_stream.py`).
 `refused_busy` counts callers turned away at the door.
 
 This module knows backends only through `protocol.Backend`: nothing of text, results or the UI, and
@@ -37,7 +38,7 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 
 from . import parts
 from .errors import EngineBusy, EngineDown, EngineError, EngineRestarted, EngineTimeout, one_line
-from .owner import OwnerThread
+from .owner import OwnerThread, gather_all
 from .parts import Part, generate_part, lens_part
 from .protocol import (
     Backend,
@@ -51,6 +52,7 @@ from .protocol import (
     ModelInfo,
     Sampling,
 )
+from .step_stream import Call, StreamClosed, Streaming
 from .supervisor import Supervisor, close_quietly, dead
 from .turns import CLIENT, Admission, FairSlots, OverShare
 
@@ -60,7 +62,7 @@ T = TypeVar("T")
 OUTCOMES = ("served", "failed", "restarted", "timed_out", "cancelled")
 
 
-class Engine(Supervisor):
+class Engine(Supervisor, Streaming):
     def __init__(self, start_backend: Callable[[], Backend], info: ModelInfo, *,
                  warm_up: Callable[[Backend], Awaitable[None]] | None = None,
                  jlens: JStack | None = None, max_batch: int = 16,
@@ -151,8 +153,18 @@ class Engine(Supervisor):
     def run(self, kind: str, parts: Sequence[Part], timeout: float | None = None) -> list[T]:
         """One request of `parts` (each one engine request), for the client asking (`turns.CLIENT`): the one door
         into the backend. `timeout`: the request's deadline in seconds (`request_timeout`)."""
+        call = self.submit(kind, parts, timeout)
+        try:        # the loop enforces the deadline; this one only guards against a loop that no longer turns
+            return call.future.result(timeout=call.timeout + 600)
+        except TimeoutError:
+            raise EngineTimeout("the engine did not answer") from None
+        finally:
+            self.leave(call)
+
+    def submit(self, kind: str, parts: Sequence[Part], timeout: float | None = None) -> Call:
+        """Admit a request of `parts` and start it on the loop (EngineBusy, EngineDown); `leave` it when done."""
         self.start()
-        client, timeout = CLIENT.get(), timeout or self.request_timeout
+        call = Call(CLIENT.get(), timeout or self.request_timeout)
         with self._lock:
             if self.state == "down":
                 raise EngineDown(f"the model is down: {self.reason}")
@@ -162,23 +174,19 @@ class Engine(Supervisor):
                 self.counts["refused_busy"] += 1
                 raise EngineBusy(f"the app is busy ({self._admitted} requests ahead); try again in a moment")
             try:
-                self._per_client.enter(client)
+                self._per_client.enter(call.client)
             except OverShare as e:
                 self.counts["refused_busy"] += 1
                 raise EngineBusy(str(e)) from None
             self._admitted += 1
             # scheduled under the lock: calls reach the loop in their order of arrival
-            future = self._owner.submit(lambda: self._run(kind, parts, client, timeout))
-        try:
-            # The loop enforces the deadline; this one only guards against a loop that no longer turns.
-            try:
-                return future.result(timeout=timeout + 600)
-            except TimeoutError:
-                raise EngineTimeout("the engine did not answer") from None
-        finally:
-            with self._lock:
-                self._admitted -= 1
-                self._per_client.leave(client)
+            call.future = self._owner.submit(lambda: self._run(kind, parts, call))
+        return call
+
+    def leave(self, call: Call) -> None:
+        with self._lock:
+            self._admitted -= 1
+            self._per_client.leave(call.client)
 
     def status(self) -> dict:
         """The state, its reason and the requests waiting (a page's status line), from counters only."""
@@ -195,8 +203,7 @@ class Engine(Supervisor):
         """A snapshot for /health: plain values only."""
         with self._lock:
             admitted = self._admitted
-        now = time.time()
-        return {"state": self.state, "reason": self.reason, "uptime_s": round(now - self.started_at, 1),
+        return {"state": self.state, "reason": self.reason, "uptime_s": round(time.time() - self.started_at, 1),
                 "restarts": len(self.restart_times), "in_flight": self._in_flight, "admitted": admitted,
                 "queue_depth": max(0, admitted - self._in_flight),
                 "parts_waiting": self._slots.waiting() if self._slots is not None else 0,
@@ -231,23 +238,24 @@ class Engine(Supervisor):
         self._builder.shutdown(wait=False)
 
     # -- on the loop -------------------------------------------------------------------------------------
-    async def _run(self, kind: str, parts, client: str | None, timeout: float):
+    async def _run(self, kind: str, parts, call: Call):
         """One admitted request, from waiting for the backend to its outcome (counted once, here)."""
+        call.task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + call.timeout
         outcome = "failed"
         try:
-            results = await asyncio.wait_for(asyncio.gather(*(self._part(kind, part, client) for part in parts)),
+            results = await asyncio.wait_for(gather_all(self._part(kind, part, call.client) for part in parts),
                                              max(0.0, deadline - loop.time()))
             outcome = "served"
             return results
         except asyncio.TimeoutError:
             outcome = "timed_out"
-            raise EngineTimeout(f"the request took longer than its {timeout:.0f} s and was cancelled") from None
+            raise EngineTimeout(f"the request took longer than its {call.timeout:.0f} s and was cancelled") from None
         except EngineRestarted:
             outcome = "restarted"
             raise
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, StreamClosed):        # the app closing, or a stream's reader gone
             outcome = "cancelled"
             raise
         finally:

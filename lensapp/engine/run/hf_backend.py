@@ -70,7 +70,9 @@ class TransformersBackend:
                           kept=saved.get("kept"), norms=saved.get("norms"),
                           after_attention=saved.get("after_attention"))
 
-    async def run_generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
+    async def run_generate(self, spec: LensSpec, sampling: Sampling, sink=None) -> GenerationOutput:
+        """The generation in this process: a streamed one's readouts go into `sink` from the trace's body, its
+        tokens from transformers' streamer, each as it is made (the sink raising ends the generation there)."""
         import nnsight
 
         spec.check(self.info.n_layers, self.info.d_model)
@@ -79,21 +81,26 @@ class TransformersBackend:
             torch.manual_seed(sampling.seed)
         how = ({"do_sample": False} if sampling.greedy
                else {"do_sample": True, "temperature": float(sampling.temperature)})
+        if sink is not None:
+            how["streamer"] = token_streamer(sink)
         with torch.no_grad(), model.generate(torch.tensor([spec.input_ids]), max_new_tokens=sampling.max_tokens,
                                              pad_token_id=self.tokenizer.eos_token_id, **how) as tracer:
             saved = nnsight.save({"steps": []})
             for step in tracer.iter[:sampling.max_tokens]:
-                saved["steps"].append(lens_body(model, spec, site, step=step))
+                out = lens_body(model, spec, site, step=step)
+                saved["steps"].append(out)
+                if sink is not None:
+                    sink.readout(step, out)
             saved["result"] = tracer.result
         ids = saved["result"][0].tolist()[len(spec.input_ids):]
         self.steps += len(ids)
         return GenerationOutput(token_ids=ids, steps=list(saved["steps"])[:len(ids)])
 
-    async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
+    async def run_chat(self, spec: LensSpec, sampling: Sampling, sink=None) -> ChatOutput:
         """The chat readout as a plain traced generation (no edits, as on vLLM)."""
         spec.check_chat()
-        gen = await self.run_generate(spec, sampling)
         name = spec.lenses[0]
+        gen = await self.run_generate(spec, sampling, None if sink is None else ChatSteps(sink, name))
         return ChatOutput(token_ids=gen.token_ids,
                           top_ids=[s[name]["top_ids"][0, -1].tolist() for s in gen.steps],
                           top_probs=[s[name]["top_probs"][0, -1].tolist() for s in gen.steps])
@@ -132,3 +139,38 @@ class TransformersBackend:
 
     def close(self) -> None:
         pass
+
+
+def token_streamer(sink):
+    """transformers' streamer writing the tokens generated so far into `sink` as each is sampled (its first call
+    is the prompt, skipped)."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class TokenStreamer(BaseStreamer):
+        def __init__(self):
+            self.ids: list[int] | None = None
+
+        def put(self, value):
+            if self.ids is None:
+                self.ids = []
+                return
+            self.ids.extend(int(t) for t in value.reshape(-1))
+            sink.tokens(self.ids)
+
+        def end(self):
+            pass
+
+    return TokenStreamer()
+
+
+class ChatSteps:
+    """A chat's sink as `run_generate` writes into it: each step's readout of the one lens as (top ids, top probs)."""
+
+    def __init__(self, sink, lens: str):
+        self.sink, self.lens = sink, lens
+
+    def readout(self, index: int, value) -> None:
+        self.sink.readout(index, (value[self.lens]["top_ids"][0, -1], value[self.lens]["top_probs"][0, -1]))
+
+    def tokens(self, token_ids) -> None:
+        self.sink.tokens(token_ids)

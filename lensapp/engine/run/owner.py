@@ -46,3 +46,15 @@ async def _cancel_tasks() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def gather_all(coros) -> list:
+    """Every coroutine's result, run at once. When one fails (a stream's reader gone) or this is cancelled, the others
+    are cancelled and waited for: nothing of them is left running, holding a slot or counted in flight."""
+    tasks = [asyncio.ensure_future(coro) for coro in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

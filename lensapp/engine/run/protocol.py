@@ -271,12 +271,14 @@ class Backend(Protocol):
     async def run_lens(self, spec: LensSpec) -> LensOutput:
         """Every requested lens, layer and position of one prompt (and its continuations)."""
 
-    async def run_generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
-        """Generate, reading the newest position at every step."""
+    async def run_generate(self, spec: LensSpec, sampling: Sampling, sink=None) -> GenerationOutput:
+        """Generate, reading the newest position at every step; each step also written into `sink` (a
+        `step_stream.StepSink`), when given, as soon as it is done (raising its StreamClosed ends the generation)."""
 
-    async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
+    async def run_chat(self, spec: LensSpec, sampling: Sampling, sink=None) -> ChatOutput:
         """Generate with the one-layer, one-lens chat readout of the newest position, in this request's own trace
-        (ValueError for a spec with edits: the chat readout reads, it does not steer; steer through `run_generate`)."""
+        (ValueError for a spec with edits: the chat readout reads, it does not steer; steer through `run_generate`);
+        each step's (top ids, top probs) written into `sink` as `run_generate`'s are."""
 
     async def run_components(self, spec: ComponentsSpec) -> ComponentsOutput:
         """Each attention layer, head and MLP's direct effect on one logit, and the attention there."""

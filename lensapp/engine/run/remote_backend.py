@@ -55,6 +55,7 @@ class RemoteBackend(VLLMBackend):
         self.site = vllm_site(self.layout, self.head, info.d_model)
         self.jlens_layers: list[int] = []
         self.steps = 0                                # answers received (`progress`)
+        self.courier = None                           # the service streams no steps: they come with each answer
         model.wire.health()                           # Unreachable while the service is away
         facts = self._facts()
         problem = mismatch(facts, info)

@@ -19,8 +19,10 @@ import functools
 import logging
 
 from .components_trace import components_trace
+from .courier import Courier
 from .errors import one_line
 from .families import Family, find
+from .outbox import publish
 from .process_log import LOG
 from .protocol import (
     ChatOutput,
@@ -110,6 +112,8 @@ class VLLMBackend:
         self.site = vllm_site(self.layout, self.head, info.d_model)
         self.jlens_layers: list[int] = []
         self.steps = 0                    # outputs streamed back, one per engine step of each request (`progress`)
+        # streamed requests' steps, taken from the worker as they are done
+        self.courier: Courier | None = Courier(lambda *a, **kw: self.model.vllm_entrypoint.collective_rpc(*a, **kw))
 
     # -- Backend protocol ---------------------------------------------------------------------------
     async def install_jlens(self, stack: JStack) -> None:
@@ -139,22 +143,27 @@ class VLLMBackend:
                           continuations=[s["logprobs"] for s in saved[1:]], kept=saved[0].get("kept"),
                           norms=saved[0].get("norms"), after_attention=saved[0].get("after_attention"))
 
-    async def run_generate(self, spec: LensSpec, sampling: Sampling) -> GenerationOutput:
-        """Greedy or seeded sampling with a readout (and the spec's edits) at every step."""
+    async def run_generate(self, spec: LensSpec, sampling: Sampling, sink=None) -> GenerationOutput:
+        """Greedy or seeded sampling with a readout (and the spec's edits) at every step; streamed into `sink`, each
+        step is also published in the worker, where the courier takes it from."""
         import nnsight
 
         spec.check(self.info.n_layers, self.info.d_model)
         model, site = self.model, self.site
+        key = self.courier.open(sink) if sink is not None and self.courier is not None else ""
         with model.trace(_prompt(spec.input_ids, spec.edits), edits=[], **_sampling(sampling)) as tracer:
             saved = nnsight.save({"steps": []})          # noqa: F841 - read back by `_saved`
             pool = worker_pool(model._module)
             for step in tracer.iter[:sampling.max_tokens]:
-                saved["steps"].append(lens_body(model, spec, site, own_logits=True, pool=pool, step=step))
-        saved, last = await self._saved(tracer, with_output=True)
+                out = lens_body(model, spec, site, own_logits=True, pool=pool, step=step)
+                saved["steps"].append(out)
+                if key and site.last_stage():
+                    publish(model, key, step, out)
+        saved, last = await self._saved(tracer, with_output=True, sink=sink, key=key)
         ids = list(last.outputs[0].token_ids)
         return GenerationOutput(token_ids=ids, steps=list(saved["steps"])[:len(ids)])
 
-    async def run_chat(self, spec: LensSpec, sampling: Sampling) -> ChatOutput:
+    async def run_chat(self, spec: LensSpec, sampling: Sampling, sink=None) -> ChatOutput:
         """Generate with the chat readout (one lens at one layer, the newest position) in this request's own
         trace: two chats with different layers, lenses or k in one batch each read their own."""
         import nnsight
@@ -162,11 +171,15 @@ class VLLMBackend:
         spec.check_chat()
         model, site = self.model, self.site
         layer, jrow = spec.layers[0], spec.jlens_rows[0] if spec.jlens_rows else None
+        key = self.courier.open(sink) if sink is not None and self.courier is not None else ""
         with model.trace(list(spec.input_ids), edits=[], **_sampling(sampling)) as tracer:
             saved = nnsight.save({"readout": []})        # noqa: F841 - read back by `_saved`
-            for _ in tracer.iter[:sampling.max_tokens]:
-                saved["readout"].append(chat_readout(model, site, layer, jrow, spec.k))
-        saved, last = await self._saved(tracer, with_output=True)
+            for step in tracer.iter[:sampling.max_tokens]:
+                out = chat_readout(model, site, layer, jrow, spec.k)
+                saved["readout"].append(out)
+                if key and site.last_stage():
+                    publish(model, key, step, out)
+        saved, last = await self._saved(tracer, with_output=True, sink=sink, key=key)
         ids = list(last.outputs[0].token_ids)
         steps = list(saved["readout"])[:len(ids)]
         return ChatOutput(token_ids=ids, top_ids=[[int(i) for i in top_ids] for top_ids, _ in steps],
@@ -208,15 +221,24 @@ class VLLMBackend:
         self.model.vllm_entrypoint = None
 
     # -- traces ---------------------------------------------------------------------------------------
-    async def _saved(self, tracer, with_output: bool = False):
+    async def _saved(self, tracer, with_output: bool = False, sink=None, key: str = ""):
         """The dict a trace saved under `SAVED`, once vLLM has finished the request (and the finished
-        RequestOutput, `with_output`), counting each step's output as it streams. A trace that saved
-        nothing under that name fails here, by name."""
+        RequestOutput, `with_output`), counting each step's output as it streams; the tokens so far into `sink`, and
+        the courier asked for the steps published under `key`. A trace that saved nothing under that name fails
+        here, by name."""
         last = None
-        async with contextlib.aclosing(tracer.backend.__aiter__()) as stream:    # closed at once if cancelled
-            async for output in stream:
-                self.steps += 1
-                last = output
+        try:
+            async with contextlib.aclosing(tracer.backend.__aiter__()) as stream:    # closed at once if cancelled
+                async for output in stream:
+                    self.steps += 1
+                    last = output
+                    if sink is not None:
+                        sink.tokens(output.outputs[0].token_ids)
+                    if key:
+                        self.courier.kick()
+        finally:
+            if key:
+                self.courier.close(key)
         if last is None or SAVED not in last.saves:
             raise RuntimeError(f"the trace saved no {SAVED!r} (it saved {sorted(last.saves) if last else []})")
         return (last.saves[SAVED], last) if with_output else last.saves[SAVED]

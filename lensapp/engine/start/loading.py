@@ -133,7 +133,7 @@ def backend_factory(model: ResolvedModel, cfg: Config) -> Callable[[], Backend]:
 def vllm_class(cpu: bool, tensor_parallel_size: int, pipeline_parallel_size: int) -> type:
     """The nnsight VLLM a vLLM backend is built with: on CPU the worker adapter (`vllm_cpu`, its processes'
     environment prepared first: `cpu_env`), on GPUs split into pipeline stages the relay's worker (`vllm_gpu`),
-    else nnsight's own."""
+    else nnsight's own worker with the app's RPC methods (`vllm_gpu.StreamingVLLM`)."""
     import nnsight  # noqa: F401  (after prepare_process_environment)
 
     if cpu:
@@ -143,13 +143,9 @@ def vllm_class(cpu: bool, tensor_parallel_size: int, pipeline_parallel_size: int
         from .vllm_cpu import CPUVLLM
 
         return CPUVLLM
-    if pipeline_parallel_size > 1:
-        from .vllm_gpu import GPUVLLM
+    from .vllm_gpu import GPUVLLM, StreamingVLLM
 
-        return GPUVLLM
-    from nnsight.modeling.vllm import VLLM
-
-    return VLLM
+    return GPUVLLM if pipeline_parallel_size > 1 else StreamingVLLM
 
 
 def load_hf_model(cfg: Config, device: str | None = None, dtype: str = "float32"):

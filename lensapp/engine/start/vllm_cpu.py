@@ -37,6 +37,7 @@ from nnsight.modeling.vllm.workers.GPUWorker import NNsightGPUWorker
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
+from ..run.outbox import take_published
 from ..run.stages import StageRunner
 from ..run.trace import installed_layers
 from ..run.vllm_meta import MetaOnCPUVLLM
@@ -90,6 +91,10 @@ class NNsightCPUWorker(CPUWorker):
     def lensapp_jlens_layers(self) -> list[int]:
         """The Jacobian layers installed on this rank (`collective_rpc("lensapp_jlens_layers")`)."""
         return installed_layers(self.model_runner.get_model())
+
+    def lensapp_take_steps(self, forget: tuple[str, ...] = ()) -> bytes:
+        """The steps streamed requests published on this rank (`outbox.TAKE`), pickled; `forget`: ended streams."""
+        return take_published(self.model_runner.get_model(), forget)
 
     collect_nnsight = NNsightGPUWorker.collect_nnsight
     nnsight_request_count = NNsightGPUWorker.nnsight_request_count

@@ -1,0 +1,168 @@
+"""Generations and chats streamed step by step (engine/run/step_stream.py): the same steps as the one-shot
+path, and a reader that leaves frees the engine at once."""
+
+import time
+
+import pytest
+import torch
+
+from lensapp.engine.run.edit import Edit
+from lensapp.engine.run.protocol import Sampling
+from lensapp.engine.run.step_stream import Step
+from lensapp.service import planning
+
+
+def spec_of(service, prompt="The capital of France is", layers=None, edits=()):
+    import dataclasses
+
+    n = service.info.n_layers
+    ids = service.prompts.ids(prompt)
+    spec = planning.lens_spec(ids, list(range(n)) if layers is None else layers, 5, ("logit", "jacobian"), n,
+                              service.jlens_layers)
+    return dataclasses.replace(spec, edits=tuple(edits))
+
+
+def streamed(stream):
+    steps, out = [], None
+    for item in stream:
+        if isinstance(item, Step):
+            steps.append(item)
+        else:
+            out = item
+    return steps, out
+
+
+def same_readout(a, b):
+    assert a.keys() == b.keys()
+    for lens in a:
+        assert a[lens].keys() == b[lens].keys()
+        for field in a[lens]:
+            torch.testing.assert_close(a[lens][field], b[lens][field], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(8), Sampling(8, temperature=1.0, seed=3)], ids=["greedy", "seeded"])
+def test_streamed_steps_are_the_one_shot_generation(tiny_service, sampling):
+    spec = spec_of(tiny_service)
+    one_shot = tiny_service.engine.generate(spec, sampling)
+    steps, out = streamed(tiny_service.engine.generate_steps(spec, sampling))
+    assert [s.index for s in steps] == list(range(len(one_shot.token_ids)))
+    assert [s.token_id for s in steps] == one_shot.token_ids == out.token_ids
+    for step, want in zip(steps, one_shot.steps):
+        same_readout(step.readout, want)
+    assert steps[0].readout["logit"]["top_ids"].shape[1] == len(spec.input_ids)
+
+
+def test_a_steered_generation_streams_its_steered_steps(tiny_service):
+    d = tiny_service.info.d_model
+    steer = Edit(layer=1, kind="add", vector=torch.full((d,), 3.0), generated=True)
+    spec = spec_of(tiny_service, edits=[steer])
+    one_shot = tiny_service.engine.generate(spec, Sampling(6))
+    plain = tiny_service.engine.generate(spec_of(tiny_service), Sampling(6))
+    steps, _ = streamed(tiny_service.engine.generate_steps(spec, Sampling(6)))
+    assert [s.token_id for s in steps] == one_shot.token_ids
+    for step, want in zip(steps, one_shot.steps):
+        same_readout(step.readout, want)
+    assert not torch.equal(one_shot.steps[1]["logit"]["top_probs"], plain.steps[1]["logit"]["top_probs"])
+
+
+def test_a_chat_streams_its_per_token_readout(tiny_service):
+    spec = spec_of(tiny_service, layers=[2])
+    one_shot = tiny_service.engine.chat(spec, Sampling(6))
+    steps, out = streamed(tiny_service.engine.chat_steps(spec, Sampling(6)))
+    assert [s.token_id for s in steps] == one_shot.token_ids == out.token_ids
+    assert [s.readout for s in steps] == list(zip(one_shot.top_ids, one_shot.top_probs))
+
+
+def test_a_reader_that_leaves_frees_the_engine_at_once(tiny_service):
+    engine = tiny_service.engine
+    before = engine.health()["calls"]
+    spec = spec_of(tiny_service)
+    t = time.perf_counter()
+    whole = engine.generate(spec, Sampling(60))
+    full = time.perf_counter() - t
+    assert len(whole.token_ids) == 60
+    stream = engine.generate_steps(spec, Sampling(60))
+    first = next(stream)
+    assert isinstance(first, Step) and first.index == 0
+    t = time.perf_counter()
+    stream.close()
+    health = engine.health()
+    assert time.perf_counter() - t < full / 2
+    assert health["in_flight"] == 0 and health["admitted"] == 0
+    assert health["calls"]["cancelled"] == before["cancelled"] + 1
+    assert health["calls"]["served"] == before["served"] + 1        # the whole one only
+
+
+def test_the_outbox_hands_each_step_over_once_and_forgets_ended_streams():
+    import pickle
+
+    from lensapp.engine.run.outbox import Outbox, take_published
+
+    class Module:
+        pass
+
+    module = Module()
+    rows = torch.arange(12.0).reshape(3, 4)
+    box = Outbox()
+    box.put("a", 0, {"top_ids": rows[1:2]})
+    box.put("a", 1, (rows[2], rows[0]))
+    box.put("b", 0, {"x": rows})
+    taken = box.take()
+    assert [step for step, _ in taken["a"]] == [0, 1] and list(taken["b"][0][1]) == ["x"]
+    assert taken["a"][0][1]["top_ids"].untyped_storage().nbytes() == 4 * 4      # the row, not the buffer
+    assert box.take() == {}
+    box.put("a", 2, {})
+    box.put("b", 1, {})
+    assert list(box.take(forget=("a",))) == ["b"]
+    assert pickle.loads(take_published(module)) == {}         # a module's outbox is made on first use
+
+
+def test_the_courier_takes_once_per_step_for_every_stream_and_survives_a_worker_without_the_method():
+    import asyncio
+    import queue
+
+    from lensapp.engine.run.courier import Courier
+    from lensapp.engine.run.outbox import TAKE, take_published
+    from lensapp.engine.run.step_stream import StepSink
+
+    class Module:
+        pass
+
+    module, calls = Module(), []
+
+    async def rpc(method, args=()):
+        calls.append((method, args))
+        return [take_published(module, *args)]
+
+    async def run():
+        from lensapp.engine.run.outbox import outbox_of
+
+        courier = Courier(rpc)
+        events = [queue.SimpleQueue(), queue.SimpleQueue()]
+        sinks = [StepSink(q.put) for q in events]
+        keys = [courier.open(sink) for sink in sinks]
+        for key in keys:
+            outbox_of(module).put(key, 0, {"step": torch.tensor([0])})
+        for sink in sinks:
+            sink.tokens([7])
+        courier.kick()
+        courier.kick()                        # a take on its way: one more after it, not two at once
+        await courier._task
+        assert [q.get_nowait().token_id for q in events] == [7, 7]
+        outbox_of(module).put(keys[0], 1, {})
+        courier.close(keys[0])
+        courier.close(keys[1])                # the last stream ended: one take forgets both
+        await courier._task
+        assert calls[-1][0] == TAKE and set(calls[-1][1][0]) == set(keys)
+        assert outbox_of(module).take() == {}
+
+        async def missing(method, args=()):
+            raise NotImplementedError(f"no {method}")
+
+        broken = Courier(missing)
+        assert broken.open(sinks[0])
+        broken.kick()
+        await broken._task
+        assert not broken.working and broken.open(sinks[0]) == ""
+
+    asyncio.run(run())
