@@ -166,3 +166,74 @@ def test_the_courier_takes_once_per_step_for_every_stream_and_survives_a_worker_
         assert not broken.working and broken.open(sinks[0]) == ""
 
     asyncio.run(run())
+
+
+def service_streamed(items):
+    from lensapp.service.generating import Partial
+
+    partials = [item for item in items if isinstance(item, Partial)]
+    assert not isinstance(items[-1], Partial)
+    return partials, items[-1]
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "seed": 5}, {"force": "3=Paris"},
+                                      {"force": "1=#7, 4=the", "temperature": 0.9, "seed": 5}],
+                         ids=["greedy", "seeded", "forced", "forced-twice-seeded"])
+def test_a_streamed_generation_is_the_one_shot_result_step_for_step(tiny_service, settings):
+    from lensapp.service.requests import GenerateRequest
+
+    req = GenerateRequest.parse(prompt="The capital of France is", max_tokens=8, lens="both", layers="all", k=3,
+                                **settings)
+    whole = tiny_service.generate(req)
+    partials, final = service_streamed(list(tiny_service.generate_stream(req)))
+    assert final.to_json() == whole.to_json()
+    assert [p.index for p in partials] == list(range(len(whole.steps)))
+    for p, step in zip(partials, whole.steps):
+        assert p.step.token_id == step.token_id
+        assert p.step.readout.to_json()["lenses"] == step.readout.to_json()["lenses"]
+    assert partials[-1].text == whole.text
+    assert partials[-1].so_far().to_json() == whole.to_json()
+    assert len(partials[2].so_far().steps) == 3 <= len(whole.steps)
+
+
+def test_a_streamed_chat_is_the_one_shot_reply_token_for_token(tiny_service):
+    from lensapp.service.requests import ChatRequest
+
+    req = ChatRequest.parse(messages=[{"role": "user", "content": "Hi there"}], lens="logit", max_tokens=6, k=3)
+    whole = tiny_service.chat(req)
+    partials, final = service_streamed(list(tiny_service.chat_stream(req)))
+    assert final.to_json() == whole.to_json()
+    frames = [p.to_json() for p in partials]
+    assert [f["token_id"] for f in frames] == whole.token_ids
+    assert [f["readout"] for f in frames] == whole.to_json()["readout"]
+    assert frames[-1]["text"] == whole.text and frames[0]["frame"] == "step"
+    assert partials[-1].so_far().to_json() == whole.to_json()
+
+
+def test_a_stream_closed_early_keeps_nothing_and_its_waiter_computes_its_own():
+    import threading
+
+    from lensapp.service.cache import ResultCache
+
+    cache = ResultCache(8, 1 << 20)
+    computed = []
+
+    def stream():
+        yield "partial"
+        yield "partial"
+        computed.append(1)
+        yield "whole"
+
+    first = cache.streamed("k", stream)
+    assert next(first) == "partial"
+    answers = []
+    waiter = threading.Thread(target=lambda: answers.append(cache.get_or_compute("k", lambda: "computed")))
+    waiter.start()
+    while cache.stats()["shared_in_flight"] == 0:
+        pass
+    first.close()                                   # the reader left
+    waiter.join(10)
+    assert answers == ["computed"] and not computed
+    assert list(cache.streamed("k", stream)) == ["computed"]      # the waiter's answer was kept
+    assert list(cache.streamed("j", stream)) == ["partial", "partial", "whole"]
+    assert list(cache.streamed("j", stream)) == ["whole"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -59,20 +60,8 @@ class GenerationResult:
         top-k kept (the worker may read more)."""
         gen = [int(t) for t in output.token_ids]
         shown = in_context(decode, list(ids) + gen)          # characters split over tokens, joined in context
-        steps = []
-        for s, (raw, tok) in enumerate(zip(output.steps, gen)):
-            if s == 0:
-                pos_ids, pos_tokens = list(ids)[read_from:], shown[read_from:len(ids)]
-            else:
-                pos_ids, pos_tokens = [gen[s - 1]], [shown[len(ids) + s - 1]]
-            nexts = {len(pos_ids) - 1: tok}
-            readout = LensResult(prompt=prompt, input_ids=pos_ids, input_tokens=pos_tokens, layers=list(layers),
-                                 lenses={n: LensReadout.from_readout(r, decode, k=k, next_ids=nexts)
-                                         for n, r in raw.items()},
-                                 model_next_id=tok, model_next_token=decode([tok])[0], model=model)
-            newest = {n: (r["top_ids"][:, -1, :decisions.WIDTH].cpu().numpy().astype(np.int64),
-                          r["top_probs"][:, -1, :decisions.WIDTH].float().cpu().numpy()) for n, r in raw.items()}
-            steps.append(GenerationStep(token_id=tok, token=shown[len(ids) + s], readout=readout, newest_top=newest))
+        steps = [read_step(s, raw, ids, gen, shown, prompt=prompt, layers=layers, decode=decode, model=model, k=k,
+                           read_from=read_from) for s, raw in enumerate(output.steps[:len(gen)])]
         return cls(prompt=prompt, text=text, token_ids=gen, tokens=shown[len(ids):], steps=steps,
                    model=model, seed=seed, temperature=temperature)
 
@@ -130,6 +119,54 @@ class GenerationResult:
         return dumps(self)
 
 
+def read_step(s: int, raw: dict, ids: list[int], gen: list[int], shown: list[str], *, prompt: str,
+              layers: list[int], decode: Decode, model: str, k: int | None, read_from: int = 0) -> GenerationStep:
+    """Step `s` of a generation from its raw readout {lens: Readout}: `gen` the tokens generated (at least s + 1 of
+    them), `shown` the prompt's and theirs as display text."""
+    tok = gen[s]
+    if s == 0:
+        pos_ids, pos_tokens = list(ids)[read_from:], shown[read_from:len(ids)]
+    else:
+        pos_ids, pos_tokens = [gen[s - 1]], [shown[len(ids) + s - 1]]
+    nexts = {len(pos_ids) - 1: tok}
+    readout = LensResult(prompt=prompt, input_ids=pos_ids, input_tokens=pos_tokens, layers=list(layers),
+                         lenses={n: LensReadout.from_readout(r, decode, k=k, next_ids=nexts) for n, r in raw.items()},
+                         model_next_id=tok, model_next_token=decode([tok])[0], model=model)
+    newest = {n: (r["top_ids"][:, -1, :decisions.WIDTH].cpu().numpy().astype(np.int64),
+                  r["top_probs"][:, -1, :decisions.WIDTH].float().cpu().numpy()) for n, r in raw.items()}
+    return GenerationStep(token_id=tok, token=shown[len(ids) + s], readout=readout, newest_top=newest)
+
+
+class GrowingGeneration:
+    """A generation's result while its steps arrive (a streamed request): each step read once, as it comes, and
+    the result so far (`so_far`) made from them. Its tokens' text is read in the context written so far: a
+    character split over two tokens shows whole once both are in (the finished result reads it again, whole)."""
+
+    def __init__(self, *, prompt: str, ids: list[int], layers: list[int], decode: Decode, model: str = "",
+                 seed: int | None = None, temperature: float = 0.0, k: int | None = None, read_from: int = 0):
+        self.prompt, self.ids, self.layers, self.decode, self.model = prompt, list(ids), layers, decode, model
+        self.seed, self.temperature, self.k, self.read_from = seed, temperature, k, read_from
+        self.token_ids: list[int] = []
+        self.steps: list[GenerationStep] = []
+
+    def add(self, token_id: int, raw: dict) -> GenerationStep:
+        """The next step (its token and raw readout {lens: Readout})."""
+        self.token_ids.append(int(token_id))
+        shown = in_context(self.decode, self.ids + self.token_ids)
+        step = read_step(len(self.steps), raw, self.ids, self.token_ids, shown, prompt=self.prompt,
+                         layers=self.layers, decode=self.decode, model=self.model, k=self.k, read_from=self.read_from)
+        self.steps.append(step)
+        return step
+
+    def so_far(self, text: str, n: int | None = None) -> GenerationResult:
+        """The result of the first `n` steps (None: all in so far); `text`: theirs, as the service writes it."""
+        ids = self.token_ids[:n]
+        shown = in_context(self.decode, self.ids + ids)[len(self.ids):]
+        steps = [dataclasses.replace(st, token=shown[i]) for i, st in enumerate(self.steps[:n])]
+        return GenerationResult(prompt=self.prompt, text=text, token_ids=list(ids), tokens=shown,
+                                steps=steps, model=self.model, seed=self.seed, temperature=self.temperature)
+
+
 @dataclass
 class ChatReply:
     """One assistant turn and what one lens read at one layer while it was written.
@@ -168,3 +205,29 @@ class ChatReply:
                             for step, step_ids in zip(self.readout, ids)],
                 **({"forced": [{"step": step, "token_id": token, "token": self.tokens[step]}
                                for step, token in self.forced]} if self.forced else {})}
+
+
+class GrowingChat:
+    """A chat reply while its tokens arrive (a streamed request): each token's readout read once, as it comes."""
+
+    def __init__(self, *, decode: Decode, lens: str, layer: int, dropped_turns: int = 0):
+        self.decode, self.lens, self.layer, self.dropped_turns = decode, lens, layer, dropped_turns
+        self.token_ids: list[int] = []
+        self.readout: list[list[tuple[str, float]]] = []
+        self.top_ids: list[list[int]] = []
+
+    def add(self, token_id: int, top: tuple[list[int], list[float]]) -> dict:
+        """The next token and its readout (top ids, top probs); its entry in `ChatReply.to_json`'s form."""
+        ids, probs = [int(i) for i in top[0]], [float(p) for p in top[1]]
+        self.token_ids.append(int(token_id))
+        self.readout.append(list(zip(self.decode(ids), probs)))
+        self.top_ids.append(ids)
+        entries = [{"token": t, "prob": round(p, 5), "token_id": i} for (t, p), i in zip(self.readout[-1], ids)]
+        return {"token_id": int(token_id), "token": in_context(self.decode, self.token_ids)[-1], "readout": entries}
+
+    def so_far(self, text: str, n: int | None = None) -> ChatReply:
+        """The reply of the first `n` tokens (None: all in so far); `text`: theirs, as the service writes it."""
+        ids = self.token_ids[:n]
+        return ChatReply(text=text, token_ids=list(ids), tokens=in_context(self.decode, ids), lens=self.lens,
+                         layer=self.layer, readout=self.readout[:n], dropped_turns=self.dropped_turns,
+                         top_ids=self.top_ids[:n])

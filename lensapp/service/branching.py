@@ -19,14 +19,17 @@ a new sample each time, and no branch would continue what the page shows.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 from ..config import LENS_CHOICES
+from ..engine.run.protocol import LensSpec, Sampling
+from ..engine.run.step_stream import Step
 from ..results import ChatReply, GenerationResult
 from ..results.branching import graft, graft_chat
+from ..results.generation import GrowingGeneration
 from . import cost, planning
 from .field import RequestError
-from .generating import Generator, sampling_of
+from .generating import Generator, Partial, sampling_of
 from .requests import ChatRequest, GenerateRequest
 
 
@@ -65,11 +68,54 @@ class Brancher:
         s = self.service
         if not forces:
             return self.generator.generate(trunk)
+        return s.cached("branch", self._key(trunk, forces), lambda: self._grow(trunk, forces))
+
+    def _key(self, trunk: GenerateRequest, forces: tuple) -> tuple:
         plan = self.generator.plan(trunk)
-        return s.cached("branch", (trunk.prompt, trunk.chat, plan.lenses, tuple(plan.layers), trunk.k, trunk.max_tokens,
-                                   sampling_of(trunk).decides, trunk.raw, forces), lambda: self._grow(trunk, forces))
+        return (trunk.prompt, trunk.chat, plan.lenses, tuple(plan.layers), trunk.k, trunk.max_tokens,
+                sampling_of(trunk).decides, trunk.raw, forces)
 
     def _grow(self, trunk: GenerateRequest, forces: tuple) -> GenerationResult:
+        s = self.service
+        fork = self._fork(trunk, forces)
+        continuation = None
+        if fork.spec is not None:
+            s.admit(fork.cost)
+            out = s.engine.generate(fork.spec, fork.sampling, s.deadline(fork.cost))
+            continuation = fork.continuation(out)
+        return fork.grafted(continuation)
+
+    def generate_stream(self, req: GenerateRequest) -> Iterator[Partial | GenerationResult]:
+        """`generate`, streamed: the branches before the last computed whole (and cached); then the last one's
+        steps, those it keeps of its parent and its forced token at once, its continuation as it is written."""
+        plan = self.plan(req)
+        trunk, forces = dataclasses.replace(req, force=()), plan.forces
+        return self.service.cached_stream("branch", self._key(trunk, forces), lambda: self._grow_stream(trunk, forces))
+
+    def _grow_stream(self, trunk: GenerateRequest, forces: tuple) -> Iterator[Partial | GenerationResult]:
+        s = self.service
+        fork = self._fork(trunk, forces)
+        kept = fork.grafted(None)
+        for i in range(fork.step + 1):
+            text = s.prompts.text(kept.token_ids[:i + 1])
+            yield Partial(i, text, kept.steps[i], lambda i=i, text=text: _first(kept, i + 1, text))
+        continuation = None
+        if fork.spec is not None:
+            s.admit(fork.cost)
+            growing = fork.growing()
+            for item in s.engine.generate_steps(fork.spec, fork.sampling, s.deadline(fork.cost)):
+                if isinstance(item, Step):
+                    read = growing.add(item.token_id, item.readout)
+                    n = len(growing.token_ids)
+                    yield Partial(fork.step + 1 + item.index, s.prompts.text(kept.token_ids + growing.token_ids), read,
+                                  lambda n=n: fork.grafted(growing.so_far("", n)))
+                else:
+                    continuation = fork.continuation(item)
+        yield fork.grafted(continuation)
+
+    def _fork(self, trunk: GenerateRequest, forces: tuple) -> Fork:
+        """The last force's branch as it will be made: its parent (every earlier branch, computed whole and cached),
+        the forced token, and the request that continues from it (None: nothing follows)."""
         s = self.service
         parent = self._branch(trunk, forces[:-1])
         step, word = forces[-1]
@@ -78,20 +124,11 @@ class Brancher:
         token = s.prompts.forced(word, plan.ids[0] + parent.token_ids[:step], s.info.vocab_size)
         prefix = plan.ids[0] + parent.token_ids[:step] + [token]
         n_new = 0 if token in s.prompts.stop_ids else trunk.max_tokens - step - 1
-        continuation = None
-        if n_new > 0:
-            # Prefix caching is off in this app (engine/run/vllm_backend.py): the prefix's forward is recomputed,
-            # not its readouts. Were it on, this request could reuse the parent's KV cache for the prefix, as it should.
-            spec = dataclasses.replace(plan.specs[0], input_ids=tuple(prefix), read_from=len(prefix) - 1)
-            work = cost.branch(len(prefix), n_new, len(plan.layers), len(plan.lenses))
-            s.admit(work)
-            out = s.engine.generate(spec, sampling_of(trunk, n_new), s.deadline(work))
-            continuation = GenerationResult.from_output(
-                out, prompt=trunk.prompt, ids=prefix, layers=plan.layers, decode=s.prompts.decode, text="",
-                model=s.info.name, seed=trunk.seed, temperature=trunk.temperature, k=trunk.k, read_from=len(prefix) - 1)
-        ids = parent.token_ids[:step] + [token] + (continuation.token_ids if continuation else [])
-        return graft(parent, step, token, continuation, prompt_ids=plan.ids[0], decode=s.prompts.decode,
-                     text=s.prompts.text(ids))
+        # Prefix caching is off in this app (engine/run/vllm_backend.py): the prefix's forward is recomputed,
+        # not its readouts. Were it on, this request could reuse the parent's KV cache for the prefix, as it should.
+        spec = dataclasses.replace(plan.specs[0], input_ids=tuple(prefix), read_from=len(prefix) - 1)
+        return Fork(s, trunk, plan, parent, step, token, prefix, spec if n_new > 0 else None,
+                    sampling_of(trunk, n_new), cost.branch(len(prefix), n_new, len(plan.layers), len(plan.lenses)))
 
     # -- chat ----------------------------------------------------------------------------------------------
     def chat(self, req: ChatRequest) -> ChatReply:
@@ -144,6 +181,46 @@ class Brancher:
         if sampled and seed is None:
             raise RequestError("forcing a token of a sampled generation needs a seed: without one, the tokens before "
                                "it would be a new sample each time")
+
+
+class Fork(NamedTuple):
+    """A branch's last force as `Brancher._fork` plans it; `spec` None: nothing follows the forced token."""
+
+    service: object
+    trunk: GenerateRequest
+    plan: planning.Plan
+    parent: GenerationResult
+    step: int
+    token: int
+    prefix: list[int]
+    spec: LensSpec | None
+    sampling: Sampling
+    cost: cost.Cost
+
+    def growing(self) -> GrowingGeneration:
+        s, t = self.service, self.trunk
+        return GrowingGeneration(prompt=t.prompt, ids=self.prefix, layers=self.plan.layers, decode=s.prompts.decode,
+                                 model=s.info.name, seed=t.seed, temperature=t.temperature, k=t.k,
+                                 read_from=len(self.prefix) - 1)
+
+    def continuation(self, out) -> GenerationResult:
+        """The continuation's result from the engine's output (its step 0 reads the forced token's position only)."""
+        s, t = self.service, self.trunk
+        return GenerationResult.from_output(out, prompt=t.prompt, ids=self.prefix, layers=self.plan.layers,
+                                            decode=s.prompts.decode, text="", model=s.info.name, seed=t.seed,
+                                            temperature=t.temperature, k=t.k, read_from=len(self.prefix) - 1)
+
+    def grafted(self, continuation: GenerationResult | None) -> GenerationResult:
+        s = self.service
+        ids = self.parent.token_ids[:self.step] + [self.token] + (continuation.token_ids if continuation else [])
+        return graft(self.parent, self.step, self.token, continuation, prompt_ids=self.plan.ids[0],
+                     decode=s.prompts.decode, text=s.prompts.text(ids))
+
+
+def _first(result: GenerationResult, n: int, text: str) -> GenerationResult:
+    """`result`'s first n steps, `text` theirs (a branch's kept steps, streamed before its continuation)."""
+    return dataclasses.replace(result, text=text, token_ids=result.token_ids[:n], tokens=result.tokens[:n],
+                               steps=result.steps[:n])
 
 
 def _check_step(step: int, n: int, what: str) -> None:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import sys
 import threading
 from concurrent.futures import Future
 from operator import itemgetter
-from typing import Any, Callable, Hashable, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Iterator, Sequence, TypeVar
 
 import numpy as np
 from cachetools import LRUCache
@@ -34,6 +35,10 @@ from cachetools import LRUCache
 T = TypeVar("T")
 _PINNING = contextvars.ContextVar("pinning", default=False)
 SAMPLED = 16        # a longer list (or dict, or object array) is sized from this many of its items, evenly spaced
+
+
+class Abandoned(RuntimeError):
+    """A streamed computation stopped by its reader: whoever waited for it computes its own."""
 
 
 class BoundedLRU(LRUCache):
@@ -141,8 +146,56 @@ class ResultCache:
                 out[i] = value
                 mine[i].set_result(value)
         for i, future in waiting.items():
-            out[i] = future.result()
+            try:
+                out[i] = future.result()
+            except Abandoned:               # its streamed computation was stopped by its reader: compute it here
+                out[i] = self.get_many([keys[i]], lambda _, i=i: compute([i]))[0]
         return out
+
+    def streamed(self, key: Hashable, stream: Callable[[], Iterator]) -> Iterator:
+        """`get_or_compute` for a computation that yields as it goes (a streamed generation): a value held is yielded
+        alone, and so is one an identical request is computing (waited for); else `stream()`'s items are yielded as
+        they come and its last is the value kept. Closed before its end (its reader left), it keeps nothing, and
+        whoever was waiting for it computes its own."""
+        value, theirs, mine = None, None, None
+        with self._lock:
+            if key in self._pinned or key in self._done:
+                self.hits += 1
+                value = self._pinned[key] if key in self._pinned else self._done[key][0]
+            elif key in self._in_flight:
+                self.shared += 1
+                theirs = self._in_flight[key]
+            else:
+                mine = self._in_flight[key] = Future()
+        if mine is not None:
+            yield from self._stream_into(key, mine, stream)
+            return
+        if theirs is not None:
+            try:
+                value = theirs.result()
+            except Abandoned:
+                yield from self.streamed(key, stream)
+                return
+        yield value
+
+    def _stream_into(self, key: Hashable, mine: Future, stream: Callable[[], Iterator]) -> Iterator:
+        last, ended = None, False
+        try:
+            for last in stream():
+                yield last
+            ended = True
+        finally:
+            if not ended:                   # failed, or closed by its reader: nothing kept, the waiters told
+                with self._lock:
+                    self._in_flight.pop(key, None)
+                error = sys.exc_info()[1]
+                mine.set_exception(error if isinstance(error, Exception) else Abandoned("its reader left"))
+        size = self.size(last)
+        with self._lock:
+            self._in_flight.pop(key, None)
+            self.misses += 1
+            self._store(key, last, size)
+        mine.set_result(last)
 
     def _store(self, key: Hashable, value, size: int) -> None:
         if self.max_entries <= 0:           # the cache is off

@@ -3,18 +3,53 @@
 A plan is the same for a check (the CLI asks before an engine starts) and a run. A result is cached when the
 request is reproducible: greedy decoding, or sampling with an explicit seed. Forced tokens, the branches they
 make of a generation or a reply, are `branching.py`'s, which builds on these.
+
+Either may be streamed (`generate_stream`, `chat_stream`): a `Partial` for each step as the engine hands it out
+(engine/run/step_stream.py), then the result, exactly the one-shot path's (and cached as it is). A stream closed
+before its end stops the engine's work and keeps nothing.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, NamedTuple
+
 from ..config import LENS_CHOICES
-from ..engine.run.protocol import Sampling
+from ..engine.run.protocol import ChatOutput, LensSpec, Sampling
+from ..engine.run.step_stream import Step
 from ..results import ChatReply, GenerationResult
 from ..results.decided import WIDTH as DECIDED_WIDTH
+from ..results.generation import GrowingChat, GrowingGeneration
 from . import cost, planning
 from .field import RequestError, show
 from .requests import ChatRequest, GenerateRequest
 from .selection import from_end, span
+
+
+@dataclass
+class Partial:
+    """A streamed request's newest step as it arrives: its index, the text written so far, the step (a
+    `GenerationStep`; a chat's {"token_id", "token", "readout"}) and `so_far()`, the result so far (made when
+    asked: a page redraws at its own rate, not at every step). Never cached, never whole."""
+
+    index: int
+    text: str
+    step: Any
+    so_far: Callable[[], GenerationResult | ChatReply]
+
+    def to_json(self) -> dict:
+        """The step as a stream's frame: {"frame": "step", "step", "text", and the step's own keys}."""
+        body = self.step.to_json() if hasattr(self.step, "to_json") else dict(self.step)
+        return {"frame": "step", "step": self.index, "text": self.text, **body}
+
+
+class ChatWork(NamedTuple):
+    layer: int
+    dropped: int                             # the oldest turns left out to fit
+    spec: LensSpec
+    sampling: Sampling
+    cost: cost.Cost
+    reply: Callable[[ChatOutput], ChatReply]     # the reply of the engine's output
 
 
 class Generator:
@@ -46,16 +81,38 @@ class Generator:
 
         def compute() -> GenerationResult:
             s.admit(plan.cost)
-            out = s.engine.generate(plan.specs[0], sampling, s.deadline(plan.cost))
-            return GenerationResult.from_output(out, prompt=req.prompt, ids=plan.ids[0], layers=plan.layers,
-                                                decode=s.prompts.decode, text=s.prompts.text(out.token_ids),
-                                                model=s.info.name, seed=req.seed, temperature=req.temperature,
-                                                k=req.k)
+            return self._result(req, plan, s.engine.generate(plan.specs[0], sampling, s.deadline(plan.cost)))
 
         if not reproducible(sampling):
             return compute()
-        return s.cached("generate", (req.prompt, req.chat, plan.lenses, tuple(plan.layers), req.k, req.max_tokens,
-                                     sampling.decides, req.raw), compute)
+        return s.cached("generate", self._key(req, plan, sampling), compute)
+
+    def generate_stream(self, req: GenerateRequest) -> Iterator[Partial | GenerationResult]:
+        """`generate`, streamed: a Partial per step as it is done, then the result (`generate`'s, cached as it is)."""
+        s = self.service
+        plan = self.plan(req)
+        sampling = sampling_of(req)
+
+        def stream() -> Iterator[Partial | GenerationResult]:
+            s.admit(plan.cost)
+            growing = GrowingGeneration(prompt=req.prompt, ids=plan.ids[0], layers=plan.layers, decode=s.prompts.decode,
+                                        model=s.info.name, seed=req.seed, temperature=req.temperature, k=req.k)
+            for item in s.engine.generate_steps(plan.specs[0], sampling, s.deadline(plan.cost)):
+                yield grown(growing, item, s.prompts.text) if isinstance(item, Step) else self._result(req, plan, item)
+
+        if not reproducible(sampling):
+            return stream()
+        return s.cached_stream("generate", self._key(req, plan, sampling), stream)
+
+    def _result(self, req: GenerateRequest, plan: planning.Plan, out) -> GenerationResult:
+        s = self.service
+        return GenerationResult.from_output(out, prompt=req.prompt, ids=plan.ids[0], layers=plan.layers,
+                                            decode=s.prompts.decode, text=s.prompts.text(out.token_ids),
+                                            model=s.info.name, seed=req.seed, temperature=req.temperature, k=req.k)
+
+    @staticmethod
+    def _key(req: GenerateRequest, plan: planning.Plan, sampling: Sampling) -> tuple:
+        return (req.prompt, req.chat, plan.lenses, tuple(plan.layers), req.k, req.max_tokens, sampling.decides, req.raw)
 
     # -- chat ----------------------------------------------------------------------------------------------
     def chat_plan(self, req: ChatRequest) -> tuple[int, list[int], int]:
@@ -72,22 +129,56 @@ class Generator:
     def chat(self, req: ChatRequest) -> ChatReply:
         """Answer a conversation with a per-token readout of one lens at one layer; `req.force` unread."""
         s = self.service
+        w = self._chat_work(req)
+
+        def compute() -> ChatReply:
+            s.admit(w.cost)
+            return w.reply(s.engine.chat(w.spec, w.sampling, s.deadline(w.cost)))
+
+        if not reproducible(w.sampling):
+            return compute()
+        return s.cached("chat", chat_key(req, w.layer, w.sampling), compute)
+
+    def chat_stream(self, req: ChatRequest) -> Iterator[Partial | ChatReply]:
+        """`chat`, streamed: a Partial per token as it is written, then the reply (`chat`'s, cached as it is)."""
+        s = self.service
+        w = self._chat_work(req)
+
+        def stream() -> Iterator[Partial | ChatReply]:
+            s.admit(w.cost)
+            growing = GrowingChat(decode=s.prompts.decode, lens=req.lens, layer=w.layer, dropped_turns=w.dropped)
+            for item in s.engine.chat_steps(w.spec, w.sampling, s.deadline(w.cost)):
+                yield grown(growing, item, s.prompts.text) if isinstance(item, Step) else w.reply(item)
+
+        if not reproducible(w.sampling):
+            return stream()
+        return s.cached_stream("chat", chat_key(req, w.layer, w.sampling), stream)
+
+    def _chat_work(self, req: ChatRequest) -> ChatWork:
+        """What a chat request runs, or RequestError."""
+        s = self.service
         layer, ids, dropped = self.chat_plan(req)
         spec = planning.lens_spec(ids, [layer], req.k, LENS_CHOICES[req.lens], s.info.n_layers, s.jlens_layers)
-        sampling = sampling_of(req)
         work = cost.chat(len(ids), req.max_tokens)
         s.check_cost(work, "this chat")
 
-        def compute() -> ChatReply:
-            s.admit(work)
-            out = s.engine.chat(spec, sampling, s.deadline(work))
+        def reply(out) -> ChatReply:
             return ChatReply.from_output(out, decode=s.prompts.decode, text=s.prompts.text(out.token_ids),
                                          lens=req.lens, layer=layer, dropped_turns=dropped)
+        return ChatWork(layer, dropped, spec, sampling_of(req), work, reply)
 
-        if not reproducible(sampling):
-            return compute()
-        return s.cached("chat", (tuple((m["role"], m["content"]) for m in req.messages), req.lens, layer,
-                                 req.max_tokens, req.k, sampling.decides), compute)
+
+def chat_key(req: ChatRequest, layer: int, sampling: Sampling) -> tuple:
+    return (tuple((m["role"], m["content"]) for m in req.messages), req.lens, layer, req.max_tokens, req.k,
+            sampling.decides)
+
+
+def grown(growing: GrowingGeneration | GrowingChat, step: Step, text: Callable[[list[int]], str],
+          offset: int = 0) -> Partial:
+    """`step` added to what is growing, as a Partial (`offset`: the index of the growing part's first step)."""
+    read = growing.add(step.token_id, step.readout)
+    ids = list(growing.token_ids)
+    return Partial(offset + step.index, text(ids), read, lambda: growing.so_far(text(ids), len(ids)))
 
 
 def sampling_of(req: GenerateRequest | ChatRequest, max_tokens: int | None = None) -> Sampling:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from .. import jlens as jlens_files
 from ..config import MAX_COMPARE_PROMPTS, Config
@@ -132,6 +132,12 @@ class LensService:
         self._observe("generate", req)
         return self.brancher.generate(req) if req.force else self.generator.generate(req)
 
+    def generate_stream(self, req: GenerateRequest) -> Iterator:
+        """`generate`, streamed: a `generating.Partial` for each step as it is written, then the result (`generate`'s,
+        cached as it is). Closing the iterator stops the engine's work (nothing half-done is kept)."""
+        self._observe("generate", req)
+        return self.brancher.generate_stream(req) if req.force else self.generator.generate_stream(req)
+
     def check(self, req: LensRequest | GenerateRequest | InterveneRequest | ComponentsRequest | DescribeRequest,
               max_prompts: int = MAX_COMPARE_PROMPTS) -> cost.Cost:
         """Every check a request gets, without running it (the CLI asks before an engine starts): its planned
@@ -165,6 +171,11 @@ class LensService:
         with `force`, the branch those tokens make of the reply (service/branching.py)."""
         self._observe("chat", req)
         return self.brancher.chat(req) if req.force else self.generator.chat(req)
+
+    def chat_stream(self, req: ChatRequest) -> Iterator:
+        """`chat`, streamed as `generate_stream` is; with `force`, the branched reply comes whole, at the end."""
+        self._observe("chat", req)
+        return iter([self.brancher.chat(req)]) if req.force else self.generator.chat_stream(req)
 
     def intervene(self, req: InterveneRequest, progress=None) -> InterventionResult:
         """Steer, ablate or patch, and read before and after (service/intervening/); identical requests are
@@ -211,6 +222,11 @@ class LensService:
             with self.cache.pinning():
                 return self.cache.get_or_compute(self._key(kind, *parts), compute)
         return self.cache.get_or_compute(self._key(kind, *parts), compute)
+
+    def cached_stream(self, kind: str, parts: tuple, stream: Callable[[], Iterator]) -> Iterator:
+        """`cached` for a streamed computation: what `stream()` yields as it comes, its last item kept (a result held,
+        or being computed by an identical request: that alone). Closed before its end, it keeps nothing."""
+        return self.cache.streamed(self._key(kind, *parts), stream)
 
     def holds(self, kind: str, parts: tuple, finished: bool = False) -> bool:
         """Whether the result cache has `cached(kind, parts, ...)`'s answer (or, unless `finished`, is computing
