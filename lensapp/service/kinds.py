@@ -28,6 +28,8 @@ from .requests import (
 class Kind:
     """name: the API endpoint's (and the command's, where `command` is set).
     run(service, request) -> a result (`to_json()`), or a list of them for `lens`.
+    stream(service, request) -> each step as it is written (`generating.Partial`: a frame, `to_json()`), then
+      `run`'s result: the endpoint streams (None: it answers once).
     one_prompt: the API and links give one `prompt` for the request's `prompts` (the answer: its one result).
     summary, returns: the API's documentation; command: the CLI's help for it ("" : no command)."""
 
@@ -39,6 +41,7 @@ class Kind:
     command: str = ""
     one_prompt: bool = False
     answer: type = dict
+    stream: Callable[[Any, Any], Any] | None = None
 
     def fields(self) -> tuple[Field, ...]:
         """The request's fields in their published order, as the API and a link show them."""
@@ -76,11 +79,16 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "One object per prompt: exactly what /lens returns for that prompt alone.", answer=list[dict]),
     Kind("generate", GenerateRequest, lambda service, req: service.generate(req),
          "Generate, reading the newest token at every step.",
-         "The CLI's `generate --json` object: text, tokens, and one readout per step.",
-         command="generate, with a readout of the newest position at every step"),
+         "The CLI's `generate --json` object: text, tokens, and one readout per step. Streamed: each step first, "
+         "as it is written ({frame: 'step', step, text so far, and that step's object}), the whole object last.",
+         command="generate, with a readout of the newest position at every step",
+         stream=lambda service, req: service.generate_stream(req)),
     Kind("chat", ChatRequest, lambda service, req: service.chat(req),
          "Answer a conversation; each generated token carries one lens's top-k at one layer.",
-         "text, tokens, lens, layer, dropped_turns, and readout: per generated token, its top-k {token, prob}."),
+         "text, tokens, lens, layer, dropped_turns, and readout: per generated token, its top-k {token, prob}. "
+         "Streamed: each token first, as it is written ({frame: 'step', step, text so far, token_id, token, "
+         "readout}), the whole object last.",
+         stream=lambda service, req: service.chat_stream(req)),
     Kind("intervene", InterveneRequest, lambda service, req: service.intervene(req),
          "Steer, ablate or patch a layer's output, and read every lens before and after.",
          "The CLI's `intervene --json` object: before (a /lens object), after (one per alpha, or per layer of a "

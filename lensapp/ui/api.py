@@ -23,6 +23,11 @@ curl example) writes answers with the standard library's json, which cannot embe
 back from the same JSON. That JSON is made once for a result answered again (a shared link, a replayed request:
 the result cache's same object; `answer_memo`), and counted against the visitor by its size on both routes.
 
+`/generate` and `/chat` stream (generator endpoints): gradio_client's `submit()` sees one frame per step as the
+model writes it ({"frame": "step", "step", "text" so far, and the step's own keys: a `/generate` answer's step, or
+a `/chat` token's {token_id, token, readout}}), then the answer; `predict()` returns that answer alone, as before.
+A client that leaves (`job.cancel()`, a closed connection) stops the model's work at once.
+
 Bad input raises gr.Error with the service's one-line message, as plain text (the client sees an
 AppError). `/health` (plain JSON over GET, not a Gradio endpoint) is added by the server.
 """
@@ -36,6 +41,7 @@ import gradio as gr
 import orjson
 
 from ..service.field import REQUIRED, Field
+from ..service.generating import Partial
 from ..service.kinds import KINDS, Kind
 from .answer_memo import AnswerMemo
 
@@ -62,8 +68,7 @@ def endpoint_function(kind: Kind, service, guard, memo: AnswerMemo | None = None
     params = kind.fields()
     names = [field.name for field in params]
 
-    def answer(values: dict, request):
-        result = kind.run(service, kind.request_of(values))
+    def answer_of(result, request):
         if request is None:                         # a call made inside the app: the dict itself
             return kind.answer_of(result)
 
@@ -72,12 +77,31 @@ def endpoint_function(kind: Kind, service, guard, memo: AnswerMemo | None = None
 
         data = make() if memo is None else memo.json_of(kind.answered(result), make)
         guard.answered(request, len(data))          # a large answer counts as more than one request, on either route
-        return orjson.Fragment(data) if for_queue(request) else orjson.loads(data)
+        return sent(data, request)
+
+    def answer(values: dict, request):
+        return answer_of(kind.run(service, kind.request_of(values)), request)
+
+    def frames(values: dict, request):
+        for item in kind.stream(service, kind.request_of(values)):
+            if not isinstance(item, Partial):
+                yield answer_of(item, request)
+            elif request is None:
+                yield item.to_json()
+            else:
+                yield sent(orjson.dumps(item.to_json(), default=str), request)
 
     def fn(*args, **kwargs):
         values = dict(zip([*names, "request"], args), **kwargs)
         request = values.pop("request", None)
         return guard.api(request, answer, values, request)
+
+    def streamed(*args, **kwargs):
+        values = dict(zip([*names, "request"], args), **kwargs)
+        request = values.pop("request", None)
+        yield from guard.api_stream(request, frames, values, request)
+
+    fn = fn if kind.stream is None else streamed
 
     signature = [inspect.Parameter(field.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=api_form(field)[1],
                                    annotation=api_form(field)[0]) for field in params]
@@ -89,6 +113,11 @@ def endpoint_function(kind: Kind, service, guard, memo: AnswerMemo | None = None
     fn.__doc__ = "\n".join([kind.summary, "", "Args:", *(f"    {field.name}: {field.help}." for field in params),
                             "Returns:", f"    {kind.returns}"])
     return fn
+
+
+def sent(data: bytes, request):
+    """JSON made here as it leaves: verbatim through Gradio's queue, as a dict on its REST route."""
+    return orjson.Fragment(data) if for_queue(request) else orjson.loads(data)
 
 
 def for_queue(request) -> bool:

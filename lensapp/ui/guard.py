@@ -32,6 +32,7 @@ from ..service.field import RequestError
 from ..service.limits import RateLimited, RateLimiter, paying
 
 log = logging.getLogger(__name__)
+_END = object()
 
 
 def explain(error: BaseException) -> tuple[str, str, bool]:
@@ -63,6 +64,14 @@ class Guard:
         """Run an API endpoint: failures become a plain-text, one-line gr.Error."""
         return self._run(request, False, fn, *args, **kwargs)
 
+    def ui_stream(self, request: gr.Request | None, fn, *args) -> Iterator:
+        """`ui` for a handler that yields (a page written as the model writes): see `_stream`."""
+        return self._stream(request, True, fn, *args)
+
+    def api_stream(self, request: gr.Request | None, fn, *args) -> Iterator:
+        """`api` for an endpoint that yields (its frames, then its answer): see `_stream`."""
+        return self._stream(request, False, fn, *args)
+
     @contextlib.contextmanager
     def visitor(self, client: str | None) -> Iterator[None]:
         """Work done within this block is `client`'s: it waits in that client's turn (engine/run/turns: the host's,
@@ -75,12 +84,32 @@ class Guard:
         """Count an answer of `size` bytes against whoever asked (`RateLimiter.charge`)."""
         self.limiter.charge(client_address(request, self.trusted_proxies), size)
 
-    def _run(self, request, escape: bool, fn, *args, **kwargs):
+    def _stream(self, request, escape: bool, fn, *args) -> Iterator:
+        """What `fn(*args)` yields, its rate checked once. Gradio runs each step of a generator on whichever worker
+        thread is free, so each step is run as the visitor's (turns, budget) on its own, and each failure is one
+        line; closed early (a page gone, Stop), it closes `fn`'s generator, which stops the engine's work."""
+        items = self._run(request, escape, lambda: iter(fn(*args)))
+        client = client_address(request, self.trusted_proxies)
         try:
-            client = client_address(request, self.trusted_proxies)
+            while (item := self._guarded(client, escape, next, items, _END)) is not _END:
+                yield item
+        finally:
+            if hasattr(items, "close"):
+                items.close()
+
+    def _run(self, request, escape: bool, fn, *args, **kwargs):
+        client = client_address(request, self.trusted_proxies)
+
+        def checked():
             self.limiter.check(client)
+            return fn(*args, **kwargs)
+        return self._guarded(client, escape, checked)
+
+    def _guarded(self, client: str | None, escape: bool, fn, *args):
+        """`fn(*args)` as `client`'s work; any failure a one-line gr.Error."""
+        try:
             with self.visitor(client):
-                return fn(*args, **kwargs)
+                return fn(*args)
         except gr.Error:
             raise
         except Exception as e:  # noqa: BLE001 - the one place every failure is turned into a message
