@@ -7,6 +7,7 @@ Examples:
     lensapp lens "The Eiffel Tower is in the city of" --skip-punctuation
     lensapp generate "Once upon a time" --max-tokens 16 --temperature 0.8 --seed 7 --json
     lensapp generate "The capital of France is" --max-tokens 8 --force "1= Rome" --json
+    lensapp generate "Once upon a time" --max-tokens 32 --stream    # a JSON line per step as it is written
     lensapp describe "The Eiffel Tower is in the city of" --layer 12 --position 4 --json
     lensapp describe "The Eiffel Tower is in the city of" --layer all --position 4 --max-tokens 6
     lensapp intervene "The capital of France is" --steer Rome --layer 22 --alpha 0,0.2,0.4 --json
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import sys
 from dataclasses import fields as dataclass_fields
@@ -60,7 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      "layer (logit lens, Jacobian lens), from the command line or in the browser.")
     sub = parser.add_subparsers(dest="command", required=True)
     for kind in commands().values():
-        add_request_arguments(sub.add_parser(kind.name, help=kind.command), kind.request)
+        command = sub.add_parser(kind.name, help=kind.command)
+        add_request_arguments(command, kind.request)
+        if kind.stream is not None:
+            command.add_argument("--stream", action="store_true",
+                                 help="write one JSON line per step as the model writes it ({frame: step, ...}), "
+                                      "then the result's JSON (--json's) on a line of its own")
     add_fit_arguments(sub.add_parser("fit", help="fit a Jacobian lens (TransformersModel, backward passes)"))
     serve = sub.add_parser("serve", help="the web app (Gradio) on http://HOST:PORT")
     config.add_arguments(serve)
@@ -168,12 +175,23 @@ def _run(args, cfg: config.Config) -> int:
         elif args.command == "describe":
             result = service.describe(request)
             print(dumps(result) if args.json else format_descriptions(result))
+        elif args.stream:
+            _stream(service.generate_stream(request))
         else:
             result = service.generate(request)
             print(dumps(result) if args.json else format_generation(result))
     finally:
         service.close()
     return 0
+
+
+def _stream(items) -> None:
+    """Each streamed step's frame as a JSON line as it comes (flushed: a pipe reads it then), the result last."""
+    from .results import dumps
+    from .service.generating import Partial
+
+    for item in items:
+        print(json.dumps(item.to_json(), ensure_ascii=False) if isinstance(item, Partial) else dumps(item), flush=True)
 
 
 def _evaluate(service, request, as_json: bool) -> int:

@@ -93,3 +93,21 @@ def test_a_client_that_cancels_frees_the_engine_at_once(client, tiny_url, monkey
     assert now["in_flight"] == 0 and now["admitted"] == 0, now
     assert now["calls"]["cancelled"] == before["cancelled"] + 1 and now["calls"]["served"] == before["served"]
     assert waited < 2.0, f"the engine let go {waited:.1f} s after the cancel"
+
+
+def test_the_command_line_streams_a_json_line_per_step_then_the_result(tiny_model_dir):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-m", "lensapp", "generate", PROMPT, "--model", str(tiny_model_dir),
+                          "--backend", "transformers", "--max-tokens", "6", "--k", "3", "--stream"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    frames, result = lines[:-1], lines[-1]
+    assert [f["frame"] for f in frames] == ["step"] * len(result["steps"]) and "frame" not in result
+    assert [f["step"] for f in frames] == list(range(len(result["steps"])))
+    assert [f["token_id"] for f in frames] == result["token_ids"]
+    assert [f["lenses"] for f in frames] == [s["lenses"] for s in result["steps"]]
+    assert frames[-1]["text"] == result["text"]
