@@ -15,10 +15,18 @@ Each address (an IPv6 one by its /56: `identity.bucket`) has two token buckets (
 An IPv6 /48 (`identity.site`) has buckets of its own, SITE_SHARE times a client's, which every /56 in it also
 draws from: a site that takes a fresh /56 for each request is limited as a few clients are.
 
+A person told apart behind an address (`identity.People`: a login, or a browser session one of whose requests was
+let in as the address's) has buckets of their own, as large as an address's: requests at once, and work once the
+session has earned standing (`identity.EARN_SECONDS` later; a login at once). A room of thirty behind one NAT
+address asks as thirty visitors do, and the address's own buckets are what everything else behind it shares (a
+session not yet known, an API call, a script taking a fresh session for every request). So what an address may ask
+grows by one visitor's worth with each person known behind it, up to `identity.ROOM_PEOPLE`; a script cannot
+multiply it by rotating sessions (a session seen once is the address's), only by keeping sessions alive as people
+do, and no more than that many.
+
 A loopback IP is never limited: only a process on this machine has one (the host's own scripts, the tests,
 the bench), and behind trusted proxies the derived address is loopback only when the outermost proxy itself
-saw one; a name ("localhost") is nobody's address and exempts nothing. A workshop behind one address (a
-university's NAT) should raise the limits or turn them off (`LENSAPP_RATE_LIMIT=0`, `LENSAPP_WORK_PER_MINUTE=0`).
+saw one; a name ("localhost") is nobody's address and exempts nothing.
 
 At most `max_clients` buckets are kept. Only a full bucket is forgotten (it says nothing a new one would not):
 a penalised address stays penalised however many others come by, and while every bucket kept is still in
@@ -42,7 +50,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
 from .field import RequestError
-from .identity import bucket, is_loopback, site
+from .identity import Asker, bucket, is_loopback, site, turn
 
 ANSWER_BYTES = 4 << 20          # each this many bytes of one answer count as one more request
 SITE_SHARE = 4                  # an IPv6 /48 may ask for this many clients' worth, all its /56s together
@@ -134,60 +142,71 @@ class RateLimiter:
         bursts of twice the heaviest request (`max_work`)."""
         return cls(cfg.rate_limit, work_per_minute=cfg.work_per_minute, work_burst=2 * cfg.max_work)
 
-    def check(self, client: str | None) -> None:
-        """Take one request for `client` (an IP address; anything else shares one bucket; None: a call from inside
-        the app, never limited), or raise RateLimited saying when to come back: when its requests are spent, or
-        while work it was let run (dearer than a whole burst) keeps its work bucket below zero."""
-        if not (self._limits(client, self.requests) or self._limits(client, self.work)):
+    def check(self, client: Asker | str | None) -> None:
+        """Take one request for `client` (an IP address, or an `identity.Asker`: a person behind one; anything
+        else shares one bucket; None: a call from inside the app, never limited), or raise RateLimited saying when
+        to come back: when its requests are spent, or while work it was let run (dearer than a whole burst) keeps
+        its work bucket below zero."""
+        asker = _asker(client)
+        if not (self._limits(asker, self.requests) or self._limits(asker, self.work)):
             return
         with self._lock:
-            accounts = self._refilled(client)
-            busy = max(a.requests.wait(1.0) for a in accounts) if self._limits(client, self.requests) else 0.0
-            heavy = max(a.work.wait(0.0) for a in accounts) if self._limits(client, self.work) else 0.0
+            asking, working = self._refilled(asker, own=asker.person is not None), self._working(asker)
+            busy = max(a.requests.wait(1.0) for a in asking) if self._limits(asker, self.requests) else 0.0
+            heavy = max(a.work.wait(0.0) for a in working) if self._limits(asker, self.work) else 0.0
             if busy > 0 or heavy > 0:
-                self._refuse("too much work from your address for now" if heavy > busy else
-                             "too many requests from your address", max(busy, heavy))
-            for a in accounts:
+                self._refuse(f"too much work from {_you(asker, True)} for now" if heavy > busy else
+                             f"too many requests from {_you(asker, False)}", max(busy, heavy))
+            for a in asking:
                 a.requests.take(1.0)
 
-    def spend(self, client: str | None, units: float) -> None:
+    def spend(self, client: Asker | str | None, units: float) -> None:
         """Take `units` of engine work for `client` as the work starts, or raise RateLimited saying when its budget
         will hold them: what is running already has been taken. Work dearer than a whole burst (a fit may be)
         goes from a full bucket and leaves it at most a burst below zero."""
-        if units <= 0 or not self._limits(client, self.work):
+        asker = _asker(client)
+        if units <= 0 or not self._limits(asker, self.work):
             return
         with self._lock:
-            accounts = self._refilled(client)
-            wait = max(a.work.wait(min(units, a.work.capacity)) for a in accounts)
+            working = self._working(asker)
+            wait = max(a.work.wait(min(units, a.work.capacity)) for a in working)
             if wait > 0:
-                self._refuse("too much work from your address for now", wait)
-            for a in accounts:
+                self._refuse(f"too much work from {_you(asker, True)} for now", wait)
+            for a in working:
                 a.work.take(units)
 
-    def charge(self, client: str | None, answer_bytes: int) -> None:
+    def charge(self, client: Asker | str | None, answer_bytes: int) -> None:
         """Count an answer of `answer_bytes` against `client` once it is made (one more request for each
         ANSWER_BYTES of it). The bucket may go below zero, at most a burst below: the next request waits."""
+        asker = _asker(client)
         extra = answer_bytes / ANSWER_BYTES
-        if extra <= 0 or not self._limits(client, self.requests):
+        if extra <= 0 or not self._limits(asker, self.requests):
             return
         with self._lock:
-            for a in self._refilled(client):
+            for a in self._refilled(asker, own=asker.person is not None):
                 a.requests.take(extra)
 
     def _refuse(self, what: str, wait: float) -> None:
         self.refused += 1
         raise RateLimited(f"{what}; try again in {max(1.0, wait):.0f} s")
 
-    def _limits(self, client: str | None, rate: Rate) -> bool:
-        return rate.per_second > 0 and client is not None and not is_loopback(client)
+    def _limits(self, asker: Asker, rate: Rate) -> bool:
+        return rate.per_second > 0 and asker.address is not None and not is_loopback(asker.address)
 
-    def _refilled(self, client: str) -> list[Account]:
-        """The accounts `client` draws from (its own, and its site's: SITE_SHARE times as large), refilled to now,
-        the lock held."""
-        now = self.clock()
-        keys = [(bucket(client), 1)]
-        if site(client) is not None:
-            keys.append((f"site {site(client)}", SITE_SHARE))
+    def _working(self, asker: Asker) -> list[Account]:
+        """The accounts `asker`'s engine work comes from: a person's own once earned, else the address's."""
+        return self._refilled(asker, own=asker.person is not None and asker.earned)
+
+    def _refilled(self, asker: Asker, own: bool) -> list[Account]:
+        """The accounts `asker` draws from, refilled to now, the lock held: the person's own (`own`), or the
+        address's and its site's (SITE_SHARE times as large)."""
+        now, client = self.clock(), asker.address
+        if own:
+            keys = [(person_key(client, asker.person), 1)]
+        else:
+            keys = [(bucket(client), 1)]
+            if site(client) is not None:
+                keys.append((f"site {site(client)}", SITE_SHARE))
         out = []
         for key, share in keys:
             account = self._buckets.get(key)
@@ -211,3 +230,17 @@ class RateLimiter:
                         and a.work.full(now)]:
                 del self._buckets[key]
         return len(self._buckets) < self.max_clients
+
+
+def person_key(client: str | None, person: str) -> str:
+    """Whose buckets and engine turn a person behind `client` has: theirs alone, never an address's or a site's."""
+    return f"{turn(client)} {person}"
+
+
+def _asker(client: Asker | str | None) -> Asker:
+    return client if isinstance(client, Asker) else Asker(client)
+
+
+def _you(asker: Asker, work: bool) -> str:
+    """Whose limit it is: the person's own, or the address's that everyone behind it not yet known shares."""
+    return "you" if asker.person is not None and (asker.earned or not work) else "your address"

@@ -4,12 +4,14 @@ A handler runs through `Guard.ui` (the page's events) or `Guard.api` (the API en
 client's rate is checked, the engine is told who is asking (its fair turns), the work the engine does
 for it is taken from that client's budget as it starts, or refused (`service/limits.py`), and any exception
 becomes a `gr.Error` with a one-line message. Who is asking is an address no header a client writes can
-change (`service/identity.py`). The page renders an error's message as HTML, so there it is escaped
-(text, never markup); API clients get it as it is (no HTML entities). Expected failures (bad input, a
-busy or restarting engine) log one line and say it, with any server path shown by its name
-(`redact.py`). Anything else is a fault: the visitor reads a short reference, and the server's log has
-the same reference with the traceback (an exception's text can hold paths, addresses and settings that
-are the host's alone).
+change (`service/identity.py`), and behind it the person where one is told apart (a login, or the page's
+session once a request of it was let in: `identity.People`), who then has limits, a turn and, once earned, a budget
+of their own: thirty people behind one NAT address are thirty visitors, a script rotating sessions is its address.
+The page renders an error's message as HTML, so there it is escaped (text, never markup); API clients get it as it
+is (no HTML entities). Expected failures (bad input, a busy or restarting engine) log one line and say it, with any
+server path shown by its name (`redact.py`). Anything else is a fault: the visitor reads a short reference, and
+the server's log has the same reference with the traceback (an exception's text can hold paths, addresses and
+settings that are the host's alone).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..engine import EngineBusy, EngineError
 from ..engine.run.turns import asking
 from ..service import identity
 from ..service.field import RequestError
-from ..service.limits import RateLimited, RateLimiter, paying
+from ..service.limits import RateLimited, RateLimiter, paying, person_key
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -53,8 +55,9 @@ def one_line(text: str) -> str:
 
 
 class Guard:
-    def __init__(self, limiter: RateLimiter, trusted_proxies: int = 0):
+    def __init__(self, limiter: RateLimiter, trusted_proxies: int = 0, people: identity.People | None = None):
         self.limiter, self.trusted_proxies = limiter, trusted_proxies
+        self.people = people if people is not None else identity.People()
 
     def ui(self, request: gr.Request | None, fn, *args, **kwargs):
         """Run a page handler: failures become an escaped, one-line gr.Error."""
@@ -72,43 +75,56 @@ class Guard:
         """`api` for an endpoint that yields (its frames, then its answer): see `_stream`."""
         return self._stream(request, False, fn, *args)
 
+    def asker(self, request: gr.Request | None) -> identity.Asker:
+        """Who `request` comes from: its address, and the person behind it where one is told apart."""
+        address = client_address(request, self.trusted_proxies)
+        return self.people.who(address, getattr(request, "session_hash", None), getattr(request, "username", None))
+
     @contextlib.contextmanager
-    def visitor(self, client: str | None) -> Iterator[None]:
-        """Work done within this block is `client`'s: it waits in that client's turn (engine/run/turns: the host's,
-        None, for the app itself and loopback) and is taken from its budget as it starts, or refused (RateLimited)."""
-        turn = None if client is None or identity.is_loopback(client) else identity.turn(client)
-        with asking(turn), paying(functools.partial(self.limiter.spend, client)):
+    def visitor(self, client: identity.Asker | str | None) -> Iterator[None]:
+        """Work done within this block is `client`'s (an address, or a person behind one): it waits in their turn
+        (engine/run/turns: the host's, None, for the app itself and loopback) and is taken from their budget as
+        it starts, or refused (RateLimited)."""
+        asker = client if isinstance(client, identity.Asker) else identity.Asker(client)
+        turn = None
+        if asker.address is not None and not identity.is_loopback(asker.address):
+            turn = identity.turn(asker.address) if asker.person is None else person_key(asker.address, asker.person)
+        with asking(turn), paying(functools.partial(self.limiter.spend, asker)):
             yield
 
     def answered(self, request: gr.Request | None, size: int) -> None:
         """Count an answer of `size` bytes against whoever asked (`RateLimiter.charge`)."""
-        self.limiter.charge(client_address(request, self.trusted_proxies), size)
+        self.limiter.charge(self.asker(request), size)
 
     def _stream(self, request, escape: bool, fn, *args) -> Iterator:
         """What `fn(*args)` yields, its rate checked once. Gradio runs each step of a generator on whichever worker
         thread is free, so each step is run as the visitor's (turns, budget) on its own, and each failure is one
         line; closed early (a page gone, Stop), it closes `fn`'s generator, which stops the engine's work."""
-        items = self._run(request, escape, lambda: iter(fn(*args)))
-        client = client_address(request, self.trusted_proxies)
+        asker = self.asker(request)
+        items = self._let_in(asker, escape, lambda: iter(fn(*args)))
         try:
-            while (item := self._guarded(client, escape, next, items, _END)) is not _END:
+            while (item := self._guarded(asker, escape, next, items, _END)) is not _END:
                 yield item
         finally:
             if hasattr(items, "close"):
                 items.close()
 
     def _run(self, request, escape: bool, fn, *args, **kwargs):
-        client = client_address(request, self.trusted_proxies)
+        return self._let_in(self.asker(request), escape, fn, *args, **kwargs)
 
+    def _let_in(self, asker: identity.Asker, escape: bool, fn, *args, **kwargs):
+        """`fn` run as `asker`'s request, its rate checked first: a session let in as its address's is known from
+        then on (`identity.People.known`)."""
         def checked():
-            self.limiter.check(client)
+            self.limiter.check(asker)
+            self.people.known(asker)
             return fn(*args, **kwargs)
-        return self._guarded(client, escape, checked)
+        return self._guarded(asker, escape, checked)
 
-    def _guarded(self, client: str | None, escape: bool, fn, *args):
-        """`fn(*args)` as `client`'s work; any failure a one-line gr.Error."""
+    def _guarded(self, asker: identity.Asker, escape: bool, fn, *args):
+        """`fn(*args)` as `asker`'s work; any failure a one-line gr.Error."""
         try:
-            with self.visitor(client):
+            with self.visitor(asker):
                 return fn(*args)
         except gr.Error:
             raise
