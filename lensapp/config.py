@@ -22,7 +22,9 @@ Fixed limits that protect the machine (a public Space, a workshop of thirty peop
   MAX_CONTINUATION_TOKENS = 16     a longer target is scored by its first token only
   MAX_LAYERS_CHARS        = 200    characters of a layer selection
   MAX_COMPARE_PROMPTS     = 4      prompts side by side
-  MAX_CHAT_MESSAGES       = 64     messages in one conversation
+  MAX_CHAT_MESSAGES       = 64     messages of a conversation the model reads (the latest turns; the answer
+                                   says how many older ones it left out)
+  MAX_CHAT_SENT           = 1024   messages one request may send
   MAX_ALPHA               = 20.0   a steering vector's length, in units of the layer's typical residual norm
   MAX_SWEEP               = 12     alphas in one steering request, or layers in one patch sweep
   PUNCTUATION_WIDTH       = 40     top-k the worker reads when a view skips punctuation (what it searches)
@@ -77,6 +79,7 @@ MAX_CONTINUATION_TOKENS = 16
 MAX_LAYERS_CHARS = 200
 MAX_COMPARE_PROMPTS = 4
 MAX_CHAT_MESSAGES = 64
+MAX_CHAT_SENT = 1024
 MAX_ALPHA = 20.0
 MAX_SWEEP = 12
 PUNCTUATION_WIDTH = 40

@@ -219,7 +219,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
 
     app = gr.mount_gradio_app(app, demo, path="/", css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"],
                               auth=cfg.auth_pairs or None, server_name=cfg.host, server_port=cfg.port)
-    sessions = ui.sessions.install(app, cfg.sessions, cfg.session_idle)
+    sessions = ui.sessions.install(app, cfg.sessions, cfg.session_idle, on_drop=built.kept.drop_owner)
     pages.update(sessions=sessions, kept=built.kept)
     return app
 

@@ -17,6 +17,7 @@ from lensapp import config
 from lensapp.results import ComponentsResult
 from lensapp.ui import permalinks as pl
 from lensapp.ui.components_tab import cell_link, read_components
+from lensapp.ui.kept import value_of
 from lensapp.ui.views import TAB_VIEWS
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -36,7 +37,7 @@ def test_the_handler_answers_every_output_by_name(tiny_service):
     values = {"prompt": PROMPT, "target": "Paris", "foil": "Rome", "position": -1, "patterns": 1, "chat": False}
     out = read_components(tiny_service, values)
     assert set(out) == set(OUTPUTS)
-    assert isinstance(out["state"], ComponentsResult) and out["state"].patterns_layer == 1
+    assert isinstance(value_of(out["state"]), ComponentsResult) and value_of(out["state"]).patterns_layer == 1
     for name in ("by_layer", "by_head"):
         assert isinstance(out[name], PlotData)
     assert out["pattern_row"].visible and out["pattern_grid"].visible
@@ -49,7 +50,8 @@ def test_the_tab_runs_through_the_guard_and_hostile_input_is_one_line(built):
     tab = built.tabs["components"]
     assert tuple(tab.inputs) == INPUTS and set(OUTPUTS) <= set(tab.outputs)
     out = tab.run(dict(zip(INPUTS, (HOSTILE, HOSTILE, "", -1, None, False))))       # text is data: it runs
-    assert out["state"].prompt == HOSTILE and "<" not in out["summary"] and "&lt;" in out["summary"]  # escaped
+    assert value_of(out["state"]).prompt == HOSTILE
+    assert "<" not in out["summary"] and "&lt;" in out["summary"]                                     # escaped
     for values, said in (((PROMPT, "", "", -1, None, False), "target is empty"),
                           ((PROMPT, "Paris", "", 99, None, False), "outside the prompt"),
                           ((PROMPT, "Paris", "", -1, 9, False), "outside the layers"),
@@ -91,7 +93,7 @@ def test_the_logit_tab_draws_rows_inside_each_layer(built):
     values = _lens_values(layers="0-1", k=3, sublayers=True)
     out = built.tabs["logit"].run(values)
     spec = json.loads(out["heatmap"].plot)
-    assert out["state"].after_attention is not None
+    assert value_of(out["state"]).after_attention is not None
     assert '"0.attn"' in json.dumps(spec) and '"1.mlp"' in json.dumps(spec)
     view, _ = pl.decode(pl.query_string(TAB_VIEWS["logit"].view_of(values)))
     assert view.sublayers is True
@@ -122,4 +124,4 @@ COMPONENTS_TAB_FIELDS = (
 def test_the_tab_answers_any_input_with_a_result_or_one_line(built, kw):
     out = hostile.page_outcome(built.tabs["components"].run, dict(kw))
     if isinstance(out, dict):
-        assert isinstance(out["state"], ComponentsResult)
+        assert isinstance(value_of(out["state"]), ComponentsResult)

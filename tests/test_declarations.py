@@ -27,6 +27,7 @@ from lensapp.service.requests import GenerateRequest, InterveneRequest, LensRequ
 from lensapp.ui import api, generate_tab, kept, permalinks, views
 from lensapp.ui.downloads import Downloads
 from lensapp.ui.guard import Guard
+from lensapp.ui.kept import value_of
 
 SHOUT = Field("shout", "say it louder", False, parsers.flag("shout"), flag="--shout")
 
@@ -96,7 +97,7 @@ def test_the_field_reaches_a_link_and_a_tab_of_that_kind(shout_kind, tiny_servic
     values = view.values_of(views.View(tab="shout", prompt="Hi", max_tokens=1, shout=True))
     assert values["shout"] is True
     out = parts.run(values)
-    assert heard[-1].shout is True and heard[-1].max_tokens == 1 and out["text"] == out["state"].text
+    assert heard[-1].shout is True and heard[-1].max_tokens == 1 and out["text"] == value_of(out["state"]).text
     assert permalinks.decode(permalinks.query_string(view.view_of(values))).view.shout is True
 
 

@@ -82,7 +82,7 @@ def test_a_download_is_rate_limited_and_refused_in_one_line(readout):
         state = kept.kept_state()
     build = downloads._handler("logit-lens", "csv", state)
     me = SimpleNamespace(client=SimpleNamespace(host="203.0.113.9"), headers={})
-    handle = store.keep(readout)                                  # what the page holds: a handle, not the readout
+    handle = {"h": store.keep(readout), "r": None}                # what the page holds: a handle, not the readout
     for _ in range(5):
         build(handle, request=me)
     with pytest.raises(gr.Error, match="too many requests"):
@@ -90,7 +90,7 @@ def test_a_download_is_rate_limited_and_refused_in_one_line(readout):
     with pytest.raises(gr.Error, match="nothing to download yet") as e:
         build(None)
     assert "\n" not in e.value.message
-    store.drop(handle)                                            # its page is gone
+    store.drop(handle["h"])                                       # let go, and the page has no recipe
     with pytest.raises(gr.Error, match="no longer kept on the server.*run it again"):
         build(handle)
 

@@ -19,6 +19,7 @@ from lensapp.service.limits import RateLimiter
 from lensapp.service.requests import LensRequest
 from lensapp.ui import lens_tab
 from lensapp.ui.guard import Guard
+from lensapp.ui.kept import value_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:gradio.helpers")
 
@@ -83,14 +84,14 @@ def test_the_page_draws_a_long_prompts_window_first_then_reads_it_whole(tiny_ser
     tab = lens_tab.LOGIT_TAB
     n = len(tiny_service.prompts.ids(LONG))
     first = lens_tab.readout(tab, tiny_service, dict(VALUES))
-    brief = first["state"]
+    brief = value_of(first["state"])
     assert brief.read_from == n - 48 and lens_tab.first_read(tiny_service, lens_tab.lens_request(
         tab, tiny_service, VALUES)[0], None) == n - 48
     assert not first["window"].visible and not any(b.visible for b in _downloads(first))
     assert [c[1] for c in first["position"].choices] == list(range(n - 48, n))
     assert "Reading the rest" in first["summary"]
     rest = lens_tab.complete(tab, tiny_service, guard, {**VALUES, "state": brief})
-    whole = rest["state"]
+    whole = value_of(rest["state"])
     assert whole.read_from == 0 and rest["window"].visible and all(b.visible for b in _downloads(rest))
     assert len(rest["position"].choices) == n and "Reading the rest" not in rest["summary"]
     # The same picture: the window's cells as the table a screen reader reads, the top-k table, the strip.
@@ -107,9 +108,9 @@ def test_the_page_draws_a_long_prompts_window_first_then_reads_it_whole(tiny_ser
 def test_a_short_prompt_or_a_window_far_from_the_end_is_read_whole_at_once(tiny_service):
     tab = lens_tab.LOGIT_TAB
     short = lens_tab.readout(tab, tiny_service, {**VALUES, "prompt": "The capital of France is"})
-    assert short["state"].read_from == 0 and "Reading the rest" not in short["summary"]
+    assert value_of(short["state"]).read_from == 0 and "Reading the rest" not in short["summary"]
     early = lens_tab.readout(tab, tiny_service, {**VALUES, "start": 5})
-    assert early["state"].read_from == 0 and early["window"].visible
+    assert value_of(early["state"]).read_from == 0 and early["window"].visible
 
 
 def _downloads(out: dict) -> list:

@@ -52,6 +52,7 @@ from lensapp.service import fields as f
 from lensapp.service.field import Field
 from lensapp.ui import chat_tab, generate_tab, lens_tab
 from lensapp.ui import permalinks as pl
+from lensapp.ui.kept import value_of
 
 # gr.Warning outside a request (the handlers called directly) is a UserWarning; here it is expected
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:gradio.helpers")
@@ -176,7 +177,7 @@ def test_lens_tab(app, tab, kw):
         show_position = functools.partial(lens_tab.pick_position, lens_tab.JACOBIAN_TAB if tab == "jacobian"
                                           else lens_tab.LOGIT_TAB, app.guard)
         for pos in (0, -1, 10**6, "x", None, math.nan):      # a stale or forged position selection
-            expect(watch(show_position, {"state": out["state"], "position": pos}), object)
+            expect(watch(show_position, {"state": value_of(out["state"]), "position": pos}), object)
 
 
 GENERATE_TAB_FIELDS = (
@@ -194,15 +195,16 @@ def test_generate_tab(app, kw):
     if isinstance(out, dict):
         show_step = functools.partial(generate_tab.pick_step, app.guard)
         for step, lens in ((0, "logit"), (-1, "jacobian"), (10**6, "logit"), ("x", None), (None, 3)):
-            expect(watch(show_step, {"state": out["state"], "step": step, "table_lens": lens}), object)
+            expect(watch(show_step, {"state": value_of(out["state"]), "step": step, "table_lens": lens}), object)
 
 
 CHAT_TAB_FIELDS = (
-    {"message": words(), "history": st.just([]) | conversations().map(lambda c: list(c) + [
-        {"role": "assistant", "content": "Hi."}]), "chatbot": st.just([]), "layer": st.none() | st.integers(0, 3),
+    {"message": words(), "chatbot": st.just([]) | conversations().map(lambda c: list(c) + [
+        {"role": "assistant", "content": "Hi."}]), "layer": st.none() | st.integers(0, 3),
      "lens": st.sampled_from(["logit", "jacobian"]), "max_tokens": st.integers(1, 4),
      "temperature": st.floats(0, MAX_TEMPERATURE), "seed": st.none() | st.integers(0, MAX_SEED)},
-    {"message": st.one_of(texts(), anything()), "layer": numbers(), "lens": anything(), "max_tokens": numbers(),
+    {"message": st.one_of(texts(), anything()), "chatbot": anything(), "layer": numbers(), "lens": anything(),
+     "max_tokens": numbers(),
      "temperature": numbers(), "seed": numbers()})
 
 
@@ -211,7 +213,7 @@ CHAT_TAB_FIELDS = (
 def test_chat_tab(app, tiny, kw):
     out = page_outcome(functools.partial(chat_tab.send, chat_tab.CHAT, tiny, app.guard), kw)
     if isinstance(out, dict) and out:                            # a blank message is skipped
-        assert out["message"] == "" and out["history"][-1]["role"] == "assistant"
+        assert out["message"] == "" and chat_tab.conversation(out["chatbot"])[-1]["role"] == "assistant"
 
 
 COMPARE_TAB_FIELDS = (

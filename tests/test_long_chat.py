@@ -10,6 +10,7 @@ import pytest
 from lensapp import config
 from lensapp.config import MAX_CHAT_MESSAGES
 from lensapp.service import ChatRequest, GenerateRequest
+from lensapp.service.field import RequestError
 from lensapp.service.prompts import recent_turns
 from lensapp.ui import branching, chat_tab
 
@@ -40,18 +41,39 @@ def test_recent_turns_drop_the_oldest_whole_turns():
 def test_a_chat_keeps_answering_for_100_exchanges(app, tiny_service, monkeypatch):
     said = []
     monkeypatch.setattr(chat_tab, "warn", said.append)
-    values = {**chat_tab.CHAT.initial(), "lens": "logit", "layer": None, "max_tokens": 1, "history": [],
-              "chatbot": []}
+    values = {**chat_tab.CHAT.initial(), "lens": "logit", "layer": None, "max_tokens": 1, "chatbot": []}
     for i in range(100):
         out = chat_tab.send(chat_tab.CHAT, tiny_service, app.guard, {**values, "message": f"Question {i}?"})
-        history = out["history"]
-        assert history[-2] == {"role": "user", "content": f"Question {i}?"} and history[-1]["role"] == "assistant"
-        assert len(history) <= MAX_CHAT_MESSAGES + 1 and len(out["chatbot"]) == 3 * (i + 1)
-        values = {**values, "history": history, "chatbot": out["chatbot"]}
+        talk = chat_tab.conversation(out["chatbot"])          # the conversation lives on the page
+        assert talk[-2] == {"role": "user", "content": f"Question {i}?"} and talk[-1]["role"] == "assistant"
+        assert len(out["chatbot"]) == 3 * (i + 1)
+        values = {**values, "chatbot": out["chatbot"]}
     assert said and "oldest messages were left out" in said[-1]
-    # what the page keeps is what the model read: asked again, the service drops none of it
-    again = tiny_service.chat(ChatRequest(messages=tuple(values["history"][:-1]), lens="logit", max_tokens=1))
-    assert again.dropped_turns == 0
+    req, _ = out["chat_last"].value           # the page sent at most what the model reads, its latest turns
+    assert len(req.messages) <= MAX_CHAT_MESSAGES and req.messages[-1]["content"] == "Question 99?"
+
+
+def test_the_conversation_on_the_page_is_the_text_as_written(app, tiny_service):
+    """The Chatbot shows messages escaped, in Gradio's content parts; the conversation read back is as written, the
+    readout (a titled message) left out, an empty reply empty."""
+    typed = "Is <b>x</b> & &amp; \"y\"?"
+    values = {**chat_tab.CHAT.initial(), "lens": "logit", "layer": None, "max_tokens": 1, "chatbot": []}
+    out = chat_tab.send(chat_tab.CHAT, tiny_service, app.guard, {**values, "message": typed})
+    as_sent = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in out["chatbot"]]   # Gradio 6
+    talk = chat_tab.conversation(as_sent)
+    reply = out["chat_last"].value[1]
+    assert talk == [{"role": "user", "content": typed}, {"role": "assistant", "content": reply.text}]
+    assert chat_tab.conversation([{"role": "assistant", "content": chat_tab.EMPTY_REPLY}]) == [
+        {"role": "assistant", "content": ""}]
+
+
+def test_the_api_keeps_a_long_chats_latest_turns_and_says_how_many_it_left_out(tiny_service):
+    msgs = conversation(40)                              # 81 messages: the page would keep its latest turns
+    reply = tiny_service.chat(ChatRequest.parse(messages=msgs, lens="logit", max_tokens=1))
+    assert reply.dropped_turns >= len(msgs) - MAX_CHAT_MESSAGES
+    assert reply.to_json()["dropped_turns"] == reply.dropped_turns
+    with pytest.raises(RequestError, match="at most 1024 messages"):
+        ChatRequest.parse(messages=conversation(600))
 
 
 def test_the_page_says_which_token_a_word_put(app, tiny_service, monkeypatch):
@@ -61,7 +83,7 @@ def test_the_page_says_which_token_a_word_put(app, tiny_service, monkeypatch):
     req = GenerateRequest(prompt=prompt, max_tokens=3)
     gen = tiny_service.generate(req)
     out = branching.add_branch(tiny_service, gen, req, [], branching.TRUNK, 0, "patience")
-    (branch,) = out["branch_results"]
+    (branch,) = out["branch_results"].value
     tok = tiny_service.prompts.tokenizer
     want = tok(prompt + " patience")["input_ids"][len(tok(prompt)["input_ids"]):]
     assert branch.forced == [(0, want[0])] and tok.convert_ids_to_tokens(want) == ["Ġpatience"]

@@ -15,6 +15,7 @@ import pytest
 
 from lensapp import config
 from lensapp.ui import generate_tab, lens_tab
+from lensapp.ui.kept import value_of
 from lensapp.ui.notes import highlight_of, shown
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:gradio.helpers")
@@ -49,7 +50,7 @@ def test_a_megabyte_note_from_the_page_is_refused_in_one_line(app):
     t = time.perf_counter()
     message = refused(lens.run, {**LENS_VALUES, "note": MEGABYTE_NOTE})
     assert "the note has" in message and f"the limit is {config.MAX_NOTE_CHARS}" in message
-    result = lens.run({**LENS_VALUES, "note": "layer 2 and `␣Paris`"})["state"]      # a note within the limit draws
+    result = value_of(lens.run({**LENS_VALUES, "note": "layer 2 and `␣Paris`"})["state"])   # a note within it draws
     assert "the note has" in refused(move_window, {"state": result, "metric": "top1_prob", "window": 0,
                                                    "note": MEGABYTE_NOTE})
     assert "the note has" in refused(shown, "", MEGABYTE_NOTE)            # the note shown above the view
@@ -72,9 +73,9 @@ def test_page_handlers_that_redraw_are_rate_limited_like_a_run(app):
     move_window = partial(lens_tab.move_window, lens_tab.LOGIT_TAB, app.guard)
     pick_position = partial(lens_tab.pick_position, lens_tab.LOGIT_TAB, app.guard)
     pick_step = partial(generate_tab.pick_step, app.guard)
-    result = lens.run({**LENS_VALUES, "note": ""}, request=me)["state"]                          # 1
-    steps = gen.run({"prompt": "Hi", "max_tokens": 2, "temperature": 0.0, "lens": "logit", "layers": "all", "k": 3,
-                     "chat": False, "seed": 0, "raw": False}, request=me)["state"]               # 2
+    result = value_of(lens.run({**LENS_VALUES, "note": ""}, request=me)["state"])                # 1
+    steps = value_of(gen.run({"prompt": "Hi", "max_tokens": 2, "temperature": 0.0, "lens": "logit", "layers": "all",
+                              "k": 3, "chat": False, "seed": 0, "raw": False}, request=me)["state"])  # 2
     window = {"state": result, "metric": "top1_prob", "window": 0, "note": ""}
     move_window(window, request=me)                                                              # 3
     pick_position({"state": result, "position": 1}, request=me)                                  # 4

@@ -58,6 +58,55 @@ def test_handles_are_bounded_too():
         store.get(handles[0])
 
 
+def test_one_pages_heavy_value_evicts_its_own_results_never_another_pages():
+    """The issue's case: pages that chat and read keep small values; one page keeps a heavy one, then another. The
+    heavy page lets go of its own oldest; nobody else loses anything."""
+    store = KeptResults(max_bytes=100, size=sized)
+    small = {f"page{i}": [store.keep(f"r{i}-{j}", owner=f"page{i}") for j in range(3)] for i in range(6)}  # 72 bytes
+    first = store.keep("H" * 20, owner="heavy")                        # 92: kept
+    assert store.get(first) == "H" * 20 and store.stats()["evicted"] == 0
+    second = store.keep("G" * 20, owner="heavy")                       # 112: the heavy page's oldest goes
+    assert store.bytes == 92 and store.get(second) == "G" * 20 and store.stats()["evicted"] == 1
+    with pytest.raises(Expired):
+        store.get(first)
+    third = store.keep("K" * 60, owner="heavy")                        # its own, newest included: made again on read
+    assert store.bytes == 72 and store.stats()["evicted"] == 3
+    with pytest.raises(Expired):
+        store.get(third)
+    for page, handles in small.items():
+        assert [store.get(h) for h in handles] == [f"r{page[4:]}-{j}" for j in range(3)]
+
+
+def test_a_value_larger_than_the_whole_store_is_not_kept_and_empties_nothing():
+    store = KeptResults(max_bytes=100, size=sized)
+    handles = [store.keep(f"value {i:02}", owner=f"p{i}") for i in range(9)]      # 8 bytes each
+    huge = store.keep("x" * 101, owner="reader")
+    assert store.stats()["too_large"] == 1 and [store.get(h) for h in handles] == [f"value {i:02}" for i in range(9)]
+    with pytest.raises(Expired):                                      # its page makes it again (below)
+        store.get(huge)
+
+
+def test_a_page_whose_value_was_let_go_has_it_made_again_from_its_recipe():
+    made = []
+
+    def remake(recipe, request):
+        made.append(recipe)
+        return "made from " + recipe
+
+    store = KeptResults(max_bytes=1 << 20, size=sized)
+    with gr.Blocks(), kept.building(store, remake):
+        state = kept.kept_state()
+    page = kept.write(state, kept.Kept("a result", "its recipe"))
+    assert page["r"] == "its recipe" and kept.read(state, page) == "a result" and made == []
+    store.drop_owner("")                                              # its session was dropped (or evicted)
+    assert kept.read(state, page) == "made from its recipe" and made == ["its recipe"]
+    assert kept.read(state, page) == "made from its recipe" and len(made) == 1     # kept again, same handle
+    with pytest.raises(gr.Error, match="run it again"):
+        kept.read(state, {"h": "kept:not-given", "r": None})          # no recipe: one line
+    with pytest.raises(gr.Error, match="run it again"):
+        kept.read(state, "a value the page was never given")
+
+
 def test_a_handler_reads_the_value_and_writes_a_handle_dropping_the_one_it_replaces():
     store = KeptResults(max_bytes=1 << 20, size=sized)
     with gr.Blocks() as demo, kept.building(store):
@@ -70,12 +119,12 @@ def test_a_handler_reads_the_value_and_writes_a_handle_dropping_the_one_it_repla
             return {"state": (values["state"] or "") + values["box"]}
         on(button.click, grow, parts, ["state", "box"], ["state"])
     (fn,) = [f.fn for f in demo.fns.values() if f.name == "grow"]
-    first = fn({state: None, box: "ab"})[state]
-    assert first.startswith(kept.PREFIX) and store.get(first) == "ab"
+    first = fn({state: None, box: "ab"})[state]                     # what the page holds: a handle, no recipe
+    assert first["h"].startswith(kept.PREFIX) and first["r"] is None and store.get(first["h"]) == "ab"
     second = fn({state: first, box: "cd"})[state]
-    assert seen == [None, "ab"] and store.get(second) == "abcd"
+    assert seen == [None, "ab"] and store.get(second["h"]) == "abcd"
     with pytest.raises(Expired):                                    # the handle it replaced is gone
-        store.get(first)
+        store.get(first["h"])
     with pytest.raises(gr.Error, match="no longer kept on the server"):
         fn({state: first, box: "ef"})                               # a stale page: one line, run it again
     assert store.stats()["handles"] == 1
@@ -110,11 +159,12 @@ def test_sessions_are_bounded_and_an_idle_one_goes_giving_back_its_results(tiny_
     now = [0.0]
     store = KeptResults(1 << 20, size=sized)
     with gr.Blocks() as demo, kept.building(store):
-        state = kept.kept_state()
-    lean = sessions.LeanSessions(capacity=3, idle_seconds=60, clock=lambda: now[0])
+        kept.kept_state()
+    lean = sessions.LeanSessions(capacity=3, idle_seconds=60, clock=lambda: now[0], on_drop=store.drop_owner)
     lean.set_blocks(demo)
     for i in range(5):
-        lean[f"s{i}"][state._id] = store.keep(f"result {i}")
+        lean[f"s{i}"]
+        store.keep(f"result {i}", owner=f"s{i}")
     assert list(lean.session_data) == ["s2", "s3", "s4"] and store.stats()["handles"] == 3     # two given back
     now[0] = 30.0
     lean["s4"]                                                      # s4's page still asks; s2 and s3 do not

@@ -14,6 +14,7 @@ from lensapp import config
 from lensapp.service import GenerateRequest
 from lensapp.ui import branching, describing, generate_tab, permalinks
 from lensapp.ui.decisions import draw_strip, redraw_strip, strip_summary
+from lensapp.ui.kept import value_of
 from lensapp.ui.views import TAB_VIEWS, View
 
 PROMPT = "The capital of France is"
@@ -35,8 +36,8 @@ def generate(app, branches: str = ""):
 
 def grow(app, tiny_service, out: dict, results: list, source, step, token) -> dict:
     """The panel's alternative picked, as the page sends it."""
-    values = {"state": out["state"], "req": out["req"], "branch_results": results, "branch_source": source,
-              "branch_step": step, "branch_alternatives": token, "rule": "top1"}
+    values = {"state": value_of(out["state"]), "req": value_of(out["req"]), "branch_results": results,
+              "branch_source": source, "branch_step": step, "branch_alternatives": token, "rule": "top1"}
     return branching.grow(tiny_service, app.guard, "branch_alternatives", values)
 
 
@@ -47,28 +48,28 @@ def drawn(update) -> bool:
 
 def test_a_links_branches_are_grown_with_the_generation(app, tiny_service):
     out = generate(app, "2=#11;2=#11,4=#12")
-    gen, results = out["state"], out["branch_results"]
+    gen, results = value_of(out["state"]), value_of(out["branch_results"])
     assert [r.forced for r in results] == [[(2, 11)], [(2, 11), (4, 12)]]
     assert out["branches"] == "2=#11;2=#11,4=#12" and results[1].token_ids[:3] == results[0].token_ids[:3]
     assert "parts at step 2" in out["branch_listing"] and drawn(out["branch_heatmap"])
     assert drawn(out["branch_divergence"]) and out["branch_shown"].constructor_args["visible"]
     direct = tiny_service.generate(GenerateRequest(prompt=PROMPT, max_tokens=6, force=["2=#11", "4=#12"]))
-    assert results[1].token_ids == direct.token_ids and gen.token_ids == generate(app)["state"].token_ids
+    assert results[1].token_ids == direct.token_ids and gen.token_ids == value_of(generate(app)["state"]).token_ids
     assert "settle" in out["decided"] and out["strip"] is not None
     # a link's branch that no longer fits is left out (with a warning), the rest kept
-    assert [r.forced for r in generate(app, "2=#11;50=#3")["branch_results"]] == [[(2, 11)]]
+    assert [r.forced for r in value_of(generate(app, "2=#11;50=#3")["branch_results"])] == [[(2, 11)]]
     # the page's own Generate starts afresh: no branches
     fresh = generate_tab.run_fresh(TAB_VIEWS["generate"], tiny_service, app.guard,
                                    {**TAB_VIEWS["generate"].values_of(View(tab="generate", prompt=PROMPT, max_tokens=6,
                                                                            branches="2=#11")), "rule": "top1"})
-    assert fresh["branch_results"] == [] and fresh["branches"] == ""
+    assert value_of(fresh["branch_results"]) == [] and fresh["branches"] == ""
     # no branch: its charts and its choice are hidden, not empty frames
     assert not any(fresh[name].constructor_args["visible"] for name in (*branching.SHOWN, "branch_shown"))
 
 
 def test_a_clicked_token_shows_its_alternatives_and_grows_a_branch(app, tiny_service):
     out = generate(app)
-    gen = out["state"]
+    gen = value_of(out["state"])
     alts = branching.alternatives_at(gen, [], branching.TRUNK, 1, 2)
     choices = alts.constructor_args["choices"]
     assert any("the one taken" in label for label, _ in choices) and all(v.startswith("#") for _, v in choices)
@@ -79,20 +80,21 @@ def test_a_clicked_token_shows_its_alternatives_and_grows_a_branch(app, tiny_ser
     assert picked["branch_alternatives"].constructor_args["visible"]
     first = grow(app, tiny_service, out, [], branching.TRUNK, 1, "#21")
     assert set(first) == set(branching.UPDATED)
-    assert first["branches"] == "1=#21" and first["branch_results"][0].token_ids[1] == 21
+    assert first["branches"] == "1=#21" and value_of(first["branch_results"])[0].token_ids[1] == 21
     # branch the branch at a later step: its chain keeps the first force
-    again = grow(app, tiny_service, out, first["branch_results"], 0, 3, "#22")
+    again = grow(app, tiny_service, out, value_of(first["branch_results"]), 0, 3, "#22")
     assert again["branches"] == "1=#21;1=#21,3=#22"
     # the same branch twice is shown, not added
-    same = grow(app, tiny_service, out, again["branch_results"], branching.TRUNK, 1, "#21")
+    same = grow(app, tiny_service, out, value_of(again["branch_results"]), branching.TRUNK, 1, "#21")
     assert same["branches"] == "1=#21;1=#21,3=#22"
-    shown = branching.show(app.guard, {"state": gen, "branch_results": again["branch_results"], "branch_shown": 0,
-                                       "rule": "top5"})
+    shown = branching.show(app.guard, {"state": gen, "branch_results": value_of(again["branch_results"]),
+                                       "branch_shown": 0, "rule": "top5"})
     assert set(shown) == set(branching.SHOWN) and drawn(shown["branch_heatmap"]) and drawn(shown["branch_strip"])
     # a word is read as the model would write it after the text there: its first token is taken (and named)
     word = grow(app, tiny_service, out, [], branching.TRUNK, 1, "Parisiennes")
     before = tiny_service.prompts.ids(PROMPT) + gen.token_ids[:1]
-    assert word["branch_results"][0].token_ids[1] == tiny_service.prompts.word("Parisiennes", before).token_ids[0]
+    wanted = tiny_service.prompts.word("Parisiennes", before).token_ids[0]
+    assert value_of(word["branch_results"])[0].token_ids[1] == wanted
     for bad in ("", "#99999999"):
         with pytest.raises(gr.Error) as e:
             grow(app, tiny_service, out, [], branching.TRUNK, 1, bad)
@@ -102,7 +104,7 @@ def test_a_clicked_token_shows_its_alternatives_and_grows_a_branch(app, tiny_ser
 
 
 def test_the_strip_switches_rule_without_a_request(app, tiny_service):
-    gen = generate(app)["state"]
+    gen = value_of(generate(app)["state"])
     calls = tiny_service.engine.health()["calls"]["served"]
     for rule in ("top1", "top5", "p50"):
         plot, text = draw_strip(gen, rule)
@@ -113,7 +115,7 @@ def test_the_strip_switches_rule_without_a_request(app, tiny_service):
 
 def test_a_cell_is_described_from_the_lens_tab(app, tiny_service):
     view = TAB_VIEWS["logit"]
-    result = app.tabs["logit"].run(view.values_of(View(tab="logit", prompt=PROMPT, layers="all")))["state"]
+    result = value_of(app.tabs["logit"].run(view.values_of(View(tab="logit", prompt=PROMPT, layers="all")))["state"])
 
     def cell(every_layer: bool, layer, inspect_layer=None):
         values = {"state": result, "position": 2, "chat": False, "describe_layer": layer, "describe_max_tokens": 3,
@@ -143,11 +145,12 @@ def test_the_chats_last_reply_branches(app, tiny_service):
     from lensapp.ui import chat_tab
 
     values = {**chat_tab.CHAT.initial(), "lens": "logit", "layer": None, "max_tokens": 4, "message": "Hi there",
-              "history": [], "chatbot": []}
+              "chatbot": []}
     assert "force" not in values                                   # the branch box forces, not the form
     out = chat_tab.send(chat_tab.CHAT, tiny_service, app.guard, values)
-    assert set(branching.CHAT_UPDATED) <= set(out) and out["chat_last"][1].text == out["history"][-1]["content"]
-    last = out["chat_last"]
+    assert set(branching.CHAT_UPDATED) <= set(out)
+    assert value_of(out["chat_last"])[1].text == chat_tab.conversation(out["chatbot"])[-1]["content"]
+    last = value_of(out["chat_last"])
     picked = branching.chat_alternatives({"chat_last": last, "chat_branch_step": 1})
     choices = picked["chat_branch_alternatives"].constructor_args["choices"]
     assert choices and all(v.startswith("#") for _, v in choices)

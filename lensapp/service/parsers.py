@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ..config import MAX_CHAT_MESSAGES, MAX_LAYERS_CHARS, MAX_PROMPT_CHARS, MAX_TARGET_CHARS, MAX_TARGETS
+from ..config import MAX_CHAT_SENT, MAX_LAYERS_CHARS, MAX_PROMPT_CHARS, MAX_TARGET_CHARS, MAX_TARGETS
 from .field import RequestError, show
 from .selection import Selection
 
@@ -191,8 +191,8 @@ def messages(raw) -> tuple[dict, ...]:
     """A conversation: [{"role": system | user | assistant, "content": text}, ...], ending with the user's."""
     if not isinstance(raw, (list, tuple)) or not raw:
         raise RequestError("the conversation is empty")
-    if len(raw) > MAX_CHAT_MESSAGES:
-        raise RequestError(f"at most {MAX_CHAT_MESSAGES} messages; got {len(raw)}")
+    if len(raw) > MAX_CHAT_SENT:          # the model reads the latest MAX_CHAT_MESSAGES (Prompts.conversation)
+        raise RequestError(f"at most {MAX_CHAT_SENT} messages; got {len(raw)}")
     for m in raw:
         if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
             raise RequestError("each message must be {'role': 'system' | 'user' | 'assistant', 'content': text}")

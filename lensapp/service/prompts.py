@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from ..config import MAX_PROMPT_CHARS
+from ..config import MAX_CHAT_MESSAGES, MAX_PROMPT_CHARS
 from ..results import Target
 from ..tokenizing import context_of, conversation_ids, plain_ids, prompt_ids, word_ids
 from .field import RequestError
@@ -97,9 +97,10 @@ class Prompts:
 
     def conversation(self, messages: list[dict]) -> Conversation:
         """A conversation's token ids in the chat template, and how many of the oldest messages were
-        dropped so it fits: by characters first (cheap), then by the templated prompt's tokens."""
-        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
-        dropped = 0
+        dropped so it fits: to MAX_CHAT_MESSAGES first, by characters next (cheap), then by the templated prompt's
+        tokens, as a page keeps its chat's latest turns (`recent_turns`)."""
+        msgs, dropped = recent_turns([{"role": m["role"], "content": m["content"]} for m in messages],
+                                     MAX_CHAT_MESSAGES)
         while sum(len(m["content"]) for m in msgs) > MAX_PROMPT_CHARS and (n := _drop_oldest_turn(msgs)):
             dropped += n
         while True:

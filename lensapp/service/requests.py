@@ -81,6 +81,22 @@ class Request:
             raise TypeError(f"{cls.__name__} has no field {sorted(unknown)}")
         return cls(**{name: raw.get(name) for name in fields_of(cls)})
 
+    def to_raw(self) -> dict:
+        """The request as JSON values that `parse` reads back into an equal request: what a page keeps so that
+        it can have its result made again (ui/kept.py)."""
+        return {name: _raw(getattr(self, name)) for name in fields_of(type(self))}
+
+
+def _raw(value):
+    """A parsed value as JSON: tuples as lists, a Selection as its text, dicts by value."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return [_raw(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _raw(v) for k, v in value.items()}
+    return value
+
 
 class Sampled:
     """What a request that generates with a temperature has."""

@@ -104,7 +104,7 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
     shown = workshop.tabs if workshop is not None else permalinks.TABS
     page_title = f"{workshop.title} · Lens Explorer" if workshop is not None else "Lens Explorer"
     with gr.Blocks(title=page_title, delete_cache=(Downloads.KEEP_SECONDS, Downloads.KEEP_SECONDS)) as demo, \
-            kept.building(kept_results):
+            kept.building(kept_results, kept.remaker(service, guard)):
         page = _top(service, workshop)
         panel = build_exercise_panel(workshop) if workshop is not None else None
         page["notice"] = gr.Markdown(visible=False, elem_id="link-notice")

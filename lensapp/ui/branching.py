@@ -24,7 +24,7 @@ from ..service import GenerateRequest, parsers
 from ..service import fields as f
 from ..service.field import RequestError
 from .decisions import draw_strip
-from .kept import kept_state
+from .kept import Kept, kept_state, recipe
 from .tabs import build_chart, md_text, warn
 
 HOW_TO = ("Click a generated token to see what else the model could have said there, at the output and at a "
@@ -86,12 +86,15 @@ def compute_branches(service, req: GenerateRequest, text: str) -> list:
     return out
 
 
-def panel_updates(gen, results: list, show: int | None = None, rule: str = "top1") -> dict:
+def panel_updates(gen, results: list, show: int | None = None, rule: str = "top1", req=None) -> dict:
     """The panel for a generation and its branches (`UPDATED`, by name), showing branch `show` (the newest); the
-    link's branches are theirs, as token ids."""
+    link's branches are theirs, as token ids. `req`: the generation's request, that the page's branches can be made
+    again from it (ui/kept.py)."""
     labels = [branch_label(gen, r, i) for i, r in enumerate(results)]
     show = len(results) - 1 if show is None else show
-    return {"branches": parsers.branches_text([tuple(r.forced) for r in results]), "branch_results": results,
+    chains = [tuple(r.forced) for r in results]
+    kept_results = results if req is None else Kept(results, recipe("generate", req, "branches", chains))
+    return {"branches": parsers.branches_text(chains), "branch_results": kept_results,
             "branch_source": gr.Radio(choices=[("the generation", TRUNK)] + [(lab, i) for i, lab in enumerate(labels)],
                                       value=TRUNK),
             "branch_step": gr.Radio(choices=step_choices(gen), value=None),
@@ -220,10 +223,10 @@ def add_branch(service, gen, req, results, source, step, token, rule="top1") -> 
     say_taken(branch, step)
     chains = [tuple(r.forced) for r in results]
     if tuple(branch.forced) in chains:
-        return panel_updates(gen, results, show=chains.index(tuple(branch.forced)), rule=rule)
+        return panel_updates(gen, results, show=chains.index(tuple(branch.forced)), rule=rule, req=req)
     if len(chains) >= MAX_BRANCHES:
         raise gr.Error(f"A page holds at most {MAX_BRANCHES} branches; generate again to start afresh.")
-    return panel_updates(gen, [*results, branch], rule=rule)
+    return panel_updates(gen, [*results, branch], rule=rule, req=req)
 
 
 def say_taken(branch, step: int) -> None:
@@ -250,7 +253,7 @@ CHAT_UPDATED = ("chat_last", "chat_branch_step", "chat_branch_alternatives")
 def chat_steps(last) -> dict:
     """The last reply's tokens to click ((request, reply) in `last`), as `CHAT_UPDATED`."""
     reply = last[1] if last else None
-    return {"chat_last": last,
+    return {"chat_last": Kept(last, recipe("chat", last[0], "pair")) if last else None,
             "chat_branch_step": gr.Radio(choices=[(f"{s}: {charts.clip(charts.show_token(t), 16)}", s)
                                                   for s, t in enumerate(reply.tokens)] if reply else [], value=None),
             "chat_branch_alternatives": gr.Radio(choices=[], value=None)}

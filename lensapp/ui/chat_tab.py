@@ -2,25 +2,28 @@
 
 Its settings are the `chat` request's fields but the conversation (the chat's own), the top-k (the
 readout's three) and the forced tokens (the last reply's branch box sets them: ui/branching.py); it has no
-link."""
+link. The conversation lives on the page: it is what the Chatbot shows (its messages without a title: the
+readouts and branches have one), sent with each message and read as the API reads its messages, so nothing the
+server forgets can make the model answer without the context the visitor sees."""
 
 from __future__ import annotations
 
 import html
+from dataclasses import replace
 from functools import partial
 
 import gradio as gr
 
 from .. import charts
-from ..config import MAX_CHAT_MESSAGES
+from ..config import MAX_CHAT_MESSAGES, MAX_CHAT_SENT
+from ..service.field import RequestError
 from ..service.kinds import KINDS
 from ..service.planning import default_chat_layer
 from ..service.prompts import recent_turns
 from . import branching
 from .examples import CHAT_EXAMPLES
 from .form import Form, asked
-from .kept import kept_state
-from .tabs import how_to, on, warn
+from .tabs import how_to, new_seed, on, warn
 from .views import TabView
 
 CHAT = TabView("chat", "chat", omits=("messages", "k", "force"))
@@ -57,12 +60,11 @@ def build_chat(service, guard, view: TabView = CHAT) -> dict:
                                       submit_btn=True)
         clear = gr.Button("Clear", scale=1)
     gr.Examples([[m] for m in CHAT_EXAMPLES], inputs=[parts["message"]], label="Try", api_visibility="private")
-    parts["history"] = kept_state(empty=[])     # the real conversation; the Chatbot shows an escaped copy plus readouts
     parts.update(branching.build_chat_branch())
     on(parts["message"].submit, partial(send, view, service, guard), parts,
-       [*form.inputs, "message", "history", "chatbot"], ["message", "history", "chatbot", *branching.CHAT_UPDATED])
+       [*form.inputs, "message", "chatbot"], ["message", "chatbot", *branching.CHAT_UPDATED])
     on(parts["lens"].input, partial(layers_for, service), parts, ["lens"], ["layer"])
-    on(clear.click, forget, parts, [], ["history", "chatbot", *branching.CHAT_UPDATED])
+    on(clear.click, forget, parts, [], ["chatbot", *branching.CHAT_UPDATED])
     _wire_branch(service, guard, parts)
     return parts
 
@@ -87,28 +89,61 @@ def send(view: TabView, service, guard, values: dict, request: gr.Request = None
 
 
 def reply_to(view: TabView, service, values: dict) -> dict:
-    """The page sends what the chat can read: at most MAX_CHAT_MESSAGES messages (the oldest turns left out, as the
-    service leaves them out), and keeps only what the service read (it drops more to fit the prompt limit), so a
-    chat goes on for as long as one likes, about its latest turns."""
+    """The reply to the conversation on the page and the new message. The page sends what the chat can read: at
+    most MAX_CHAT_MESSAGES messages (the oldest turns left out, as the service leaves them out: it drops more to fit
+    the prompt limit), so a chat goes on for as long as one likes, about its latest turns. A sample gets a seed,
+    so the reply can be made again (ui/kept.py)."""
     text = values["message"]
-    history, cut = recent_turns(values["history"], MAX_CHAT_MESSAGES - 1)
+    shown = values["chatbot"] or []
+    history, cut = recent_turns(conversation(shown), MAX_CHAT_MESSAGES - 1)
     messages = history + [{"role": "user", "content": text}]
     req = asked(view, service, values, messages=messages)
+    if req.seed is None and req.sampled:
+        req = replace(req, seed=new_seed())
     reply = KINDS[view.kind].run(service, req)
-    messages, _ = recent_turns(messages, MAX_CHAT_MESSAGES, drop=reply.dropped_turns)
     if cut + reply.dropped_turns:
         warn(f"The conversation outgrew what the model reads at once; the {cut + reply.dropped_turns} oldest "
              "messages were left out.")
     lens_name = "J-lens" if req.lens == "jacobian" else "logit lens"
-    shown = values["chatbot"] + [
+    shown = shown + [
         {"role": "user", "content": _escape(text)},
-        {"role": "assistant", "content": _escape(reply.text) or "(empty reply)"},
+        {"role": "assistant", "content": _escape(reply.text) or EMPTY_REPLY},
         {"role": "assistant", "content": readout_html(reply),
          "metadata": {"title": f"{lens_name} at layer {reply.layer}: its top-1 under each token "
                                "(hover or tap a token for the top-3)"}},
     ]
-    return {"message": "", "history": messages + [{"role": "assistant", "content": reply.text}], "chatbot": shown,
-            **branching.chat_steps((req, reply))}
+    return {"message": "", "chatbot": shown, **branching.chat_steps((req, reply))}
+
+
+EMPTY_REPLY = "(empty reply)"
+
+
+def conversation(shown: list) -> list[dict]:
+    """The conversation a Chatbot's value shows: its messages without a title (a readout or a branch has one), as
+    written (they are shown escaped); the request reads them as the API's messages (each checked, one line if one
+    is not a message)."""
+    if not isinstance(shown, list):
+        raise RequestError("the chat's conversation must be a list of messages")
+    out = []
+    for message in shown[-MAX_CHAT_SENT:]:
+        titled = isinstance(message, dict) and isinstance(message.get("metadata"), dict) and message["metadata"].get(
+            "title")
+        if not isinstance(message, dict) or titled:
+            continue
+        text = html.unescape(_text_of(message.get("content")))
+        role = message.get("role")
+        out.append({"role": role, "content": "" if role == "assistant" and text == EMPTY_REPLY else text})
+    return out
+
+
+def _text_of(content) -> str:
+    """A Chatbot message's text: a string, or its text parts (Gradio 6 sends [{"type": "text", "text": ...}])."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        return "".join(str(part.get("text", "")) for part in content
+                       if isinstance(part, dict) and part.get("type") == "text")
+    return ""
 
 
 def layers_for(service, values: dict, request: gr.Request = None) -> dict:
@@ -118,7 +153,7 @@ def layers_for(service, values: dict, request: gr.Request = None) -> dict:
 
 
 def forget(values: dict, request: gr.Request = None) -> dict:
-    return {"history": [], "chatbot": [], **branching.chat_steps(None)}
+    return {"chatbot": [], **branching.chat_steps(None)}
 
 
 def readout_html(reply) -> str:

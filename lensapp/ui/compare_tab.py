@@ -12,7 +12,7 @@ from .. import charts
 from .downloads import Downloads
 from .examples import compare_examples
 from .form import Form, add_reading, asked
-from .kept import kept_state
+from .kept import Kept, kept_state, recipe
 from .readout import colour_metric, grid_tables, shown_lenses
 from .tabs import Components, TabParts, build_chart, how_to, md_text, on
 from .views import TAB_VIEWS, TabView
@@ -91,7 +91,7 @@ def readout(view: TabView, service, values: dict) -> dict:
         **Downloads.shown(),
         "grid_table": "".join(f"<h4>Prompt {n}</h4>" + grid_tables(r, shown)
                               for n, r in enumerate(comparison.results, 1)),
-        "state": comparison,
+        "state": Kept(comparison, recipe(view.kind, req)),
     }
 
 

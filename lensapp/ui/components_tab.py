@@ -23,7 +23,7 @@ from ..snippets import model_reference
 from ..snippets.components import components_snippet
 from .downloads import Downloads
 from .form import Form, asked
-from .kept import kept_state
+from .kept import Kept, kept_state, recipe
 from .permalinks import query_string
 from .tabs import Components, TabParts, build_chart, how_to, md_text, on
 from .views import TAB_VIEWS, TabView, View
@@ -113,7 +113,7 @@ def read_components(service, values: dict, view: TabView = TAB_VIEWS["components
     s = DisplaySettings()
     pattern = result.pattern is not None
     return {
-        "state": result, "summary": summary(result),
+        "state": Kept(result, recipe(view.kind, req)), "summary": summary(result),
         "by_layer": build_chart(chart.layer_bars, result, s), "by_head": build_chart(chart.head_heatmap, result, s),
         "pattern_row": gr.Plot(value=build_chart(chart.pattern_row, result, s) if pattern else None, visible=pattern),
         "pattern_grid": gr.Plot(value=build_chart(chart.pattern_grid, result, s) if pattern else None,

@@ -81,7 +81,7 @@ class Downloads:
         self._lock = threading.Lock()
         atexit.register(shutil.rmtree, self.dir, ignore_errors=True)
 
-    def buttons(self, stem: str, state: gr.State) -> dict[str, gr.Button]:
+    def buttons(self, stem: str, state: gr.JSON) -> dict[str, gr.Button]:
         """The Download CSV and JSON buttons by kind (hidden until a run shows them: `shown()`) for the result kept
         in `state`; call inside the tab's layout. Files are named `<stem>-<random>.csv`."""
         with gr.Row():
@@ -102,9 +102,10 @@ class Downloads:
         """The buttons' updates while a result is not whole yet (a long prompt's first look)."""
         return {kind: gr.Button(visible=False) for kind in KINDS}
 
-    def _handler(self, stem: str, kind: str, state: gr.State):
-        def build(handle, request: gr.Request = None):
-            return self.guard.ui(request, lambda: self.write(stem, kind, kept.read(state, handle)))
+    def _handler(self, stem: str, kind: str, state: gr.JSON):
+        def build(page_value, request: gr.Request = None):
+            result = kept.read(state, page_value, request)      # made again (and charged) if the store let it go
+            return self.guard.ui(request, lambda: self.write(stem, kind, result))
         return build
 
     def write(self, stem: str, kind: str, result) -> str:

@@ -20,7 +20,7 @@ from .decisions import build_strip, redraw_strip, strip_of
 from .downloads import Downloads
 from .examples import generate_examples
 from .form import Form, asked, single_lenses
-from .kept import kept_state
+from .kept import Kept, kept_state, recipe
 from .readout import shown_lenses
 from .tabs import PRIVATE, Components, TabParts, build_chart, how_to, int_or, new_seed, on
 from .views import TAB_VIEWS, TabView
@@ -142,13 +142,14 @@ def readout(view: TabView, service, values: dict) -> dict:
     last = len(gen.steps) - 1
     rule = values.get("rule") or "top1"
     return {
-        "state": gen, "seed": req.seed, "text": gen.text,
+        "state": Kept(gen, recipe(view.kind, req)), "seed": req.seed, "text": gen.text,
         "heatmap": build_chart(charts.generation_heatmap, gen, req.lens),
         "step": gr.Dropdown(choices=step_choices(gen), value=last),
         "table_lens": gr.Radio(value=shown),
         "table": step_table(gen, last, shown),
         **Downloads.shown(),
-        "req": req, **strip_of(gen, rule), **branching.panel_updates(gen, results, rule=rule),
+        "req": Kept(req, recipe(view.kind, req, "request")), **strip_of(gen, rule),
+        **branching.panel_updates(gen, results, rule=rule, req=req),
     }
 
 

@@ -22,7 +22,7 @@ from ..snippets import model_reference
 from ..snippets.intervention import intervention_snippet
 from .downloads import Downloads
 from .form import Form, add_reading, asked, single_lenses
-from .kept import kept_state
+from .kept import Kept, kept_state, recipe
 from .readout import colour_metric
 from .tabs import Components, TabParts, build_chart, how_to, int_or, md_text, on
 from .views import TAB_VIEWS, TabView
@@ -177,7 +177,7 @@ def readout(view: TabView, service, values: dict, progress=None) -> dict:
     shown = result.sweep and result.word
     metric = colour_metric(values.get("metric"), result.before.lenses[lens].targets)
     return {
-        "state": result, "summary": summarise(result),
+        "state": Kept(result, recipe(view.kind, req)), "summary": summarise(result),
         "change": gr.Dropdown(choices=[(label, i) for i, label in enumerate(result.labels)], value=last),
         "shown_lens": gr.Radio(value=lens), **draw(result, last, lens, metric),
         "dose": gr.Plot(value=build_chart(ichart.dose_response, result) if shown else None, visible=bool(shown)),

@@ -26,7 +26,7 @@ from .downloads import Downloads
 from .evaluation import build_evaluation_panel
 from .examples import lens_examples
 from .form import Form, asked
-from .kept import kept_state
+from .kept import Kept, kept_state, recipe
 from .lens_code import build_code_panel, show_code
 from .lens_texts import (
     JACOBIAN_HOW_TO,
@@ -197,7 +197,7 @@ def readout(tab: LensTab, service, values: dict, first_look: bool = True) -> dic
     cols = charts.window_of(n, start, charts.DisplaySettings())
     heatmap, diff = draw(tab, result, metric, cols.start, values.get("note"), values.get("chat"))
     return {
-        "state": result, "heatmap": heatmap, "diff": diff,
+        "state": Kept(result, recipe(tab.view.kind, req, read_from=result.read_from)), "heatmap": heatmap, "diff": diff,
         "window": gr.Slider(minimum=0, maximum=max(1, n - len(cols)), value=cols.start,
                             visible=whole and len(cols) < n),
         "summary": lens_summary(result, tab.shown) + ("" if whole else READING_THE_REST),

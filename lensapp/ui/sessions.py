@@ -11,7 +11,8 @@ also writes a file of them to disk for anyone who names a session). This app sho
   dropdown's choices, a hidden button shown);
 - `LeanSessions`: at most `capacity` sessions (least recently used out first), and a session unused for
   `idle_seconds` (its page closed: an open page polls the engine's status every few seconds) dropped whole;
-  either way its `Kept` handles are given back to the store (`kept.py`), whose values are bounded in bytes;
+  either way the handles it holds in the kept store are given back (`kept.py`: `on_drop`, its session id), and its
+  states' delete callbacks run;
 - the deep-link route removed.
 
 A session's own cost is then at most `memory.SESSION_BYTES` (its copy of the blocks' and events' tables, its
@@ -23,6 +24,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from typing import Callable
 
 from gradio.state_holder import SessionState, StateHolder
 
@@ -56,9 +58,10 @@ class LeanSession(SessionState):
 class LeanSessions(StateHolder):
     """Gradio's session store with a bound on sessions and on how long an unused one is kept."""
 
-    def __init__(self, capacity: int, idle_seconds: float, clock=time.monotonic):
+    def __init__(self, capacity: int, idle_seconds: float, clock=time.monotonic,
+                 on_drop: Callable[[str], None] | None = None):
         super().__init__()
-        self.idle_seconds, self.clock = idle_seconds, clock
+        self.idle_seconds, self.clock, self.on_drop = idle_seconds, clock, on_drop
         self._capacity = capacity
         self._used: dict[str, float] = {}
         self.dropped = 0
@@ -81,8 +84,8 @@ class LeanSessions(StateHolder):
                 self.session_data.move_to_end(session_id)
             while len(self.session_data) > self.capacity:
                 evicted.append(self._pop(next(iter(self.session_data))))
-        for session in evicted:
-            _give_back(session)
+        for session_id, session in evicted:
+            self._give_back(session_id, session)
 
     def delete_all_expired_state(self) -> None:
         """Gradio's sweep (every second): expired states, then every session unused for `idle_seconds`."""
@@ -91,31 +94,34 @@ class LeanSessions(StateHolder):
         with self.lock:
             idle = [sid for sid in self.session_data if now - self._used.get(sid, now) > self.idle_seconds]
             gone = [self._pop(sid) for sid in idle]
-        for session in gone:
-            _give_back(session)
+        for session_id, session in gone:
+            self._give_back(session_id, session)
 
-    def _pop(self, session_id: str) -> SessionState:
+    def _pop(self, session_id: str) -> tuple[str, SessionState]:
         """Forget a session (the lock held)."""
         self.time_last_used.pop(session_id, None)
         self._used.pop(session_id, None)
         self.dropped += 1
-        return self.session_data.pop(session_id)
+        return session_id, self.session_data.pop(session_id)
+
+    def _give_back(self, session_id: str, session: SessionState) -> None:
+        """Run the session's states' delete callbacks, and give its kept handles back (`on_drop`)."""
+        for component, value, _ in list(session.state_components):
+            try:
+                component.delete_callback(value)
+            except Exception:  # noqa: BLE001 - one state's callback must not keep the others
+                log.exception("a session state's delete callback failed")
+        if self.on_drop is not None:
+            self.on_drop(session_id)
 
 
-def _give_back(session: SessionState) -> None:
-    """Run the session's states' delete callbacks (a `Kept` handle goes back to its store)."""
-    for component, value, _ in list(session.state_components):
-        try:
-            component.delete_callback(value)
-        except Exception:  # noqa: BLE001 - one state's callback must not keep the others
-            log.exception("a session state's delete callback failed")
-
-
-def install(fastapi_app, capacity: int, idle_seconds: float) -> LeanSessions:
-    """Put `LeanSessions` in the mounted Gradio app's place and remove its deep-link route; returns the store."""
+def install(fastapi_app, capacity: int, idle_seconds: float,
+            on_drop: Callable[[str], None] | None = None) -> LeanSessions:
+    """Put `LeanSessions` in the mounted Gradio app's place and remove its deep-link route; returns the store.
+    `on_drop(session_id)`: called when a session is dropped (the kept store gives back its handles)."""
     gradio_app = next(route.app for route in fastapi_app.routes if hasattr(route, "app")
                       and hasattr(route.app, "state_holder"))
-    sessions = LeanSessions(capacity, idle_seconds)
+    sessions = LeanSessions(capacity, idle_seconds, on_drop=on_drop)
     sessions.set_blocks(gradio_app.get_blocks())
     gradio_app.state_holder = sessions
     gradio_app.router.routes[:] = [r for r in gradio_app.router.routes if getattr(r, "path", "") != DEEP_LINK_PATH]

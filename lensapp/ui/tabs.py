@@ -72,34 +72,32 @@ def on(triggers, fn: Callable[..., dict], parts: Components, reads: Iterable[str
     of the `writes` components by name (the others are left as they are). With `progress` fn gets a `progress`
     callable too; with `select`, the selection (`gr.SelectData`) after the values.
 
-    A kept state (`kept.py`) holds a handle on the page: fn reads the value it names and writes a value, which is
-    kept under a new handle (the old one, read for that, is dropped)."""
+    A kept state (`kept.py`) holds a handle and a recipe on the page: fn reads the value it names (made again from
+    the recipe when the store let it go) and writes a value (or `kept.Kept`), kept under a new handle (the old one,
+    read for that, is dropped)."""
     reads, writes = {name: parts[name] for name in reads}, {name: parts[name] for name in writes}
     replaced = {name: c for name, c in writes.items() if kept.is_kept(c)}      # their old handles
 
-    def updates(out: dict, by_component: dict) -> dict:
+    def updates(out: dict, by_component: dict, request) -> dict:
         unknown = set(out) - set(writes)
         if unknown:
             raise KeyError(f"{fn} answered {sorted(unknown)}, which it does not write")
-        return {c: (kept.write(c, out[name], by_component.get(c)) if kept.is_kept(c) else out[name])
+        return {c: (kept.write(c, out[name], by_component.get(c), request) if kept.is_kept(c) else out[name])
                 if name in out else gr.skip() for name, c in writes.items()}       # Gradio takes {} for one value
 
-    def values(by_component: dict) -> dict:
-        try:
-            return {name: kept.read(c, by_component[c]) if kept.is_kept(c) else by_component[c]
-                    for name, c in reads.items()}
-        except kept.Expired as e:
-            raise gr.Error(str(e), title="Run it again", print_exception=False) from None
+    def values(by_component: dict, request) -> dict:
+        return {name: kept.read(c, by_component[c], request) if kept.is_kept(c) else by_component[c]
+                for name, c in reads.items()}
 
     if progress:
         def handler(by_component, request: gr.Request = None, bar=gr.Progress()):  # noqa: B008 - Gradio's way
-            return updates(fn(values(by_component), request=request, progress=bar), by_component)
+            return updates(fn(values(by_component, request), request=request, progress=bar), by_component, request)
     elif select:
-        def handler(by_component, evt: gr.SelectData):
-            return updates(fn(values(by_component), evt), by_component)
+        def handler(by_component, evt: gr.SelectData, request: gr.Request = None):
+            return updates(fn(values(by_component, request), evt), by_component, request)
     else:
         def handler(by_component, request: gr.Request = None):
-            return updates(fn(values(by_component), request=request), by_component)
+            return updates(fn(values(by_component, request), request=request), by_component, request)
     handler.__name__ = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "handler")
     # Gradio names an event after its function and gives a taken name a suffix: a UI handler called `describe`
     # made before the API's /describe took that name, and the API's became /describe_1. UI names never collide.
