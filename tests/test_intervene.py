@@ -65,7 +65,7 @@ def test_ablating_the_jacobian_direction_where_the_lens_reads_it_lowers_the_answ
 
 def test_patching_the_subject_moves_the_answer_toward_the_source(service):
     r = service.intervene(InterveneRequest.parse(prompt=COLOSSEUM, intervention="patch", source=EIFFEL,
-                                                 layer="6-12", positions="1-3", source_positions="1-3",
+                                                 layer="6-12", positions="2-4", source_positions="2-4",
                                                  targets="Paris, Rome"))
     table = r.dose_response()
     assert r.labels == [f"layer {layer}" for layer in range(6, 13)] and r.source.prompt == EIFFEL
@@ -73,7 +73,7 @@ def test_patching_the_subject_moves_the_answer_toward_the_source(service):
     assert paris_after > 0.5 > 10 * paris_before, table
     rome = [r.final_probability(x, target=1)[0] for x in [r.before, *r.after]]
     assert max(rome[1:]) < rome[0]                                # and away from the target's own answer
-    assert r.intervention.source_positions == (1, 2, 3) and r.intervention.target_positions == (1, 2, 3)
+    assert r.intervention.source_positions == (2, 3, 4) and r.intervention.target_positions == (2, 3, 4)
 
 
 def test_a_fitted_vector_reaches_its_objective_and_moves_vllm_the_same_way(service):
@@ -161,8 +161,8 @@ def test_show_the_code_reproduces_the_intervention(service, tmp_path, kind):
 
     request = {"steer": {"prompt": FRANCE, "word": "Rome", "layer": "22", "alphas": "0,0.4"},
                "ablate": {"prompt": EIFFEL, "word": "Paris", "direction": "jacobian", "layer": "20-28"},
-               "patch": {"prompt": COLOSSEUM, "source": EIFFEL, "layer": "8-9", "positions": "1-3",
-                         "source_positions": "1-3", "targets": "Paris"}}[kind] | {"intervention": kind}
+               "patch": {"prompt": COLOSSEUM, "source": EIFFEL, "layer": "8-9", "positions": "2-4",
+                         "source_positions": "2-4", "targets": "Paris"}}[kind] | {"intervention": kind}
     r = service.intervene(InterveneRequest.parse(**request))
     model = service.model
     code = intervention_snippet(family=model.family, model=model.path, prompt=r.before.prompt,
