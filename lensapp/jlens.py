@@ -187,13 +187,14 @@ def load(
                         warnings=warnings)
 
 
-def fitted_with_bos(lens: JacobianLens) -> bool | None:
-    """Whether the lens was fitted with a BOS token first: its provenance's "bos", else True for a hub lens
-    (the reference's default), else None (not known)."""
+def fitted_with_bos(lens: JacobianLens, tokenizer_has_bos: bool = True) -> bool | None:
+    """Whether the lens was fitted with a BOS token first: its provenance's "bos", else, for a hub lens, whether
+    the tokenizer has one (the reference's default: BOS first where the tokenizer has one, as Qwen's has not),
+    else None (not known)."""
     bos = lens.provenance.get("bos")
     if isinstance(bos, bool):
         return bos
-    return True if ":" in lens.source and not Path(lens.source).exists() else None
+    return tokenizer_has_bos if ":" in lens.source and not Path(lens.source).exists() else None
 
 
 def with_bos(ids: Sequence[int], bos_id: int | None) -> list[int]:

@@ -141,6 +141,9 @@ def test_bos_as_the_lens_was_fitted(tmp_path):
     local = jlens.JacobianLens(J=J, n_prompts=1, d_model=4, source=str(tmp_path))
     said = jlens.JacobianLens(J=J, n_prompts=1, d_model=4, source=str(tmp_path), provenance={"bos": False})
     assert [jlens.fitted_with_bos(x) for x in (hub, local, said)] == [True, None, False]
+    # the reference puts BOS first only where the tokenizer has one (Qwen3's has none): no false warning there
+    assert jlens.fitted_with_bos(hub, tokenizer_has_bos=False) is False and jlens.fitted_with_bos(said, False) is False
+    assert jlens.bos_warning(jlens.fitted_with_bos(hub, tokenizer_has_bos=False), [5, 6], None) is None
     assert jlens.bos_warning(True, [1, 5], 1) is None and jlens.bos_warning(None, [5], 1) is None
     assert "tokenizer has none" in jlens.bos_warning(True, [5], None)
     assert "fitted without a BOS" in jlens.bos_warning(False, [1, 5], 1)

@@ -80,5 +80,6 @@ class Reader:
         if s.jlens is None:
             return None
         note = s.jlens.describe()      # with the lens's own warnings (another model, other releases), if any
-        warning = jlens_files.bos_warning(jlens_files.fitted_with_bos(s.jlens), ids, s.prompts.bos_id)
+        warning = jlens_files.bos_warning(jlens_files.fitted_with_bos(s.jlens, s.prompts.bos_id is not None), ids,
+                                         s.prompts.bos_id)
         return note | {"warnings": note.get("warnings", []) + [warning]} if warning else note
