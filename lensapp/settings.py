@@ -141,7 +141,7 @@ class WebSettings:
     cache_entries: int = setting(256, "results kept for identical requests (0 = no cache)", bounds=(0, 1 << 20))
     cache_mb: int = setting(256, "memory the result cache may hold, in MB", bounds=(0, 1 << 20))
     session_mb: int = setting(64, "memory the visitors' pages may keep results in, all together, in MB (a page "
-                                   "whose result was pushed out says to run it again)", bounds=(1, 1 << 20))
+                                   "whose result was let go makes it again from its recipe)", bounds=(1, 1 << 20))
     sessions: int = setting(1000, "visitors' sessions kept at once (the least recently used is forgotten first)",
                             bounds=(1, 1 << 20))
     session_idle: float = setting(900.0, "seconds a session is kept after its page last asked for anything (an open "
