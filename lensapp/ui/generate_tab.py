@@ -6,13 +6,16 @@ below are what its events call."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from functools import partial
+from typing import Iterator
 
 import gradio as gr
 import pandas as pd
 
 from .. import charts
+from ..service.generating import Partial
 from ..service.kinds import KINDS
 from . import branching
 from .chat_tab import build_chat
@@ -24,6 +27,9 @@ from .kept import Kept, kept_state, recipe
 from .readout import shown_lenses
 from .tabs import PRIVATE, Components, TabParts, build_chart, how_to, int_or, new_seed, on
 from .views import TAB_VIEWS, TabView
+
+REDRAW_SECONDS = 0.5      # while the model writes, the page is redrawn at most this often (a redraw costs the web
+                          # process a chart's making and the browser its drawing: not one per token)
 
 HOW_TO = """
 The model writes one token per **step**. Each **column** is a step, labelled by the token the model
@@ -46,8 +52,11 @@ def build_generate_tab(service, guard, downloads: Downloads, view: TabView = TAB
                 how_to(HOW_TO)
                 form = Form(view, service)
                 reseed = _inputs(form, service)
-                run_button = gr.Button("Generate", variant="primary", elem_id=f"{view.name}-run",
-                                       elem_classes=["run"])
+                with gr.Row():
+                    run_button = gr.Button("Generate", variant="primary", elem_id=f"{view.name}-run",
+                                           elem_classes=["run"], scale=4)
+                    stop_button = gr.Button("Stop", variant="stop", elem_id=f"{view.name}-stop", scale=1,
+                                            min_width=80)
                 examples = generate_examples(form.inputs["prompt"])
                 outputs = _outputs(view, service, downloads, form.inputs["seed"])
                 # a run writes the branches it drew (a tab without them: to nowhere)
@@ -58,8 +67,11 @@ def build_generate_tab(service, guard, downloads: Downloads, view: TabView = TAB
     run_fn = partial(run, view, service, guard)
     written = [name for name in outputs if name != "rule"]
     reseed.click(new_seed, None, form.inputs["seed"], queue=False, **PRIVATE)
-    for trigger in ([run_button.click, form.inputs["prompt"].submit], examples.load_input_event.then):
-        on(trigger, partial(run_fresh, view, service, guard), parts, [*form.inputs, "rule"], written)
+    # the page's own Generate writes as the model writes; Stop ends it there, keeping what was written
+    runs = [on(trigger, partial(run_streamed, view, service, guard), parts, [*form.inputs, "rule"], written,
+               stream=True) for trigger in ([run_button.click, form.inputs["prompt"].submit],
+                                            examples.load_input_event.then)]
+    stop_button.click(None, None, None, cancels=runs, queue=False, **PRIVATE)
     on([parts["step"].input, parts["table_lens"].input], partial(pick_step, guard), parts,
        ["state", "step", "table_lens"], ["table"])
     on(parts["rule"].input, partial(redraw_strip, guard), parts, ["state", "rule"], ["strip", "decided"])
@@ -132,11 +144,46 @@ def run_fresh(view: TabView, service, guard, values: dict, request: gr.Request =
     return run(view, service, guard, {**values, "branches": ""}, request=request)
 
 
-def readout(view: TabView, service, values: dict) -> dict:
+def run_streamed(view: TabView, service, guard, values: dict, request: gr.Request = None) -> Iterator[dict]:
+    """The page's own Generate (no branches), written as the model writes: the text, the heatmap's columns, the strip
+    and the step table as they come, redrawn at most every REDRAW_SECONDS; the whole page at the end."""
+    return guard.ui_stream(request, growing, view, service, {**values, "branches": ""})
+
+
+def growing(view: TabView, service, values: dict) -> Iterator[dict]:
+    req = asked_generation(view, service, values)
+    drawn_at = None
+    for item in KINDS[view.kind].stream(service, req):
+        if not isinstance(item, Partial):
+            yield drawn(view, service, values, req, item)
+        elif drawn_at is None or time.monotonic() - drawn_at >= REDRAW_SECONDS:
+            yield drawn_so_far(req, item.so_far(), values)
+            drawn_at = time.monotonic()         # the time between redraws, not counting the drawing
+
+
+def drawn_so_far(req, gen, values: dict) -> dict:
+    """A generation still being written: what it has so far (kept as it is, a value the page can read and
+    download; Stop leaves it there)."""
+    shown, last, rule = shown_lenses(req.lens)[0], len(gen.steps) - 1, values.get("rule") or "top1"
+    return {"state": gen, "seed": req.seed, "text": gen.text,
+            "heatmap": build_chart(charts.generation_heatmap, gen, req.lens),
+            "step": gr.Dropdown(choices=step_choices(gen), value=last), "table_lens": gr.Radio(value=shown),
+            "table": step_table(gen, last, shown), **strip_of(gen, rule), **branching.panel_updates(gen, [], rule=rule)}
+
+
+def asked_generation(view: TabView, service, values: dict):
+    """The request the inputs ask, a sample given a seed so that it can be had again."""
     req = asked(view, service, values)
-    if req.seed is None and req.sampled:                          # a sample that can be had again
-        req = replace(req, seed=new_seed())
-    gen = KINDS[view.kind].run(service, req)
+    return replace(req, seed=new_seed()) if req.seed is None and req.sampled else req
+
+
+def readout(view: TabView, service, values: dict) -> dict:
+    req = asked_generation(view, service, values)
+    return drawn(view, service, values, req, KINDS[view.kind].run(service, req))
+
+
+def drawn(view: TabView, service, values: dict, req, gen) -> dict:
+    """The whole page for generation `gen` of `req` (and the branches a link names)."""
     results = branching.compute_branches(service, req, values.get("branches"))
     shown = shown_lenses(req.lens)[0]
     last = len(gen.steps) - 1

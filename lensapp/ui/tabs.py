@@ -66,11 +66,12 @@ class TabParts:
 
 
 def on(triggers, fn: Callable[..., dict], parts: Components, reads: Iterable[str], writes: Iterable[str],
-       progress: bool = False, select: bool = False, **event):
+       progress: bool = False, select: bool = False, stream: bool = False, **event):
     """Call `fn(values, request=...) -> updates` when a trigger fires (a list of them, or one listener such as
     `button.click` or `event.then`): `values` the `reads` components' values by name, `updates` values for any
     of the `writes` components by name (the others are left as they are). With `progress` fn gets a `progress`
-    callable too; with `select`, the selection (`gr.SelectData`) after the values.
+    callable too; with `select`, the selection (`gr.SelectData`) after the values. With `stream`, fn yields its
+    updates (a page written as the model writes), each sent as it comes.
 
     A kept state (`kept.py`) holds a handle and a recipe on the page: fn reads the value it names (made again from
     the recipe when the store let it go) and writes a value (or `kept.Kept`), kept under a new handle (the old one,
@@ -92,6 +93,13 @@ def on(triggers, fn: Callable[..., dict], parts: Components, reads: Iterable[str
     if progress:
         def handler(by_component, request: gr.Request = None, bar=gr.Progress()):  # noqa: B008 - Gradio's way
             return updates(fn(values(by_component, request), request=request, progress=bar), by_component, request)
+    elif stream:
+        def handler(by_component, request: gr.Request = None):
+            handles = dict(by_component)           # each kept value written replaces the one written before it
+            for out in fn(values(by_component, request), request=request):
+                written = updates(out, handles, request)
+                handles.update({c: written[c] for name, c in replaced.items() if name in out})
+                yield written
     elif select:
         def handler(by_component, evt: gr.SelectData, request: gr.Request = None):
             return updates(fn(values(by_component, request), evt), by_component, request)

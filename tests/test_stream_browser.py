@@ -1,0 +1,117 @@
+"""The Generation tab and the chat written as the model writes, in Chromium, on the tiny app (its model slowed to
+a readable pace): the text grows and the heatmap is drawn before the generation ends, at 1400 and 390 px; Stop
+ends the generation where it is, keeps what was written, and frees the engine."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+from tiny_app import served
+
+from lensapp import config
+
+pytestmark = pytest.mark.browser
+
+RUN_TIMEOUT = 120_000        # ms
+STEP_SECONDS = 0.15          # the tiny model slowed to this a step: a page can see it write
+# Every value the generated text shows, recorded as it changes, and whether the heatmap was drawn by then.
+RECORD = """() => {
+  window.__texts = []; window.__drawn = [];
+  const box = () => document.querySelector('#generate-text textarea');
+  setInterval(() => {
+    const b = box(); if (!b) return;
+    const texts = window.__texts;
+    if (!texts.length || texts[texts.length - 1] !== b.value) {
+      texts.push(b.value);
+      window.__drawn.push(!!document.querySelector('#generate-heatmap svg.marks'));
+    }
+  }, 20);
+}"""
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tiny_service):
+    from lensapp.server import make_app
+
+    with served(make_app(tiny_service, config.Config(rate_limit=0, cache_entries=0))) as url:
+        yield url
+
+
+@pytest.fixture
+def slow_model(monkeypatch):
+    from lensapp.engine.run import hf_backend
+
+    body = hf_backend.lens_body
+
+    def slow(*args, **kwargs):
+        time.sleep(STEP_SECONDS)
+        return body(*args, **kwargs)
+    monkeypatch.setattr(hf_backend, "lens_body", slow)
+
+
+def health(url: str) -> dict:
+    with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def generate(pg, url: str, tokens: int) -> str:
+    """Generate `tokens` tokens on the Generation tab, recording its text as it changes; what it showed before."""
+    pg.goto(url)
+    pg.locator("[role=tab]").first.wait_for(timeout=RUN_TIMEOUT)
+    button = pg.get_by_role("tab", name="Generation").first
+    if not button.count() or not button.is_visible():        # a phone folds the tabs into a menu
+        pg.locator(".overflow-dropdown button, .overflow-menu button").first.click()
+        button = pg.locator(".overflow-dropdown button", has_text="Generation").first
+    button.click()
+    pg.locator("#generate-prompt textarea").fill("Once upon a time", timeout=RUN_TIMEOUT)
+    tokens_box = pg.locator("#generate-max-tokens input[type=number]")
+    tokens_box.fill(str(tokens))
+    tokens_box.press("Enter")
+    before = pg.locator("#generate-text textarea").input_value()    # the tab's example, drawn as it opened
+    pg.evaluate(RECORD)
+    pg.locator("#generate-run").click()
+    return before
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_the_text_grows_and_the_heatmap_is_drawn_while_the_model_writes(browser, tiny_url, slow_model, width):
+    pg = browser.new_context(viewport={"width": width, "height": 900}).new_page()
+    errors = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    before = generate(pg, tiny_url, 24)
+    pg.wait_for_function("() => window.__texts.length && document.querySelector('#generate-step') && "
+                         "document.querySelectorAll('#generate-heatmap svg.marks').length", timeout=RUN_TIMEOUT)
+    deadline = time.monotonic() + 60
+    while health(tiny_url)["admitted"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    texts, drawn = pg.evaluate("window.__texts"), pg.evaluate("window.__drawn")
+    while texts and texts[0] in ("", before):
+        texts, drawn = texts[1:], drawn[1:]
+    assert len(texts) >= 4, texts                                  # written in several redraws, not once
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), texts
+    assert any(drawn[:-1]), "the heatmap was drawn only at the end"
+    assert pg.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), "scrolls sideways"
+    assert not errors
+
+
+def test_stop_keeps_what_was_written_and_frees_the_engine(browser, tiny_url, slow_model):
+    pg = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+    before = health(tiny_url)["calls"]
+    generate(pg, tiny_url, 64)
+    pg.wait_for_function("() => window.__texts.filter(t => t).length >= 3", timeout=RUN_TIMEOUT)
+    pg.locator("#generate-stop").click()
+    deadline = time.monotonic() + 30
+    while health(tiny_url)["calls"]["cancelled"] == before["cancelled"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    now = health(tiny_url)
+    assert now["calls"]["cancelled"] == before["cancelled"] + 1 and now["in_flight"] == 0, now
+    time.sleep(1.5)
+    kept = pg.locator("#generate-text textarea").input_value()
+    assert kept and kept == pg.evaluate("window.__texts[window.__texts.length - 1]")
+    assert len(pg.evaluate("window.__texts")) < 40                  # it stopped well before 64 tokens
+    pg.locator("#generate-step").click()                            # the steps written can be picked
+    assert pg.locator("#generate-heatmap svg.marks").count()
