@@ -9,7 +9,7 @@ names and keeps what a handler writes, so the handlers deal in results as before
 
 The store (`KeptResults`) is a cache, not the visitor's data: over its bound it lets go of the least recently used
 value of the page that holds the most (a value shown on many pages, such as the front page's examples, counts once
-in the total and in full for each page holding it), and a value larger than the whole bound is not kept at all.
+in the total and in full for each page holding it), and a value larger than half the bound is not kept at all.
 So one heavy reader evicts its own results, never another page's small ones. A page whose value was let go has it
 made again from its recipe (`kept_state(remake=...)`: a result-cache hit, or a readout charged to that page) and
 kept under the same handle; only a value without a recipe reads as `Expired` (run it again).
@@ -80,8 +80,8 @@ class KeptResults:
         handle = handle or PREFIX + secrets.token_urlsafe(12)
         with self._lock:
             self._forget(handle)
-            if size > self.max_bytes:            # kept, it would push out every other page's results
-                self.too_large += 1
+            if size > self.max_bytes // 2:       # kept, it would push out other pages' results, or be pushed out
+                self.too_large += 1              # itself at their next result (and made again at its page's next)
                 return handle
             entry = self._values.get(id(value))
             if entry is None or entry[0] is not value:
@@ -108,6 +108,16 @@ class KeptResults:
                 raise Expired()
             self._by_owner[named[0]].move_to_end(handle)
             return self._values[named[1]][0]
+
+    def retire(self, handle: str | None) -> None:
+        """`handle`'s value was written over: first to go when its owner must let go of something, but still there
+        for an event the page sent before it heard of the new one (a state's change starts several listeners at
+        once: one writing the state while another reads the handle it replaces)."""
+        if isinstance(handle, str):
+            with self._lock:
+                named = self._handles.get(handle)
+                if named is not None:
+                    self._by_owner[named[0]].move_to_end(handle, last=False)
 
     def drop(self, handle: str | None) -> None:
         """Forget `handle` (its value was written over); never raises."""
@@ -217,13 +227,13 @@ def read(component: gr.JSON, page_value, request=None):
 
 def write(component: gr.JSON, value, old=None, request=None) -> dict | None:
     """The page value a kept state holds for `value` (a `Kept`, or a bare value) from now on; the handle it held
-    before (`old`) is dropped."""
+    before (`old`) is retired (its owner's first to go)."""
     slot = _KEPT[component]
     value, recipe = (value.value, value.recipe) if isinstance(value, Kept) else (value, None)
     old_handle, _ = _parts(old)
     handle = slot.store.keep(value, owner_of(request))
     if old_handle is not None and old_handle != handle:
-        slot.store.drop(old_handle)
+        slot.store.retire(old_handle)
     return None if handle is None else {"h": handle, "r": recipe}
 
 
