@@ -6,7 +6,8 @@ spread over one arena per thread, and returns little of it: twenty-four visitors
 link grew the web process by 738 MB, of which `malloc_trim(0)` handed 613 MB back at once (bench/RESULTS.md). What
 the app holds on purpose is bounded elsewhere (the result cache, the pages' kept results, the sessions); this is the
 rest. `Trimmer` is a daemon thread that trims when the process has grown by `GROWTH` since it last did, looking
-every `SECONDS` (a trim takes a few milliseconds per GB of heap). Not glibc (musl, macOS): it does nothing.
+every `SECONDS` (a trim takes a few milliseconds per GB of heap); the app starts it as it serves and stops it as
+it closes (`server.running`). Not glibc (musl, macOS): it does nothing.
 """
 
 from __future__ import annotations
@@ -62,14 +63,19 @@ class Trimmer:
         self.trims, self.returned = 0, 0
         self._floor = resident_bytes()
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> Trimmer:
-        if _LIBC is not None:
-            threading.Thread(target=self._run, name="lens-heap-trim", daemon=True).start()
+        if _LIBC is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lens-heap-trim", daemon=True)
+            self._thread.start()
         return self
 
     def stop(self) -> None:
+        """End the thread and wait for it (a trim under way takes milliseconds)."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def look(self) -> None:
         """Trim if the process has grown enough since the last trim (what the thread does every `seconds`)."""

@@ -16,6 +16,7 @@ handler is installed before anything starts a process, so this holds during star
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import logging
 import signal
@@ -172,7 +173,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
 
     usage = None
     pages: dict = {}                 # what the visitors' sessions hold, for the host's /health (set once mounted)
-    trimmer = heap.Trimmer().start()
+    trimmer = heap.Trimmer()                 # started and stopped with the app: `running`
     if plan is not None:
         usage = Usage(service.info.n_layers, [ex.title for ex in plan.exercises], plan.record_prompts)
         service.observer = usage.record
@@ -181,10 +182,9 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     if warm:
         built.front.warm_in_background()
     queue_handlers(demo, cfg.max_batch + cfg.queue_size, max(cfg.queue_size, 16))
-    app = FastAPI(title="Lens Explorer")
-    app.add_middleware(PrefetchLinks, trusted_proxies=config.resolve_trusted_proxies(cfg),
-                       prefetch=ui.LinkPrefetch(service, built.guard,
-                                                enabled=not cfg.auth_pairs and cfg.cache_entries > 0))
+    prefetch = ui.LinkPrefetch(service, built.guard, enabled=not cfg.auth_pairs and cfg.cache_entries > 0)
+    app = FastAPI(title="Lens Explorer", lifespan=lambda _app: running(trimmer, prefetch))
+    app.add_middleware(PrefetchLinks, trusted_proxies=config.resolve_trusted_proxies(cfg), prefetch=prefetch)
 
     def health(request):            # a plain Starlette route, as `what_was_run` below
         h = service.health()
@@ -222,6 +222,19 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     sessions = ui.sessions.install(app, cfg.sessions, cfg.session_idle, on_drop=built.kept.drop_owner)
     pages.update(sessions=sessions, kept=built.kept)
     return app
+
+
+@contextlib.asynccontextmanager
+async def running(trimmer, prefetch):
+    """The heap's trimmer and the link prefetch's thread, from the app's start to its close (uvicorn's lifespan, a
+    test client's `with`): an app made and never served starts neither. The service is its owner's to close
+    (`serve` closes it after the app)."""
+    trimmer.start()
+    try:
+        yield
+    finally:
+        trimmer.stop()
+        prefetch.close()
 
 
 class PrefetchLinks:

@@ -1,15 +1,19 @@
 """The web process gives freed memory back (`heap.py`): glibc keeps freed chunks in its heap, and a trim returns
-their pages once the process has grown by the trimmer's threshold."""
+their pages once the process has grown by the trimmer's threshold. The threads the app starts (the trimmer, the
+link prefetch) run from its start to its close (`server.running`)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
+from fastapi.testclient import TestClient
 
-from lensapp import heap
+from lensapp import config, heap
+from lensapp.server import make_app
 
 # Run in a process of its own: in the whole suite, a Trimmer thread left by an earlier test's app trims on its own
 # schedule, and glibc's free lists hold what earlier tests freed; either hides what this test measures (CI failed
@@ -39,3 +43,24 @@ def test_freed_memory_goes_back_once_the_process_has_grown():
     assert kept > grown - (32 << 20)                                # freed, but glibc keeps it
     assert trims == 1 and returned >= 64 << 20                      # one trim, and only one: not grown since
     assert trimmed < grown - (64 << 20) and survivors == 126
+
+
+APP_THREADS = ("lens-heap-trim", "lens-prefetch")
+
+
+def app_threads(before: set) -> set[str]:
+    """The names of the app's own threads alive now that were not alive in `before`."""
+    return {t.name.rstrip("_0123456789") for t in set(threading.enumerate()) - before
+            if t.name.startswith(APP_THREADS) and t.is_alive()}
+
+
+def test_closing_the_app_stops_the_threads_it_started(tiny_service):
+    before = set(threading.enumerate())
+    app = make_app(tiny_service, config.Config(rate_limit=0))
+    assert app_threads(before) == set()                             # made, not served: none yet
+    with TestClient(app) as visitor:
+        assert visitor.get("/?v=1&tab=logit&prompt=The%20capital%20of%20France%20is").status_code == 200
+        running = app_threads(before)
+    assert running == ({"lens-heap-trim"} if heap._LIBC is not None else set()) | {"lens-prefetch"}
+    assert app_threads(before) == set()                             # closed: both stopped
+

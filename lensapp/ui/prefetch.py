@@ -46,6 +46,10 @@ class LinkPrefetch:
         self._one = threading.Lock()                 # held while a prefetch runs
         self._runner = ThreadPoolExecutor(1, thread_name_prefix="lens-prefetch")
 
+    def close(self) -> None:
+        """Stop the prefetch thread (the app closing): what is queued is dropped, a prefetch under way finishes."""
+        self._runner.shutdown(wait=True, cancel_futures=True)
+
     def __call__(self, query: str, client: str | None = None) -> bool:
         """Start the readout `query` (a page URL's query) links to, for `client` (its address, as the guard
         derives it), if it is a lens link, the engine is idle and the client's budget allows. Never raises;
