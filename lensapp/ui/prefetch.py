@@ -11,8 +11,10 @@ It is a request the visitor makes, as an API call is (`Guard.visitor`): it takes
 (`RateLimiter.check`), waits in its turn, and its work is taken from its budget or refused (`RateLimiter.spend`).
 So a crawler following links (a chat app's link preview runs no script) gets no more readouts than as many API
 calls would, and soon starts nothing; a visitor opening a link pays two requests (the link's, and its page's,
-which the cache then answers for nothing). Serving only what is already cached was the other choice, and no
-choice: the page's own request finds that at once, so a prefetch would start nothing worth having.
+which the cache then answers for nothing). A page's GET carries no session (the page's script makes one later),
+so a prefetch is always its address's, never a person's told apart behind it (`identity.People`). Serving only what
+is already cached was the other choice, and no choice: the page's own request finds that at once, so a prefetch
+would start nothing worth having.
 
 Only into idle capacity besides: only while the engine is ready with nothing running or queued (two counters
 read, nothing walked), one at a time. It is not counted in a workshop's usage (the page's own request is). Not
