@@ -115,3 +115,28 @@ def test_stop_keeps_what_was_written_and_frees_the_engine(browser, tiny_url, slo
     assert len(pg.evaluate("window.__texts")) < 40                  # it stopped well before 64 tokens
     pg.locator("#generate-step").click()                            # the steps written can be picked
     assert pg.locator("#generate-heatmap svg.marks").count()
+
+
+def test_a_chat_reply_and_its_readout_grow_as_the_model_writes(browser, tiny_url, slow_model):
+    pg = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+    pg.goto(tiny_url)
+    pg.get_by_role("tab", name="Generation").first.click()
+    pg.get_by_role("tab", name="Chat").first.click()
+    pg.evaluate("""() => {
+      window.__cells = [];
+      setInterval(() => {
+        const n = document.querySelectorAll('#chat .lens-readout .lens-tok').length, c = window.__cells;
+        if (!c.length || c[c.length - 1] !== n) c.push(n);
+      }, 20);
+    }""")
+    box = pg.locator("#chat-message textarea")
+    box.fill("Tell me a story.")
+    box.press("Enter")
+    deadline = time.monotonic() + 60
+    time.sleep(1)
+    while health(tiny_url)["admitted"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    cells = pg.evaluate("window.__cells")
+    assert len([n for n in cells if n]) >= 3 and cells == sorted(cells), cells     # the readout line grew
+    assert pg.locator("#chat .lens-readout").count() == 1

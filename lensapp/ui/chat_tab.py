@@ -9,21 +9,25 @@ server forgets can make the model answer without the context the visitor sees.""
 from __future__ import annotations
 
 import html
+import time
+from collections import deque
 from dataclasses import replace
 from functools import partial
+from typing import Iterator
 
 import gradio as gr
 
 from .. import charts
 from ..config import MAX_CHAT_MESSAGES, MAX_CHAT_SENT
 from ..service.field import RequestError
+from ..service.generating import Partial
 from ..service.kinds import KINDS
 from ..service.planning import default_chat_layer
 from ..service.prompts import recent_turns
 from . import branching
 from .examples import CHAT_EXAMPLES
 from .form import Form, asked
-from .tabs import how_to, new_seed, on, warn
+from .tabs import PRIVATE, REDRAW_SECONDS, how_to, new_seed, on, warn
 from .views import TabView
 
 CHAT = TabView("chat", "chat", omits=("messages", "k", "force"))
@@ -57,12 +61,14 @@ def build_chat(service, guard, view: TabView = CHAT) -> dict:
                                                "appear under each reply.")}
     with gr.Row():
         parts["message"] = gr.Textbox(placeholder="Message", show_label=False, scale=5, elem_id="chat-message",
-                                      submit_btn=True)
+                                      submit_btn=True, stop_btn=True)
         clear = gr.Button("Clear", scale=1)
     gr.Examples([[m] for m in CHAT_EXAMPLES], inputs=[parts["message"]], label="Try", api_visibility="private")
     parts.update(branching.build_chat_branch())
-    on(parts["message"].submit, partial(send, view, service, guard), parts,
-       [*form.inputs, "message", "chatbot"], ["message", "chatbot", *branching.CHAT_UPDATED])
+    # the reply is written as the model writes it; the stop button ends it there, keeping what was written
+    sent = on(parts["message"].submit, partial(send_streamed, view, service, guard), parts,
+              [*form.inputs, "message", "chatbot"], ["message", "chatbot", *branching.CHAT_UPDATED], stream=True)
+    parts["message"].stop(None, None, None, cancels=[sent], queue=False, **PRIVATE)
     on(parts["lens"].input, partial(layers_for, service), parts, ["lens"], ["layer"])
     on(clear.click, forget, parts, [], ["chatbot", *branching.CHAT_UPDATED])
     _wire_branch(service, guard, parts)
@@ -81,14 +87,20 @@ def _wire_branch(service, guard, parts: dict) -> None:
 
 
 def send(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
-    """The model's reply to the message, with its readout (a blank message: nothing), through the guard."""
+    """The model's reply to the message, with its readout (a blank message: nothing), through the guard: the page
+    as `send_streamed` leaves it."""
+    return deque(send_streamed(view, service, guard, values, request), maxlen=1)[0]
+
+
+def send_streamed(view: TabView, service, guard, values: dict, request: gr.Request = None) -> Iterator[dict]:
+    """`send`, written as the model writes (what the page's Send does)."""
     text = values["message"]
     if text is None or isinstance(text, str) and not text.strip():
-        return {}
-    return guard.ui(request, reply_to, view, service, values)
+        return iter([{}])
+    return guard.ui_stream(request, reply_to, view, service, values)
 
 
-def reply_to(view: TabView, service, values: dict) -> dict:
+def reply_to(view: TabView, service, values: dict) -> Iterator[dict]:
     """The reply to the conversation on the page and the new message. The page sends what the chat can read: at
     most MAX_CHAT_MESSAGES messages (the oldest turns left out, as the service leaves them out: it drops more to fit
     the prompt limit), so a chat goes on for as long as one likes, about its latest turns. A sample gets a seed,
@@ -100,19 +112,28 @@ def reply_to(view: TabView, service, values: dict) -> dict:
     req = asked(view, service, values, messages=messages)
     if req.seed is None and req.sampled:
         req = replace(req, seed=new_seed())
-    reply = KINDS[view.kind].run(service, req)
+    drawn_at, reply = None, None
+    for item in KINDS[view.kind].stream(service, req):
+        if not isinstance(item, Partial):
+            reply = item
+        elif drawn_at is None or time.monotonic() - drawn_at >= REDRAW_SECONDS:
+            # the reply so far, and no branch box: one on a reply still being written would branch the last one
+            yield {"message": "", "chatbot": shown + turn(text, item.so_far(), req), **branching.chat_steps(None)}
+            drawn_at = time.monotonic()
     if cut + reply.dropped_turns:
         warn(f"The conversation outgrew what the model reads at once; the {cut + reply.dropped_turns} oldest "
              "messages were left out.")
+    yield {"message": "", "chatbot": shown + turn(text, reply, req), **branching.chat_steps((req, reply))}
+
+
+def turn(text: str, reply, req) -> list[dict]:
+    """The Chatbot's messages for one turn: the visitor's, the reply, and the reply's readout (titled)."""
     lens_name = "J-lens" if req.lens == "jacobian" else "logit lens"
-    shown = shown + [
-        {"role": "user", "content": _escape(text)},
-        {"role": "assistant", "content": _escape(reply.text) or EMPTY_REPLY},
-        {"role": "assistant", "content": readout_html(reply),
-         "metadata": {"title": f"{lens_name} at layer {reply.layer}: its top-1 under each token "
-                               "(hover or tap a token for the top-3)"}},
-    ]
-    return {"message": "", "chatbot": shown, **branching.chat_steps((req, reply))}
+    return [{"role": "user", "content": _escape(text)},
+            {"role": "assistant", "content": _escape(reply.text) or EMPTY_REPLY},
+            {"role": "assistant", "content": readout_html(reply),
+             "metadata": {"title": f"{lens_name} at layer {reply.layer}: its top-1 under each token "
+                                   "(hover or tap a token for the top-3)"}}]
 
 
 EMPTY_REPLY = "(empty reply)"

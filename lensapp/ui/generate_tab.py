@@ -25,11 +25,8 @@ from .examples import generate_examples
 from .form import Form, asked, single_lenses
 from .kept import Kept, kept_state, recipe
 from .readout import shown_lenses
-from .tabs import PRIVATE, Components, TabParts, build_chart, how_to, int_or, new_seed, on
+from .tabs import PRIVATE, REDRAW_SECONDS, Components, TabParts, build_chart, how_to, int_or, new_seed, on
 from .views import TAB_VIEWS, TabView
-
-REDRAW_SECONDS = 0.5      # while the model writes, the page is redrawn at most this often (a redraw costs the web
-                          # process a chart's making and the browser its drawing: not one per token)
 
 HOW_TO = """
 The model writes one token per **step**. Each **column** is a step, labelled by the token the model

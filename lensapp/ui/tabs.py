@@ -23,6 +23,9 @@ from . import kept
 from .views import TabView, View
 
 PRIVATE = {"api_visibility": "private"}          # UI events are not API endpoints (api.py's are)
+# While the model writes (a streamed generation or chat reply), a page is redrawn at most this often, counted
+# between draws: a redraw costs the web process a chart's making and the browser its drawing, so not one per token.
+REDRAW_SECONDS = 0.5
 Components = dict[str, gr.components.Component]
 
 
