@@ -17,9 +17,9 @@ import gradio as gr
 
 from ..config import resolve_trusted_proxies
 from ..service.limits import RateLimiter
-from ..service.usage import Usage, not_counted
+from ..service.usage import Usage
 from ..workshop import Workshop
-from . import kept, notes, permalinks, sessions, status
+from . import first_view, kept, notes, permalinks, sessions, status
 from .api import register_api
 from .compare_tab import build_compare_tab
 from .components_tab import build_components_tab
@@ -30,6 +30,7 @@ from .generate_tab import build_generate_tab
 from .guard import Guard
 from .intervene_tab import build_intervene_tab
 from .kept import KeptResults
+from .landing import load_page, run_pending
 from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, build_lens_tab
 from .prefetch import LinkPrefetch
 from .tabs import PRIVATE, Components, TabParts, md_text, on
@@ -61,7 +62,7 @@ CSS = """
   .row > *, .form > .block { flex: 1 1 100% !important; min-width: 0 !important; }
   .lens-plot, .lens-plot .altair { max-width: 100%; }
 }
-"""
+""" + first_view.CSS
 
 # history.replaceState keeps the address bar equal to the view; returns the full link for the link box.
 JS_SET_URL = """(q) => {
@@ -74,7 +75,7 @@ JS_COPY_LINK = """() => { if (navigator.clipboard) { navigator.clipboard.writeTe
 # The link the page was opened with, kept before any component mounts: Gradio sends each event with
 # the address bar as it is *then*, and a change event fired on mount may already have rewritten it
 # (JS_SET_URL) by the time the load event asks for the link to restore.
-HEAD = "<script>window.lensOpenedWith = window.location.search;</script>"
+HEAD = "<script>window.lensOpenedWith = window.location.search;</script>" + first_view.head()
 JS_OPENED_WITH = "() => (window.lensOpenedWith ?? window.location.search)"
 
 
@@ -131,10 +132,8 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
         runnable = sorted((p for p in parts.values() if p.run is not None and p.name in shown),
                           key=lambda p: p.name != landing_tab(service, shown, workshop))
         restores = ["tabs", "pending", "notice", "title", "note", "note_view"]
-        # No loading veil over the page while a link is restored (it covered the tabs for seconds on a busy host).
-        loaded = demo.load(restore, page["query"], [page[name] for name in restores] + _all_inputs(parts),
-                           js=JS_OPENED_WITH, show_progress="hidden", **PRIVATE)
-        _then_run(loaded, page["pending"], runnable, service)
+        load_page(demo, page["query"], restore, [page[name] for name in restores] + _all_inputs(parts),
+                  page["pending"], runnable, service, JS_OPENED_WITH)
         for i, button in enumerate(panel.buttons if panel is not None else []):
             opened = button.click(_open_exercise(workshop, panel, i, restore, usage), None,
                                   [page[name] for name in restores] + _all_inputs(parts) + panel.outputs, **PRIVATE)
@@ -257,26 +256,10 @@ def _all_inputs(parts: dict[str, TabParts]) -> list:
 
 
 def _then_run(event, pending: gr.State, runnable: list[TabParts], service) -> None:
-    """After a restore, the readout of the tab it names (or of every tab, for the front page)."""
+    """After an exercise's restore, the readout of the tab it names (a page's load: `landing.py`)."""
     for p in runnable:
         named = {"pending": pending, **p.inputs, **p.reads, **p.outputs}
         event = on(event.then, partial(run_pending, p, service), named, ["pending", *p.inputs, *p.reads], p.outputs)
-
-
-def run_pending(p: TabParts, service, values: dict, request: gr.Request = None) -> dict:
-    """The tab's readout, when the link being restored is for this tab or the page opened without one. The
-    front page's examples leave the tab's inputs as they are: an input set by a tab the visitor is not on
-    would rewrite the address bar to that tab's link (a generation's seed)."""
-    pending = values.pop("pending")
-    if pending not in (p.name, FRONT):
-        return {}
-    if pending != FRONT:
-        return p.run(values, request=request)
-    if service.status()["state"] == "down":   # the status line says so once, not a failure per tab
-        return {}
-    with not_counted():                      # the example every visit draws: nobody's choice, not counted
-        out = p.run(values, request=request)
-    return {name: value for name, value in out.items() if name not in p.inputs}
 
 
 def _open_exercise(workshop: Workshop, panel, index: int, restore: Callable, usage: Usage | None):

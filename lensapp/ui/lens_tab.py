@@ -25,6 +25,7 @@ from .describing import build_describe_panel, describe
 from .downloads import Downloads
 from .evaluation import build_evaluation_panel
 from .examples import lens_examples
+from .first_view import PHONE_CHART, PHONE_LATER
 from .form import Form, asked
 from .kept import Kept, kept_state, recipe
 from .lens_code import build_code_panel, show_code
@@ -89,7 +90,8 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
         form = Form(tab.view, service)
         _inputs(tab, form, service)
         run_button = gr.Button(tab.run_label, variant="primary", elem_id=f"{tab.name}-run", elem_classes=["run"])
-        examples = lens_examples(form.inputs["prompt"], form.inputs["targets"])
+        with gr.Column(elem_classes=[PHONE_LATER]):
+            examples = lens_examples(form.inputs["prompt"], form.inputs["targets"])
         outputs = _outputs(tab, downloads)
         more = _more(tab, service)
         if tab.lens != "logit":                 # how good is each lens: the shipped items, computed once
@@ -129,7 +131,7 @@ def _inputs(tab: LensTab, form: Form, service) -> None:
     with gr.Row():
         form.add("prompt", lines=2, max_lines=8, scale=3)
         form.add("targets", scale=2)
-    with gr.Row():
+    with gr.Row(elem_classes=[PHONE_LATER]):            # on a phone, after the picture (first_view.py)
         form.add("layers", label=layers)
         form.add("k")
         form.add("metric")
@@ -137,7 +139,7 @@ def _inputs(tab: LensTab, form: Form, service) -> None:
         form.add("punct")
         if "sublayers" in form.fields:
             form.add("sublayers", label="Inside each layer", info=SUBLAYERS_INFO)
-    with gr.Accordion("Advanced", open=False):
+    with gr.Accordion("Advanced", open=False, elem_classes=[PHONE_LATER]):
         form.add("raw", info=RAW_INFO)
         form.add("start", visible=False)                 # the link's window, if any
         form.rest()
@@ -148,7 +150,7 @@ def _outputs(tab: LensTab, downloads: Downloads) -> Components:
     out = {"summary": gr.Markdown(elem_id=f"{tab.name}-summary"),
            "window": gr.Slider(0, 1, value=0, step=1, visible=False, label="Positions shown: the first of the window",
                                elem_id=f"{tab.name}-window"),
-           "heatmap": gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot"], show_label=False)}
+           "heatmap": gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot", PHONE_CHART], show_label=False)}
     out.update(build_strip(tab.name))
     with gr.Accordion("Heatmap as a table", open=False, elem_id=f"{tab.name}-grid-box"):
         out["grid_table"] = gr.HTML(elem_id=f"{tab.name}-grid-table", elem_classes=["grid-table"])
