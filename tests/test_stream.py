@@ -12,13 +12,12 @@ from lensapp.engine.run.step_stream import Step
 from lensapp.service import planning
 
 
-def spec_of(service, prompt="The capital of France is", layers=None, edits=()):
+def spec_of(service, prompt="The capital of France is", layers=None, edits=(), lenses=("logit", "jacobian")):
     import dataclasses
 
     n = service.info.n_layers
     ids = service.prompts.ids(prompt)
-    spec = planning.lens_spec(ids, list(range(n)) if layers is None else layers, 5, ("logit", "jacobian"), n,
-                              service.jlens_layers)
+    spec = planning.lens_spec(ids, list(range(n)) if layers is None else layers, 5, lenses, n, service.jlens_layers)
     return dataclasses.replace(spec, edits=tuple(edits))
 
 
@@ -237,3 +236,34 @@ def test_a_stream_closed_early_keeps_nothing_and_its_waiter_computes_its_own():
     assert list(cache.streamed("k", stream)) == ["computed"]      # the waiter's answer was kept
     assert list(cache.streamed("j", stream)) == ["partial", "partial", "whole"]
     assert list(cache.streamed("j", stream)) == ["whole"]
+
+
+@pytest.mark.engine
+def test_on_vllm_each_step_leaves_the_worker_as_it_is_done_and_a_reader_that_leaves_frees_the_engine(vllm_service):
+    """On vLLM the steps come from the worker's outbox while the request runs (not from its saves at the end): the
+    first arrives long before the last, each equals the request's own saved step bitwise and the one-shot path's
+    (greedy and seeded); a stream closed after two steps is cancelled at once."""
+    engine = vllm_service.engine
+    spec = spec_of(vllm_service, prompt="Write a long story about a dragon who", lenses=("logit",))
+    for sampling in (Sampling(24), Sampling(24, temperature=0.8, seed=11)):
+        one_shot = engine.generate(spec, sampling)
+        t, arrivals, steps, out = time.perf_counter(), [], [], None
+        for item in engine.generate_steps(spec, sampling):
+            if isinstance(item, Step):
+                arrivals.append(time.perf_counter() - t)
+                steps.append(item)
+            else:
+                out = item
+        assert [s.token_id for s in steps] == out.token_ids == one_shot.token_ids
+        for step, saved, want in zip(steps, out.steps, one_shot.steps):
+            same_readout(step.readout, saved)
+            for field in want["logit"]:
+                torch.testing.assert_close(step.readout["logit"][field], want["logit"][field])
+        assert arrivals[0] < 0.5 * arrivals[-1], arrivals        # streamed, not handed out at the end
+    before = engine.health()["calls"]
+    stream = engine.generate_steps(spec, Sampling(64))
+    next(stream), next(stream)
+    stream.close()
+    health = engine.health()
+    assert health["in_flight"] == 0 and health["admitted"] == 0
+    assert health["calls"]["cancelled"] == before["cancelled"] + 1 and health["calls"]["served"] == before["served"]
