@@ -53,6 +53,20 @@ def test_a_phone_sees_a_links_last_column_within_a_screen_and_a_half(browser, ti
     page.context.close()
 
 
+@pytest.mark.parametrize(("query", "chart"), [
+    ("tab=generate&prompt=Hi", "generate-heatmap"), ("tab=compare&prompt1=Hi&prompt2=Ho", "compare-heatmaps"),
+    ("tab=intervene&prompt=Hi&word=Rome&layer=2", "intervene-pair"),
+    ("tab=components&prompt=Hi&target=Paris&foil=Rome", "components-by-layer")])
+def test_every_tabs_picture_begins_within_a_screen_and_a_half_on_a_phone(browser, tiny_url, query,  # noqa: F811
+                                                                        chart):
+    page = visit(browser, tiny_url, "phone", query)
+    wait_plot(page, chart)
+    top = page.evaluate("(sel) => document.querySelector(sel).getBoundingClientRect().top + scrollY", f"#{chart}")
+    assert top < 1.5 * WIDTHS["phone"][1], top
+    assert not page.errors
+    page.context.close()
+
+
 def test_a_wide_screen_keeps_its_layout(browser, tiny_url):  # noqa: F811
     page = visit(browser, tiny_url, "desktop", f"tab=jacobian&prompt={quote(PROMPT)}")
     wait_plot(page, "jacobian-heatmap")

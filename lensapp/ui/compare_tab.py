@@ -11,6 +11,7 @@ import gradio as gr
 from .. import charts
 from .downloads import Downloads
 from .examples import compare_examples
+from .first_view import FIRST_CHART, PHONE_LATER
 from .form import Form, add_reading, asked
 from .kept import Kept, kept_state, recipe
 from .readout import colour_metric, grid_tables, shown_lenses
@@ -38,16 +39,17 @@ def build_compare_tab(service, guard, downloads: Downloads, view: TabView = TAB_
         with gr.Row():
             boxes = form.add("prompts", lines=2, max_lines=6,
                              label=lambda i: f"Prompt {i}" + (" (optional)" if i > 2 else ""))
-        with gr.Row():
+        with gr.Row(elem_classes=[PHONE_LATER]):         # on a phone, after the picture (first_view.py)
             add_reading(form, layers="Layers (all, 10-20 or 0,5,-1)")
-        with gr.Row():
+        with gr.Row(elem_classes=[PHONE_LATER]):
             form.add("metric")
             form.add("chat")
             form.add("raw")
             form.add("punct")
         form.rest()
         run_button = gr.Button("Compare", variant="primary", elem_id=f"{view.name}-run", elem_classes=["run"])
-        examples = compare_examples(boxes[0], boxes[1], form.inputs["targets"])
+        with gr.Column(elem_classes=[PHONE_LATER]):
+            examples = compare_examples(boxes[0], boxes[1], form.inputs["targets"])
         outputs = _outputs(view, downloads)
     run_fn = partial(run, view, service, guard)
     for trigger in (run_button.click, examples.load_input_event.then):
@@ -58,7 +60,8 @@ def build_compare_tab(service, guard, downloads: Downloads, view: TabView = TAB_
 def _outputs(view: TabView, downloads: Downloads) -> Components:
     """What a comparison writes, by name."""
     out = {"summary": gr.Markdown(elem_id=f"{view.name}-summary"),
-           "heatmaps": gr.Plot(elem_id=f"{view.name}-heatmaps", elem_classes=["lens-plot"], show_label=False)}
+           "heatmaps": gr.Plot(elem_id=f"{view.name}-heatmaps", elem_classes=["lens-plot", FIRST_CHART],
+                               show_label=False)}
     with gr.Accordion("Heatmaps as tables", open=False, elem_id=f"{view.name}-grid-box"):
         out["grid_table"] = gr.HTML(elem_id=f"{view.name}-grid-table", elem_classes=["grid-table"])
     out["curves"] = gr.Plot(visible=False, elem_id=f"{view.name}-targets-plot", elem_classes=["lens-plot"],

@@ -22,6 +22,7 @@ from ..service.kinds import KINDS
 from ..snippets import model_reference
 from ..snippets.components import components_snippet
 from .downloads import Downloads
+from .first_view import FIRST_CHART, PHONE_LATER
 from .form import Form, asked
 from .kept import Kept, kept_state, recipe
 from .permalinks import query_string
@@ -75,7 +76,7 @@ def _inputs(form: Form, service) -> None:
         form.add("prompt", lines=2, max_lines=8, scale=3)
         form.add("target")
         form.add("foil")
-    with gr.Row():
+    with gr.Row(elem_classes=[PHONE_LATER]):             # on a phone, after the picture (first_view.py)
         form.add("position")
         form.add("patterns", label=f"Attention pattern of layer (0..{service.info.n_layers - 1}, -1: the last; "
                                    "empty: none)")
@@ -88,7 +89,8 @@ def _outputs(view: TabView, downloads: Downloads) -> Components:
     name = view.name
     out = {"summary": gr.Markdown(elem_id=f"{name}-summary")}
     for key in ("by_layer", "by_head", "pattern_row", "pattern_grid"):
-        out[key] = gr.Plot(elem_id=f"{name}-{key.replace('_', '-')}", elem_classes=["lens-plot"], show_label=False,
+        out[key] = gr.Plot(elem_id=f"{name}-{key.replace('_', '-')}", show_label=False,
+                           elem_classes=["lens-plot", *([FIRST_CHART] if key == "by_layer" else [])],
                            visible=not key.startswith("pattern"))
     out["state"] = kept_state()
     out.update(downloads.buttons(name, out["state"]))

@@ -7,7 +7,7 @@ opened on its last columns, and on a phone the picture before the form's setting
 - A heatmap's last column is the prompt's last token, where the next token forms. A chart wider than its box
   (a phone's 390 px, or a long prompt's window) opens scrolled so that the first heatmap's last column is in
   view (`SCROLL_TO_LAST_COLUMN`): the side-by-side pair shows the Jacobian lens's, the logit lens a swipe on.
-- On a narrow screen a tab's settings and examples (`PHONE_LATER`) come after its first chart (`PHONE_CHART`),
+- On a narrow screen a tab's settings and examples (`PHONE_LATER`) come after its first chart (`FIRST_CHART`),
   so the picture starts within the first screen and a half (tests/test_phone_view.py).
 """
 
@@ -18,12 +18,12 @@ from pathlib import Path
 
 # Classes a tab gives its parts (a component's elem_classes).
 PHONE_LATER = "phone-later"          # settings and examples: after the first chart on a phone
-PHONE_CHART = "phone-chart"          # a tab's first chart: what follows it goes after the settings on a phone
+FIRST_CHART = "first-chart"          # a tab's first chart: sent first (landing.py); on a phone, before the settings
 
 CSS = f"""
 @media (max-width: 640px) {{
   .{PHONE_LATER} {{ order: 1; }}
-  .{PHONE_CHART} ~ * {{ order: 2; }}
+  .{FIRST_CHART} ~ * {{ order: 2; }}
 }}
 """
 

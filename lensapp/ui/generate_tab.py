@@ -22,6 +22,7 @@ from .chat_tab import build_chat
 from .decisions import build_strip, redraw_strip, strip_of
 from .downloads import Downloads
 from .examples import generate_examples
+from .first_view import FIRST_CHART, PHONE_LATER
 from .form import Form, asked, single_lenses
 from .kept import Kept, kept_state, recipe
 from .readout import shown_lenses
@@ -54,7 +55,8 @@ def build_generate_tab(service, guard, downloads: Downloads, view: TabView = TAB
                                            elem_classes=["run"], scale=4)
                     stop_button = gr.Button("Stop", variant="stop", elem_id=f"{view.name}-stop", scale=1,
                                             min_width=80)
-                examples = generate_examples(form.inputs["prompt"])
+                with gr.Column(elem_classes=[PHONE_LATER]):
+                    examples = generate_examples(form.inputs["prompt"])
                 outputs = _outputs(view, service, downloads, form.inputs["seed"])
                 # a run writes the branches it drew (a tab without them: to nowhere)
                 outputs["branches"] = form.inputs.get("branches") or gr.State("")
@@ -96,16 +98,16 @@ def _wire_branches(service, guard, parts: Components) -> None:
 def _inputs(form: Form, service) -> gr.Button:
     """The form, laid out; its New seed button."""
     form.add("prompt", lines=2, max_lines=8)
-    with gr.Row():
+    with gr.Row(elem_classes=[PHONE_LATER]):             # on a phone, after the picture (first_view.py)
         form.add("max_tokens")
         form.add("temperature")
         form.add("lens")
-    with gr.Row():
+    with gr.Row(elem_classes=[PHONE_LATER]):
         form.add("layers", label=f"Layers (all, 10-20 or 0,5,-1; this model: 0..{service.info.n_layers - 1})")
         form.add("k")
         form.add("seed")
         reseed = gr.Button("New seed", size="sm", scale=0, min_width=100, elem_id=f"{form.view.name}-new-seed")
-    with gr.Row():
+    with gr.Row(elem_classes=[PHONE_LATER]):
         form.add("chat")
         form.add("raw")
     if "branches" in form.fields:
@@ -117,7 +119,8 @@ def _inputs(form: Form, service) -> gr.Button:
 def _outputs(view: TabView, service, downloads: Downloads, seed: gr.Number) -> Components:
     """What a generation writes, by name (the seed a sample used among them)."""
     out = {"seed": seed, "text": gr.Textbox(label="Generated text", interactive=False, elem_id=f"{view.name}-text"),
-           "heatmap": gr.Plot(elem_id=f"{view.name}-heatmap", elem_classes=["lens-plot"], show_label=False)}
+           "heatmap": gr.Plot(elem_id=f"{view.name}-heatmap", elem_classes=["lens-plot", FIRST_CHART],
+                              show_label=False)}
     out.update(build_strip(view.name))
     lenses = single_lenses(service)
     with gr.Row():

@@ -21,6 +21,7 @@ from ..results import AblateDone, PatchDone, SteerDone
 from ..snippets import model_reference
 from ..snippets.intervention import intervention_snippet
 from .downloads import Downloads
+from .first_view import FIRST_CHART, PHONE_LATER
 from .form import Form, add_reading, asked, single_lenses
 from .kept import Kept, kept_state, recipe
 from .readout import colour_metric
@@ -102,17 +103,17 @@ def _inputs(form: Form, service) -> None:
     with gr.Row():
         form.add("prompt", lines=2, max_lines=6, scale=3)
         form.add("intervention", elem_id="intervene-kind")
-    with gr.Row():
+    with gr.Row(elem_classes=[PHONE_LATER]):             # on a phone, after the picture (first_view.py)
         add("word")
         add("from_word", elem_id="intervene-from")
         add("source", scale=3)
         add("source_positions")
         add("layer", label=f"Layer or span (L or L-L2; this model: 0..{service.info.n_layers - 1})")
         add("positions")
-    with gr.Row():
+    with gr.Row(elem_classes=[PHONE_LATER]):
         for name in ("alphas", "direction", "objective", "ablation"):
             add(name)
-    with gr.Accordion("Reading and generating", open=False):
+    with gr.Accordion("Reading and generating", open=False, elem_classes=[PHONE_LATER]):
         with gr.Row():
             add_reading(form, layers="Layers read", targets="More target words (comma-separated)")
             form.add("metric")
@@ -135,7 +136,7 @@ def _outputs(view: TabView, service, downloads: Downloads) -> Components:
         out["change"] = gr.Dropdown(label="Show the change", choices=[], interactive=True, elem_id="intervene-change")
         out["shown_lens"] = gr.Radio(lenses, value="logit", label="Lens shown", visible=len(lenses) > 1,
                                      elem_id="intervene-shown-lens")
-    out["pair"] = gr.Plot(elem_id="intervene-pair", elem_classes=["lens-plot"], show_label=False)
+    out["pair"] = gr.Plot(elem_id="intervene-pair", elem_classes=["lens-plot", FIRST_CHART], show_label=False)
     out["diff"] = gr.Plot(elem_id="intervene-diff", elem_classes=["lens-plot"], show_label=False)
     # One under the other: side by side, each had half the width and the wider was cut off at the right edge.
     out["dose"] = gr.Plot(elem_id="intervene-dose", elem_classes=["lens-plot"], show_label=False, visible=False)

@@ -17,6 +17,7 @@ import gradio as gr
 
 from ..service.usage import not_counted
 from . import kept
+from .first_view import FIRST_CHART
 from .front import FRONT
 from .tabs import PRIVATE, TabParts
 
@@ -49,10 +50,16 @@ def load_page(demo: gr.Blocks, query: gr.Textbox, restore: Callable, restored: l
     rest.then(landing_examples, pending, examples, show_progress="hidden", **PRIVATE)
 
 
-# What a readout's first answer carries: the chart a link is opened for and the lines above it. Its other outputs
-# (tables, other charts, the kept state, whose change starts the tab's next events) follow in the next step: sent
-# together, the page drew them all before the chart (0.7 s after the answer against the bare page's 0.26 s).
-FIRST = ("summary", "text", "heatmap", "heatmaps", "pair", "by_layer")
+# What a readout's first answer carries: the tab's first chart (`FIRST_CHART`) and the lines above it. Its other
+# outputs (tables, other charts, the kept state, whose change starts the tab's next events) follow in the next
+# step: sent together, the page drew them all before the chart (0.7 s after the answer against the bare page's
+# 0.26 s).
+ABOVE_THE_CHART = ("summary", "text")
+
+
+def first_outputs(p: TabParts) -> set:
+    """The outputs of `p` its readout's first answer carries."""
+    return {c for name, c in p.outputs.items() if name in ABOVE_THE_CHART or FIRST_CHART in (c.elem_classes or [])}
 
 
 def first_readout(restore: Callable, pending: gr.State, later: gr.State, runnable: list[TabParts], service,
@@ -66,7 +73,7 @@ def first_readout(restore: Callable, pending: gr.State, later: gr.State, runnabl
         return {pending: asked}
     values = {name: shown.get(c, c.value) for name, c in {**p.inputs, **p.reads}.items()}
     out = written(p, run_pending(p, service, {"pending": asked, **values}, request), request)
-    first = {p.outputs[name] for name in FIRST if name in p.outputs}
+    first = first_outputs(p)
     return {pending: asked, **{c: v for c, v in out.items() if c in first},
             later: {c: v for c, v in out.items() if c not in first}}
 

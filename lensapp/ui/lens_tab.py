@@ -25,7 +25,7 @@ from .describing import build_describe_panel, describe
 from .downloads import Downloads
 from .evaluation import build_evaluation_panel
 from .examples import lens_examples
-from .first_view import PHONE_CHART, PHONE_LATER
+from .first_view import FIRST_CHART, PHONE_LATER
 from .form import Form, asked
 from .kept import Kept, kept_state, recipe
 from .lens_code import build_code_panel, show_code
@@ -150,7 +150,7 @@ def _outputs(tab: LensTab, downloads: Downloads) -> Components:
     out = {"summary": gr.Markdown(elem_id=f"{tab.name}-summary"),
            "window": gr.Slider(0, 1, value=0, step=1, visible=False, label="Positions shown: the first of the window",
                                elem_id=f"{tab.name}-window"),
-           "heatmap": gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot", PHONE_CHART], show_label=False)}
+           "heatmap": gr.Plot(elem_id=f"{tab.name}-heatmap", elem_classes=["lens-plot", FIRST_CHART], show_label=False)}
     out.update(build_strip(tab.name))
     with gr.Accordion("Heatmap as a table", open=False, elem_id=f"{tab.name}-grid-box"):
         out["grid_table"] = gr.HTML(elem_id=f"{tab.name}-grid-table", elem_classes=["grid-table"])
