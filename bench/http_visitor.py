@@ -46,8 +46,10 @@ def endpoints(url: str) -> dict[str, tuple[int, list[tuple[str, object]]]]:
 
 
 class HttpVisitor:
-    def __init__(self, url: str, api: dict, headers: dict | None = None):
-        self.api = api
+    def __init__(self, url: str, api: dict, headers: dict | None = None, session: str | None = None):
+        """session: one session hash for every request, as a page keeps one while it is open (one request at a
+        time); None: a new one a request."""
+        self.api, self.session = api, session
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers or {},
                                  timeout=httpx.Timeout(ANSWER_SECONDS, connect=JOIN_SECONDS))
 
@@ -57,7 +59,7 @@ class HttpVisitor:
         unknown = set(kwargs) - {name for name, _ in params}
         if unknown:
             raise TypeError(f"{api_name} has no parameter {sorted(unknown)}")
-        session = uuid.uuid4().hex                 # one a request: its stream carries only this answer
+        session = self.session or uuid.uuid4().hex     # one a request: its stream carries only this answer
         join = self.http.post("/gradio_api/queue/join", timeout=JOIN_SECONDS, json={
             "data": [kwargs.get(name, default) for name, default in params], "fn_index": fn_index,
             "session_hash": session, "trigger_id": None, "event_data": None})

@@ -56,10 +56,13 @@ def fresh(prompt: str, tag: str) -> str:
 # -- the app ---------------------------------------------------------------------------------------
 
 class App:
-    """`lensapp serve` in a subprocess on a free loopback port (or an app already running at --url)."""
+    """`lensapp serve` in a subprocess on a free loopback port (or an app already running at --url). `host`: where it
+    listens instead, an address of this machine's own (a network namespace's veth end: bench/workshop.py); the bench
+    then reads the host's /health with a token of its own."""
 
-    def __init__(self, url: str | None, extra: list[str] = (), env: dict | None = None):
+    def __init__(self, url: str | None, extra: list[str] = (), env: dict | None = None, host: str = "127.0.0.1"):
         self.proc, self.log = None, None
+        self.token = None if host == "127.0.0.1" else os.urandom(16).hex()
         if url:
             host = urllib.parse.urlparse(url).hostname
             if host not in ("127.0.0.1", "localhost", "::1"):
@@ -67,9 +70,11 @@ class App:
             self.url = url if url.endswith("/") else url + "/"
             return
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}/"
+        self.url = f"http://{host}:{port}/"
+        extra = [*extra, "--host", host] if self.token else extra
+        env = {**(env or {}), "LENSAPP_HEALTH_TOKEN": self.token} if self.token else env
         self.log = open(REPO / "artifacts" / f"load-app-{port}.log", "w") if (REPO / "artifacts").is_dir() else None
         self.proc = subprocess.Popen([sys.executable, "-m", "lensapp", "serve", "--port", str(port), *extra],
                                      cwd=REPO, stdout=self.log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
@@ -77,7 +82,8 @@ class App:
         self.wait_ready()
 
     def health(self) -> dict:
-        with urllib.request.urlopen(self.url + "health", timeout=10) as r:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        with urllib.request.urlopen(urllib.request.Request(self.url + "health", headers=headers), timeout=10) as r:
             return json.loads(r.read())
 
     def wait_ready(self, timeout: float = 600) -> None:

@@ -1,12 +1,17 @@
 """A workshop for five minutes: thirty visitors, one of them replaying the heaviest legal request in a loop.
 
-Starts `lensapp serve` on a free loopback port behind what a Space's proxy would send: each visitor's
-requests carry their own address in X-Forwarded-For (10.77.0.N, private, made up here) and the app trusts
-one proxy hop (`--trusted-proxies 1`), so the app sees thirty clients, as it would on a Space. Nothing
-leaves this machine. The visitors, each in its own process (as thirty browsers are: one visitor reading a 30 MB
-answer does not hold up the others' clocks), ask through the page's own route (Gradio's queue) with a client as
-light as a browser's (`http_visitor.py`; `--client gradio` for gradio_client, whose own CPU took a third of these
-two cores):
+A room reaches a Space through one NAT address, and that is how the thirty come here: from one address of a network
+namespace the bench makes (tests/netns.py: a veth pair on a private /29; needs root), each with a session of its
+own as a page keeps one, to `lensapp serve` listening on the pair's host end, serving the example workshop file
+(its settings: `--workshop`). Not from loopback, which no per-address limit touches. The hostile crowd and the
+bench's own probes come from this machine with an address of their own in X-Forwarded-For (10.77.N.M, private,
+made up here), which the app takes from its one trusted proxy hop (`--trusted-proxies 1`), as a Space's proxy
+appends it. `--own-addresses` gives each of the thirty its own X-Forwarded-For address instead, the app on
+loopback (the runs before issue 48). Nothing leaves this machine. Each of the thirty first opens the page (a
+readout of the front page's example, ARRIVAL_GAP apart: a room arriving), then all begin at once. The visitors,
+each in its own process (as thirty browsers are: one visitor reading a 30 MB answer does not hold up the others'
+clocks), ask through the page's own route (Gradio's queue) with a client as light as a browser's
+(`http_visitor.py`; `--client gradio` for gradio_client, whose own CPU took a third of these two cores):
 
   link      16 open the same shared link, then read it again now and then (the result cache's case)
   short     4 read a short prompt with the logit lens at every layer, over and over (the measured one)
@@ -35,11 +40,13 @@ them). One JSON line at the end.
 
     python bench/workshop.py                      # 30 visitors, 5 minutes (about 8 minutes with start-up)
     python bench/workshop.py --minutes 1 --visitors 12
+    python bench/workshop.py --minutes 3 --hostile --own-addresses --workshop ''   # as before issue 48
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -49,14 +56,24 @@ import statistics
 import sys
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
 import psutil
 from http_visitor import HttpVisitor, endpoints
-from load import App, fresh
+from load import REPO, App, fresh
+
+sys.path.insert(0, str(REPO / "tests"))
+from netns import namespace, unavailable  # the tests' namespace, one helper for both
+
+WORKSHOP = "workshops/where-does-the-answer-appear.yaml"
+ARRIVAL_GAP = 0.25      # seconds between two of the thirty opening the page: a room arriving within ~8 s
+CLONE_NEWNET = 0x40000000
 
 EIFFEL = "The Eiffel Tower is located in the city of"
+# What a page's first load reads: the front page's example (the same for everyone: the result cache's).
+ARRIVAL = {"api_name": "/lens", "prompt": "The capital of France is", "lens": "logit", "layers": "all", "k": 5}
 PARAGRAPH = ("The old harbour town wakes early. Fishing boats come back before the sun is high, and the market "
              "fills with people buying bread, fruit and the morning's catch. Children walk to school along the "
              "river, and the church bell rings the hour. ")
@@ -92,21 +109,23 @@ def heavy_candidates() -> list[dict]:
 
 
 class Visitor:
-    def __init__(self, url: str, n: int, kind: str, api: dict | None = None):
-        """api: the app's endpoints (`http_visitor.endpoints`) for a browser-light client; None: gradio_client."""
+    def __init__(self, url: str, n: int, kind: str, api: dict | None = None, room: bool = False):
+        """api: the app's endpoints (`http_visitor.endpoints`) for a browser-light client; None: gradio_client.
+        room: one of the room (its process in the namespace): no forwarded address, a session of its own."""
         self.kind, self.n = kind, n
-        headers = {"X-Forwarded-For": f"10.77.{1 if kind in HOSTILE else 0}.{n + 1}"}
+        headers = {} if room else {"X-Forwarded-For": f"10.77.{1 if kind in HOSTILE else 0}.{n + 1}"}
         self.headers = headers
         if api is None:
             from gradio_client import Client
 
-            self.client = Client(url, verbose=False, headers=headers)
+            self.client = Client(url, verbose=False, headers=headers)     # one session for its life
         else:
-            self.client = HttpVisitor(url, api, headers)
+            self.client = HttpVisitor(url, api, headers, session=uuid.uuid4().hex[:11] if room else None)
         self.times: list[float] = []
         self.outcomes: Counter = Counter()
         self.cpu_s = 0.0                 # this visitor's process's CPU seconds (user + system), when it is done
         self.lost_at: list[float] = []   # when each lost request was asked for (epoch seconds)
+        self.arrival: str | None = None  # what came of opening the page (the thirty only)
 
     def ask(self, **kw) -> str:
         """What came of one request: "answered", "refused" or "lost: <what the visitor heard>"."""
@@ -199,7 +218,8 @@ def memory_mb(pid: int) -> float:
 
 
 def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENESS, think: float = THINK_S,
-        only: str | None = None, client: str = "http", hostile: bool = False) -> dict:
+        only: str | None = None, client: str = "http", hostile: bool = False, room: str | None = None) -> dict:
+    """room: the network namespace the thirty ask from (None: each from its own forwarded address)."""
     url, pid = app.url, app.proc.pid if app.proc is not None else None
     api = endpoints(url) if client == "http" else None
     alone = Visitor(url, 240, "alone", api)
@@ -219,7 +239,7 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
         # Every visitor's process starts and makes its client first (thirty interpreters importing gradio_client
         # at once hold both cores for seconds, which thirty browsers elsewhere would not), then all begin at once.
         ready = manager.Barrier(len(kinds) + 1)
-        futures = [pool.submit(visit, url, n, kind, heavy, ready, seconds, niceness, think, api)
+        futures = [pool.submit(visit, url, n, kind, heavy, ready, seconds, niceness, think, api, room)
                    for n, kind in enumerate(kinds)]
         ready.wait(timeout=600)
         start, start_health, app_cpu = time.time(), app.health(), cpu_seconds(pid)
@@ -231,7 +251,10 @@ def run(app: App, visitors: int, seconds: float, niceness: int = VISITOR_NICENES
     cpu = {"app_s": round(cpu_seconds(pid) - app_cpu), "visitors_s": round(sum(v.cpu_s for v in crowd)),
            "machine_s": round(seconds * psutil.cpu_count()), "visitors_niceness": niceness}
     lost_at = sorted(round(t - start) for v in crowd for t in v.lost_at)
+    arrival = Counter(v.arrival for v in crowd if v.arrival is not None)
+    refused = Counter("hostile" if v.kind in HOSTILE else "thirty" for v in crowd for _ in range(v.outcomes["refused"]))
     return report(alone, crowd, heavy, start_health, end_health, peak[0], seconds) | {
+        "arrival": dict(arrival), "refused": dict(refused)} | {
         "cpu": cpu, "lost_at_s": lost_at, "think_s": think, "only": only, "client": client, "hostile": hostile,
         "prefetched": end_health.get("prefetch", {}), "sessions": end_health.get("sessions", {})}
 
@@ -246,11 +269,21 @@ def settle(pid: int | None, quiet: float = 0.15, most: float = 180.0) -> None:
 
 
 def visit(url: str, n: int, kind: str, heavy: dict, ready, seconds: float, niceness: int = 0,
-          think: float = THINK_S, api: dict | None = None) -> Visitor:
-    """One visitor, in a process of its own: its client made, it waits at `ready` (a barrier shared with every
-    visitor and the bench), then asks for `seconds`, pausing as a person would; its record comes back."""
+          think: float = THINK_S, api: dict | None = None, room: str | None = None) -> Visitor:
+    """One visitor, in a process of its own: its client made (one of the thirty: in the `room` namespace, when
+    given), it opens the page (one of the thirty: ARRIVAL_GAP after the one before it), waits at `ready` (a barrier
+    shared with every visitor and the bench), then asks for `seconds`, pausing as a person would; its record
+    comes back."""
     os.nice(niceness)
-    v, i, draw = Visitor(url, n, kind, api), 0, random.Random(n)
+    in_room = room is not None and kind not in HOSTILE
+    if in_room:
+        enter(room)
+    v, i, draw = Visitor(url, n, kind, api, room=in_room), 0, random.Random(n)
+    if kind not in HOSTILE:
+        time.sleep(n * ARRIVAL_GAP)
+        v.arrival = v.ask(**ARRIVAL)
+        v.outcomes.clear()
+        v.times.clear()
     ready.wait(timeout=600)
     until, before = time.time() + seconds, cpu_of_this_process()
     while time.time() < until:
@@ -272,6 +305,17 @@ def visit(url: str, n: int, kind: str, heavy: dict, ready, seconds: float, nicen
     v.client = None                     # what comes back is the record, not the connection
     v.cpu_s = cpu_of_this_process() - before
     return v
+
+
+def enter(name: str) -> None:
+    """This process's sockets from now on are made in the network namespace `name` (setns(2): Python 3.11 has no
+    os.setns); the process must not have other threads yet."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(f"/var/run/netns/{name}") as ns:
+        if libc.setns(ns.fileno(), CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot enter the network namespace {name}")
 
 
 def cpu_of_this_process() -> float:
@@ -319,13 +363,23 @@ def main() -> int:
                         help="run only this kind of visitor (of those --visitors plans)")
     parser.add_argument("--client", choices=["http", "gradio"], default="http",
                         help="the visitors' client: a browser-light one (http_visitor.py) or gradio_client")
+    parser.add_argument("--own-addresses", action="store_true",
+                        help="each of the thirty from an address of its own (X-Forwarded-For), not one room")
+    parser.add_argument("--workshop", default=WORKSHOP,
+                        help="the workshop file the app serves (its settings apply); '' for none")
     args = parser.parse_args()
-    app = App(None, extra=["--trusted-proxies", "1"])
-    try:
+    extra = ["--trusted-proxies", "1", *(["--workshop", args.workshop] if args.workshop else [])]
+    with contextlib.ExitStack() as stack:
+        room = None
+        if not args.own_addresses:
+            if unavailable():
+                raise SystemExit(f"error: the room needs a network namespace: {unavailable()} (or --own-addresses)")
+            room = stack.enter_context(namespace("wsroom"))
+        app = App(None, extra=extra, host=room.host if room else "127.0.0.1")
+        stack.callback(app.close)
         out = run(app, args.visitors, args.minutes * 60, args.visitor_niceness, args.think, args.only,
-                  args.client, args.hostile)
-    finally:
-        app.close()
+                  args.client, args.hostile, room.name if room else None)
+        out["room"] = {"address": room.clients[0] if room else None, "workshop": args.workshop or None}
     for key, value in out.items():
         print(f"{key:>18}: {value}")
     print(json.dumps(out))
