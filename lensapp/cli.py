@@ -41,20 +41,11 @@ import sys
 from dataclasses import fields as dataclass_fields
 
 from . import config, space
-from .cli_text import (
-    format_components,
-    format_descriptions,
-    format_evaluation,
-    format_generation,
-    format_intervention,
-    format_lens,
-)
 from .fitting.settings import FitConfig
 from .service.field import fields_of
-from .service.kinds import KINDS
+from .service.kinds import KINDS, MAX_CLI_PROMPTS
 
 EXIT_USAGE = 2
-MAX_CLI_PROMPTS = 64
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "layer (logit lens, Jacobian lens), from the command line or in the browser.")
     sub = parser.add_subparsers(dest="command", required=True)
     for kind in commands().values():
-        command = sub.add_parser(kind.name, help=kind.command)
+        command = sub.add_parser(kind.name, help=kind.command.help)
         add_request_arguments(command, kind.request)
         if kind.stream is not None:
             command.add_argument("--stream", action="store_true",
@@ -148,41 +139,33 @@ def request_of(args):
 
 
 def _run(args, cfg: config.Config) -> int:
-    from .results import dumps
     from .service import LensService
 
+    kind = commands()[args.command]
     request = request_of(args)
     # The model's config, tokenizer and lens load in seconds: check everything (a Jacobian lens asked for where
     # none is loaded, too: planning.NO_JLENS) before vLLM's minute of start.
     service = LensService.start(cfg, start_engine=False)
     try:
-        if args.command == "evaluate":
-            return _evaluate(service, request, args.json)
-        service.check(request, MAX_CLI_PROMPTS)
-        if args.command == "lens":
-            results = service.lens(request, MAX_CLI_PROMPTS)
-            if args.json:
-                print(dumps(results[0] if len(results) == 1 else results))
-            else:
-                print("\n\n".join(format_lens(r) for r in results))
-        elif args.command == "components":
-            result = service.components(request)
-            print(dumps(result) if args.json else format_components(result))
-        elif args.command == "intervene":
-            progress = None if args.json else _fit_progress
-            result = service.intervene(request, progress)
-            print(dumps(result) if args.json else format_intervention(result))
-        elif args.command == "describe":
-            result = service.describe(request)
-            print(dumps(result) if args.json else format_descriptions(result))
-        elif args.stream:
-            _stream(service.generate_stream(request))
+        service.check(request, MAX_CLI_PROMPTS, files=True)
+        if getattr(args, "stream", False):
+            _stream(kind.stream(service, request))
         else:
-            result = service.generate(request)
-            print(dumps(result) if args.json else format_generation(result))
+            print(printed(kind.run_command(service, request, None if args.json else _fit_progress), args.json))
     finally:
         service.close()
     return 0
+
+
+def printed(result, as_json: bool) -> str:
+    """A result as its command prints it: its JSON (the API's) with --json, else its `to_text()`; a list (a command
+    given several prompts) one object each, one object alone for one."""
+    from .results import dumps
+
+    results = result if isinstance(result, list) else [result]
+    if as_json:
+        return dumps(results[0] if len(results) == 1 else results)
+    return "\n\n".join(r.to_text() for r in results)
 
 
 def _stream(items) -> None:
@@ -192,16 +175,6 @@ def _stream(items) -> None:
 
     for item in items:
         print(json.dumps(item.to_json(), ensure_ascii=False) if isinstance(item, Partial) else dumps(item), flush=True)
-
-
-def _evaluate(service, request, as_json: bool) -> int:
-    """`evaluate`: the shipped items or a file of the published form (the command line's alone), every item checked
-    before the engine starts (the service plans it all before its first engine call)."""
-    from .results import dumps
-
-    result = service.evaluate(request, files=True)
-    print(dumps(result) if as_json else format_evaluation(result))
-    return 0
 
 
 def _fit_progress(step: int, p: float, norm: float) -> None:

@@ -8,22 +8,28 @@ tab, which sends it; the kind's registry entry and the tab's one-line declaratio
 adds. The second counts
 the field parsers a request goes through: each of its fields once, when it is made, and none after, however
 far it travels through the service (a fitted steer's default sweep, too: its fit is a fake's, tests/fakes.py).
+A new request kind is one entry in `service/kinds.py` too: a throwaway kind with a request and a result of its
+own is a command (in `lensapp --help`, run by `cli.main`, printing its result's text or JSON) and an endpoint of
+the served app (gradio_client's API info, and its answer).
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 from dataclasses import dataclass, replace
 
 import gradio as gr
 import pytest
 from fakes import FitDeskFake
+from tiny_app import served
 
-from lensapp import cli
-from lensapp.service import kinds, parsers
+from lensapp import cli, config
+from lensapp.server import make_app
+from lensapp.service import fields, kinds, parsers
 from lensapp.service.field import Field, RequestError
 from lensapp.service.limits import RateLimiter
-from lensapp.service.requests import GenerateRequest, InterveneRequest, LensRequest
+from lensapp.service.requests import GenerateRequest, InterveneRequest, LensRequest, Request
 from lensapp.ui import api, generate_tab, kept, permalinks, views
 from lensapp.ui.downloads import Downloads
 from lensapp.ui.guard import Guard
@@ -46,7 +52,7 @@ def shout_kind(monkeypatch):
         return _Answer() if service is None else service.generate(req)
 
     kind = kinds.Kind("shout", ShoutRequest, run, "Generate, louder.", "what generate returns",
-                      command="generate, louder")
+                      command=kinds.Command("generate, louder"))
     monkeypatch.setitem(kinds.KINDS, "shout", kind)
     return kind, heard
 
@@ -99,6 +105,56 @@ def test_the_field_reaches_a_link_and_a_tab_of_that_kind(shout_kind, tiny_servic
     out = parts.run(values)
     assert heard[-1].shout is True and heard[-1].max_tokens == 1 and out["text"] == value_of(out["state"]).text
     assert permalinks.decode(permalinks.query_string(view.view_of(values))).view.shout is True
+
+
+@dataclass(frozen=True)
+class CountRequest(Request):
+    prompt: str = fields.PROMPT.declared()
+    chat: bool = fields.CHAT.declared()
+
+
+@dataclass
+class Counted:
+    prompt: str
+    tokens: int
+
+    def to_json(self):
+        return {"prompt": self.prompt, "tokens": self.tokens}
+
+    def to_text(self):
+        return f"{self.prompt!r} is {self.tokens} tokens"
+
+
+@pytest.fixture
+def count_kind(monkeypatch):
+    """A kind nothing else names: its request, its result and this entry are all it has."""
+    kind = kinds.Kind("count", CountRequest,
+                      lambda service, req: Counted(req.prompt, len(service.prompts.ids(req.prompt, req.chat))),
+                      "Count a prompt's tokens.", "{prompt, tokens}", command=kinds.Command("count a prompt's tokens"))
+    monkeypatch.setitem(kinds.KINDS, "count", kind)
+    return kind
+
+
+def test_a_new_kind_is_a_command_and_an_endpoint(count_kind, tiny_service, tiny_model_dir, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "count a prompt's tokens" in capsys.readouterr().out
+    model = ["--model", str(tiny_model_dir), "--backend", "transformers", "--jlens", "none"]
+    tokens = len(tiny_service.prompts.ids("Water boils at"))
+    assert cli.main(["count", "Water boils at", *model]) == 0
+    assert capsys.readouterr().out == f"'Water boils at' is {tokens} tokens\n"
+    assert cli.main(["count", "Water boils at", "--json", *model]) == 0
+    assert json.loads(capsys.readouterr().out) == {"prompt": "Water boils at", "tokens": tokens}
+    assert cli.main(["count", "", *model]) == cli.EXIT_USAGE              # its field's parser: one line
+    assert capsys.readouterr().err.startswith("error: ")
+
+    from gradio_client import Client
+
+    with served(make_app(tiny_service, config.Config(rate_limit=0))) as url:
+        client = Client(url, verbose=False)
+        endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/count"]
+        assert [p["parameter_name"] for p in endpoint["parameters"]] == ["prompt", "chat"]
+        assert client.predict("Water boils at", api_name="/count") == {"prompt": "Water boils at", "tokens": tokens}
 
 
 @pytest.fixture

@@ -194,7 +194,6 @@ def test_the_cost_counts_every_forward_the_engine_makes(tiny_service, inputs, kw
 
 
 def test_what_was_done_is_typed_and_its_json_is_the_published_one(tiny_service):
-    from lensapp.cli import format_intervention
     from lensapp.ui.intervene_tab import generated_text, summarise
 
     steered = tiny_service.intervene(request(alphas="0,0.5", positions="2-3", from_word="Paris", prompt_only="1"))
@@ -221,7 +220,7 @@ def test_what_was_done_is_typed_and_its_json_is_the_published_one(tiny_service):
     for r in (steered, mean, patched):
         orjson.dumps(r.to_json())                                     # what Gradio's API does to it
         json.dumps(r.to_json(), allow_nan=False)                      # and the CLI: strict JSON, no NaN
-        assert f"kind={r.intervention.kind}" in format_intervention(r)
+        assert f"kind={r.intervention.kind}" in r.to_text()
         assert summarise(r).startswith(f"**{r.intervention.kind.capitalize()}**")
     assert "Typical residual norm there: layer 1" in summarise(steered)
     assert "Copied from" in summarise(patched) and "same seed (0)" in generated_text(patched)

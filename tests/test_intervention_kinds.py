@@ -75,7 +75,6 @@ class _Guard:
 
 
 def test_a_kind_added_by_the_recipe_runs_everywhere(tiny_service, echo):
-    from lensapp.cli import format_intervention
     from lensapp.ui import api
     from lensapp.ui.intervene_tab import code_for, summarise
 
@@ -95,7 +94,7 @@ def test_a_kind_added_by_the_recipe_runs_everywhere(tiny_service, echo):
                                                                    intervention="echo", layer="1-2")
     assert answer["intervention"] == {"kind": "echo", "layers": [1, 2], "positions": "all",
                                       "changed_positions": [4], "lenses": ["logit"]}
-    assert "kind=echo" in format_intervention(r) and summarise(r).startswith("**Echo** at layers 1, 2")
+    assert "kind=echo" in r.to_text() and summarise(r).startswith("**Echo** at layers 1, 2")
     assert code_for(tiny_service, r) == ""                        # no script for it: "Show the code" stays empty
 
 

@@ -156,6 +156,24 @@ class ComponentsResult:
     def dumps(self) -> str:
         return dumps(self)
 
+    def to_text(self) -> str:
+        """As the command line prints it without --json: the logit and its parts by layer, the heads that wrote
+        most, and a pattern's row when asked."""
+        where = f"after {self.input_tokens[self.position]!r} (position {self.position})"
+        out = [f"{self.model}: {self.prompt!r}", f"{self.what} {where} = {self.logit:.4f}; the parts sum to "
+               f"{self.total:.4f} (embedding {self.embed:.4f}, norm bias {self.bias:.4f})",
+               "\ndirect effect on it by layer (attention, MLP, running total):",
+               self.layer_frame().round(4).to_string(index=False)]
+        heads = self.heads_frame()
+        heads = heads.reindex(heads["value"].abs().sort_values(ascending=False).index).head(8)
+        out += ["\nthe heads with the largest direct effect (and where they look from the position):",
+                heads.round(4).to_string(index=False)]
+        if self.pattern is not None:
+            out += [f"\nlayer {self.patterns_layer}'s attention from position {self.position}, per head (key: weight):"]
+            out += [f"head {h}: " + "  ".join(f"{k}:{self.input_tokens[k]!r} {w:.3f}" for k, w in enumerate(weights))
+                    for h, weights in enumerate(self.pattern_row())]
+        return "\n".join(out)
+
     def to_json(self) -> dict:
         """The CLI's `components --json` (and the API's) object; string keys only (orjson)."""
         out = {

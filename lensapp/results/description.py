@@ -52,6 +52,14 @@ class Descriptions:
     def dumps(self) -> str:
         return dumps(self)
 
+    def to_text(self) -> str:
+        """As the command line prints it without --json: the cell, then each layer's words."""
+        first = self.items[0]
+        out = [f"{first.model}: {first.prompt!r}, position {first.position} ({first.source_token!r}), described "
+               f"through {first.inspection_prompt!r}:"]
+        out += [f"  layer {x.layer:>3} (into layer {x.inspect_layer}): {x.text!r}" for x in self.items]
+        return "\n".join(out)
+
     def table(self) -> list[tuple[int, str]]:
         """(layer, text) per description: a column of words beside a lens's column of tokens."""
         return [(d.layer, d.text) for d in self.items]

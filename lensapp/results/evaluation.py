@@ -259,6 +259,16 @@ class EvaluationResult:
                              "best rank": s.intermediate_rank.min(1), "at layer": s.layers[best],
                              "target": self.targets, "target rank at last layer": s.target_rank[:, -1]})
 
+    def to_text(self) -> str:
+        """As the command line prints it without --json: per lens the "some layer" rates and the best bands, then
+        hit@1 and hit@10 per layer."""
+        return "\n".join([
+            f"{self.model}: {self.n_items} {self.split} items of {self.items}; an item hits at a layer when its "
+            "intermediate's first token is within the lens's top k at the prompt's last position",
+            self.summary().to_string(index=False, float_format=lambda x: f"{x:.3f}"),
+            "\nper layer (the intermediate's hit rate, the target's, the target's median rank):",
+            self.frame().to_string(index=False, float_format=lambda x: f"{x:.3f}")])
+
     def to_json(self) -> dict:
         return {"model": self.model, "items": self.items, "split": self.split, "n_items": self.n_items,
                 "hit_at": list(HIT_AT), "jlens": self.jlens, "names": self.names, "prompts": self.prompts,

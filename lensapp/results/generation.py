@@ -95,6 +95,21 @@ class GenerationResult:
         layers = self.steps[0].readout.layers if self.steps else []
         return pd.DataFrame(cols, index=layers)
 
+    def to_text(self) -> str:
+        """As the command line prints it without --json: the text, then per lens the newest position's top-1 by
+        layer and step, and where each token was decided."""
+        out = [f"{self.model}: {self.prompt!r} -> {self.text!r}"]
+        out += [f"forced at step {step}: {self.tokens[step]!r} (#{token})" for step, token in self.forced]
+        for name in self.steps[0].readout.lenses if self.steps else []:
+            grid = self.step_grid(name).map(repr)
+            grid.columns = [repr(s.token) for s in self.steps]
+            out += [f"\n[{name} lens] top-1 at the newest position, per layer (rows) and step (columns)",
+                    grid.to_string()]
+            decided = ", ".join(f"{tok!r}: {'never' if layer is None else layer}"
+                                for tok, layer in zip(self.tokens, self.decided_at(name)))
+            out.append(f"[{name} lens] decided at (the first layer from which each token stays the top-1): {decided}")
+        return "\n".join(out)
+
     def to_json(self) -> dict:
         out = {"model": self.model, "prompt": self.prompt, "text": self.text, "token_ids": self.token_ids,
                "tokens": self.tokens, "steps": [s.to_json() for s in self.steps]}

@@ -173,6 +173,21 @@ class InterventionResult:
             return b.targets[0].probs - a.targets[0].probs
         return b.top_probs[..., 0] - a.top_probs[..., 0]
 
+    def to_text(self) -> str:
+        """As the command line prints it without --json: what was done, the word's final probability before and
+        after each change, and what was generated."""
+        what = ", ".join(f"{k}={v}" for k, v in self.intervention.to_json().items() if v not in (None, "", []))
+        out = [f"{self.before.model}: {self.before.prompt!r}", f"intervention: {what}",
+               f"model's next token before: {self.before.model_next_token!r}; after: "
+               + ", ".join(f"{label} {a.model_next_token!r}" for label, a in zip(self.labels, self.after))]
+        if self.word is not None:
+            out += [f"\nP({self.word!r}) at the last position, the model's output:",
+                    self.dose_response().to_string(index=False)]
+        if self.generated_after:
+            out += [f"\ngenerated before (seed {self.seed}): {self.generated_before!r}"]
+            out += [f"generated with {label}: {text!r}" for label, text in zip(self.labels, self.generated_after)]
+        return "\n".join(out)
+
     def to_json(self) -> dict:
         out = {"before": self.before.to_json(), "after": [r.to_json() for r in self.after],
                "labels": self.labels, "intervention": self.intervention.to_json()}

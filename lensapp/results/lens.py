@@ -184,6 +184,36 @@ class LensResult:
     def dumps(self) -> str:
         return dumps(self)
 
+    def to_text(self) -> str:
+        """As the command line prints it without --json: top-1 per layer x position, then the last position's
+        top-k, each target's probability by layer, and where each position was decided."""
+        out = [f"{self.model}: {self.prompt!r} -> model's next token {self.model_next_token!r}"]
+        for name in self.lenses:
+            grid = self.top1_grid(name).map(repr)
+            grid.columns = [repr(t) for t in self.input_tokens]
+            out += [f"\n[{name} lens] top-1 per layer (rows) and input position (columns)", grid.to_string(),
+                    *self._display_grid_text(name),
+                    f"\n[{name} lens] top-{self.lenses[name].top_ids.shape[-1]} at the last position",
+                    self.top_k_table(name).to_string(index=False)]
+            for t in self.lenses[name].targets:
+                out.append(f"target {t.text!r} ({t.scored_as}): p at last position by layer "
+                           + " ".join(f"{p:.3g}" for p in t.probs[:, -1]))
+            strip = self.decided_json(name)
+            out.append(f"[{name} lens] decided at (the first layer from which each position's final top-1 stays the "
+                       "top-1): " + ", ".join(f"{tok!r}: {'never' if layer is None else layer}"
+                                              for tok, layer in zip(strip["decided_tokens"], strip["decided_at"])))
+        return "\n".join(out)
+
+    def _display_grid_text(self, name: str) -> list[str]:
+        """With skip_punctuation: the token each cell shows, and its rank where it is not the top-1."""
+        readout = self.lenses[name]
+        if readout.display_ranks is None:
+            return []
+        grid = self.display_grid(name)
+        grid.columns = [repr(t) for t in self.input_tokens]
+        return [f"\n[{name} lens] skipping punctuation: the best word per cell (#rank where it is not the top-1; "
+                f"'(none)': no word in the top {readout.searched})", grid.to_string()]
+
     def to_json(self) -> dict:
         out = {
             "model": self.model, "prompt": self.prompt, "input_ids": self.input_ids,

@@ -138,10 +138,11 @@ class LensService:
         self._observe("generate", req)
         return self.brancher.generate_stream(req) if req.force else self.generator.generate_stream(req)
 
-    def check(self, req: LensRequest | GenerateRequest | InterveneRequest | ComponentsRequest | DescribeRequest,
-              max_prompts: int = MAX_COMPARE_PROMPTS) -> cost.Cost:
+    def check(self, req, max_prompts: int = MAX_COMPARE_PROMPTS, files: bool = False) -> cost.Cost:
         """Every check a request gets, without running it (the CLI asks before an engine starts): its planned
-        cost, or RequestError."""
+        cost, or RequestError. max_prompts, files: what the asker may ask (`lens`, `evaluate`)."""
+        if isinstance(req, evaluating.EvaluateRequest):
+            return evaluating.plan(self, req, files).cost
         if isinstance(req, InterveneRequest):
             return self.intervener.plan(req, self.intervention_inputs()).cost
         if isinstance(req, ComponentsRequest):
@@ -150,9 +151,9 @@ class LensService:
             return self.reader.plan(req, max_prompts).cost
         if isinstance(req, DescribeRequest):
             return self.describer.plan(req).cost
-        if req.force:
-            return self.brancher.plan(req).cost
-        return self.generator.plan(req).cost
+        if isinstance(req, (GenerateRequest, ChatRequest)):
+            return (self.brancher if req.force else self.generator).plan(req).cost
+        return cost.NOTHING          # another kind (a new one) is checked as it is planned, when it runs
 
     def describe(self, req: DescribeRequest) -> Descriptions:
         """A cell (or a column of cells: one per layer) described in words by the model itself (Patchscopes)."""
