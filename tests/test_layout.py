@@ -1,8 +1,11 @@
-"""The architecture holds: imports point one way, both backends implement the protocol, modules stay small."""
+"""The architecture holds: imports point one way and never in a circle, both backends implement the protocol, and
+CONTRIBUTING's map names every module. A module holds one idea; how long it is is the reader's call (CONTRIBUTING's
+Style), not a test's."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import inspect
 from pathlib import Path
 
@@ -71,9 +74,56 @@ def test_imports_point_one_way(path):
         assert not hits, f"{name} imports {hits}"
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
-def test_modules_stay_readable(path):
-    assert len(path.read_text().splitlines()) <= 300, f"{module_name(path)} has outgrown one noun"
+def run_at_import(tree: ast.Module):
+    """The import statements a module runs as it is imported: not those in functions (imported when called) nor
+    under `if TYPE_CHECKING:`."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            todo.extend(n for key in ("body", "orelse", "finalbody", "handlers") for n in getattr(node, key, ()))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each lensapp module -> the lensapp modules it imports as it is imported (`from . import x`: the module x)."""
+    names = {module_name(p) for p in MODULES}
+    graph = {}
+    for path in MODULES:
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        targets = set()
+        for node in run_at_import(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+                continue
+            parts = package.split(".")
+            base = ".".join(parts[:len(parts) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
+                else node.module
+            targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names)
+        graph[name] = {t for t in targets if t in names and t != name}
+    return graph
+
+
+def circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A circle of imports in `graph` (the module first and last), or None."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        return e.args[1]
+    return None
+
+
+def test_no_module_imports_itself_in_a_circle():
+    found = circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
+    assert found[0] == found[-1] and sorted(found[1:]) == ["a", "b", "c"] and circle({"a": {"b"}, "b": set()}) is None
+    graph = import_graph()
+    assert graph["lensapp.service.kinds"] >= {"lensapp.service.fields", "lensapp.service.requests"}
+    found = circle(graph)
+    assert found is None, "imports in a circle: " + " -> ".join(found)
 
 
 # The backends themselves and the loader that picks one (with the kinds it declares): the only files that know
