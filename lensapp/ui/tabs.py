@@ -34,11 +34,13 @@ def plot(chart: alt.TopLevelMixin | None) -> PlotData | None:
 
     Validation walks every cell of the inline data with jsonschema: for a 389-token prompt's page it
     took ~1 s of the server's 7 s (0.3 s while building, 0.65 s in `to_json`). The charts are the same
-    code whatever the data, and `tests/test_charts.py` validates each kind with `to_dict()`.
+    code whatever the data, and `tests/test_charts.py` validates each kind with `to_dict()`. Written without
+    Altair's default indentation, which was a third of a chart's JSON (a short link's pair of heatmaps: 547 kB
+    on the page; bench/link_speed.py), all of it sent, escaped and parsed again by the page.
     """
     if chart is None:
         return None
-    return PlotData(type="altair", plot=chart.to_json(validate=False))
+    return PlotData(type="altair", plot=chart.to_json(validate=False, indent=None))
 
 
 def build_chart(make: Callable, *args, **kwargs) -> PlotData | None:
