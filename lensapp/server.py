@@ -269,13 +269,14 @@ PUBLIC_HEALTH = ("state", "ready", "front_page", "queue_depth")
 
 
 def is_host(request, cfg) -> bool:
-    """The host: the app's login (HTTP basic: `curl -u user:password`), `Authorization: Bearer
-    <health_token>`, or a client on this machine (a loopback address, as `service/identity.py` derives it)."""
+    """The host: the app's first login (HTTP basic: `curl -u user:password`; a workshop's other logins are its
+    participants'), `Authorization: Bearer <health_token>`, or a client on this machine (a loopback address, as
+    `service/identity.py` derives it)."""
     import hmac
 
     from .service import identity
 
-    if cfg.auth_pairs and _logged_in(request, cfg.auth_pairs):
+    if cfg.auth_pairs and _logged_in(request, cfg.auth_pairs[:1]):
         return True
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if cfg.health_token and scheme.lower() == "bearer" and hmac.compare_digest(token.encode(),

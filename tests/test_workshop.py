@@ -122,13 +122,14 @@ def test_the_counts_are_the_hosts_behind_the_login():
                               health=lambda: {"state": "ready", "queue_depth": 0},
                               status=lambda: {"state": "ready", "reason": "", "queue_depth": 0})
     plan = workshop.load(TEST_FILE)
-    with TestClient(make_app(service, config.Config(auth="host:secret"), plan)) as client:
+    with TestClient(make_app(service, config.Config(auth="host:secret,alice:pw"), plan)) as client:
         assert client.get("/workshop").status_code == 401
         assert client.get("/workshop", auth=("host", "wrong")).status_code == 401
         got = client.get("/workshop", auth=("host", "secret")).json()
         assert list(got["exercises"]) == [f"{i}. {ex.title}" for i, ex in enumerate(plan.exercises, 1)]
         assert client.get("/health", auth=("host", "secret")).json()["workshop"]["tabs"] == {}
         assert "workshop" not in client.get("/health").json()                 # the counts are the host's
+        assert "workshop" not in client.get("/health", auth=("alice", "pw")).json()    # not a participant's
     assert service.observer is not None
     with TestClient(make_app(service, config.Config(), plan)) as client:
         assert client.get("/workshop").status_code == 200                # no login: the host's alone
