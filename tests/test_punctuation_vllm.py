@@ -14,6 +14,7 @@ from lensapp.service import LensRequest, LensService
 from lensapp.service.limits import RateLimiter
 from lensapp.ui import api, build_ui
 from lensapp.ui.guard import Guard
+from lensapp.ui.kept import value_of
 
 PROMPT = "The Eiffel Tower is in the city of"
 
@@ -63,7 +64,7 @@ def test_the_page_the_api_and_the_cli_show_the_same_cells(both, vllm_service, mo
     page = build_ui(vllm_service, config.Config(jlens="none", rate_limit=0)).tabs["logit"]
     out = page.run({"prompt": PROMPT, "layers": "all", "k": 5, "targets": "", "metric": "top1_prob", "chat": False,
                     "raw": False, "start": None, "punct": True})
-    assert out["state"].to_json()["lenses"]["logit"]["display_tokens"] == expected["display_tokens"]
+    assert value_of(out["state"]).to_json()["lenses"]["logit"]["display_tokens"] == expected["display_tokens"]
     drawn = page_cells(out["heatmap"])
     settings = DisplaySettings()
     for i, layer in enumerate(result.layers):

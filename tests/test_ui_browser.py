@@ -276,6 +276,7 @@ def test_app_without_a_jlens_says_how_to_load_one():
     service = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
                               jlens_layers=[], jlens_error=None, chat_layers=lambda lens: [0, 1, 2, 3],
                               model=SimpleNamespace(path="stand-in", family=None),
+                              prompts=None,             # no tokenizer: a link's positions are read as written
                               health=lambda: {"state": "ready"},
                               status=lambda: {"state": "ready", "reason": "", "queue_depth": 0})
     demo = ui.build_app(service, Config(jlens="none"))
