@@ -128,12 +128,12 @@ def test_no_module_imports_itself_in_a_circle():
 
 # The backends themselves and the loader that picks one (with the kinds it declares): the only files that know
 # a backend by its name. What differs between backends is a value or a method the backend hands out
-# (`site.Site.logits`, `backend_kinds.BackendKind`). `snippets/lens.py` and the lens tab's code panel compare
-# "Show the code"s forms, which are published link values ("transformers", "vllm"), not backends.
+# (`site.Site.logits`, `backend_kinds.BackendKind`). `snippets/lens.py` compares "Show the code"s forms, which are
+# published link values ("transformers", "vllm"), not backends.
 BACKEND_FILES = {"engine/run/vllm_backend.py", "engine/run/hf_backend.py", "engine/start/vllm_cpu.py",
                  "engine/start/vllm_gpu.py", "engine/start/loading.py", "engine/start/backend_kinds.py",
                  "engine/run/remote_backend.py", "engine/run/served.py", "engine/run/vllm_meta.py"}
-NAMES_FORMS = {"snippets/lens.py", "ui/lens_code.py"}
+NAMES_FORMS = {"snippets/lens.py"}
 # Besides those, what runs inside vLLM's workers (`stages.py`: the pipeline relay and the tensor-parallel head)
 # and what asks vLLM's platform before a start (`preflight.py`) import vLLM itself.
 VLLM_IMPORTERS = BACKEND_FILES | {"engine/run/stages.py", "engine/start/preflight.py"}

@@ -91,7 +91,7 @@ def tiny_url(tiny_service):
 
 
 def test_the_page_health_and_snippets_name_no_server_folder(tiny_service, tiny_model_dir):
-    from lensapp.ui import intervene_tab, lens_code
+    from lensapp.ui import intervene_tab, lens_tab
 
     with TestClient(make_app(tiny_service, config.Config())) as visitor:
         assert_no_server_path(visitor.get("/config").text, tiny_model_dir)       # the whole page, as built
@@ -100,7 +100,7 @@ def test_the_page_health_and_snippets_name_no_server_folder(tiny_service, tiny_m
         assert_no_server_path(host.get("/health").text, tiny_model_dir)          # the host's view names none either
     result = tiny_service.lens(LensRequest(prompts=("The capital of France is",), lens="logit"))[0]
     for form in ("transformers", "vllm"):
-        snippet = lens_code.code_for(tiny_service, result, "logit", form)
+        snippet = lens_tab.code_for(tiny_service, result, "logit", form)
         assert_no_server_path(snippet, tiny_model_dir)
         assert f"MODEL = {tiny_model_dir.name!r}" in snippet and "a folder on the app's server" in snippet
     steered = tiny_service.intervene(InterveneRequest(prompt="The capital of France is", word="Paris", layer="2",

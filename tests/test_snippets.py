@@ -33,7 +33,7 @@ from word_tokenizers import CONTEXT, tiny_model
 
 from lensapp import config, jlens, tokenizing
 from lensapp.service import ComponentsRequest, InterveneRequest, LensRequest, LensService
-from lensapp.ui import components_tab, intervene_tab, lens_code
+from lensapp.ui import components_tab, intervene_tab, lens_tab
 
 HUB_REPO, HUB_FILE = "neuronpedia/jacobian-lens", "tiny/jlens/wikitext/tiny_jacobian_lens.pt"
 CJK = "法国的首都是"
@@ -124,7 +124,7 @@ def test_the_lens_script_reads_the_apps_tokens_and_numbers(app, chat, monkeypatc
     prompt = CONTEXT if kind == "sentencepiece" else CJK
     result = service.lens(LensRequest(prompts=(prompt,), lens="both", k=3, chat=chat))[0]
     assert (result.input_ids[0] == tok.bos_token_id) == (kind == "sentencepiece")
-    code = lens_code.code_for(service, result, "both", "transformers", chat)
+    code = lens_tab.code_for(service, result, "both", "transformers", chat)
     assert f"hf_hub_download({HUB_REPO!r}, {HUB_FILE!r})" in code
     readout = run_script(code, folder_of(service), monkeypatch)[0]["readout"]
     for name, lens in result.lenses.items():

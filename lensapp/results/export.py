@@ -1,4 +1,5 @@
-"""Results as JSON and CSV text: what the CLI prints, the API returns and the download buttons serve."""
+"""Results as JSON text: what `--json` prints and the JSON download serves, each result's numbers rounded as every
+result's `to_json` rounds them (a result writes its own CSV: `to_csv`)."""
 
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
             tab.visible = tab.id in shown
         page.update(_link_row(page["title"], page["note"]))
         register_api(service, guard, cfg)
-        _wire_status(service, page["banner"], parts)
+        status.wire(service, page["banner"], parts)
         _wire_links(parts, page)
 
         def restore(opened_with: str | None):
@@ -185,28 +185,6 @@ def _link_row(title: gr.Textbox, note: gr.Textbox) -> Components:
     copy.click(None, None, None, js=JS_COPY_LINK, **PRIVATE).then(
         lambda: gr.Info("Link copied to the clipboard."), None, None, queue=False, **PRIVATE)
     return {"link": link, "query": gr.Textbox(visible=False, elem_id="permalink-query")}
-
-
-def _wire_status(service, banner: gr.Markdown, parts: dict[str, TabParts]) -> None:
-    """The status line, and every run button enabled only while the engine can serve. Each open page asks every
-    POLL_SECONDS; while its line stays the same nothing is sent back (no redraw in the visitor's browser), and
-    what it reads is two counters (`LensService.status`)."""
-    buttons = [p.run_button for p in parts.values() if p.run_button is not None]
-
-    synced = gr.State(False)          # this page's buttons have been set once
-
-    def poll(shown: str, was_synced: bool):
-        h = service.status()
-        line = status.status_line(h)
-        if was_synced and line == (shown or ""):
-            return {banner: gr.skip(), synced: gr.skip(), **{b: gr.skip() for b in buttons}}
-        return {banner: gr.Markdown(line, visible=bool(line)), synced: True,
-                **{b: gr.Button(interactive=status.is_ready(h)) for b in buttons}}
-
-    # No progress shown: each tick would otherwise set every output's loading state, a walk of the page's whole
-    # component tree in the visitor's browser every POLL_SECONDS.
-    gr.Timer(status.POLL_SECONDS).tick(poll, [banner, synced], [banner, synced, *buttons], queue=False,
-                                       show_progress="hidden", **PRIVATE)
 
 
 def _wire_links(parts: dict[str, TabParts], page: Components) -> None:

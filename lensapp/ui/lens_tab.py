@@ -4,8 +4,9 @@ Both show a layer x token heatmap for a prompt, the top-k table at one position 
 curves. The Jacobian tab reads both lenses over the layers that have a J, shows them side by side
 on one colour scale with a view of where their top-1 differs, and the lens's provenance. Its inputs
 are the `lens` request's fields but the lens (`views.TAB_VIEWS`); the handlers below are what its
-events call. Under the readout: a cell described in words (`describing.py`), "Show the code"
-(`lens_code.py`) and, on the Jacobian tab, how good the lens is (`evaluation.py`).
+events call. Under the readout: a cell described in words (`describing.py`), "Show the code" (the view as a
+short nnsight script, in the form the visitor picks: below) and, on the Jacobian tab, how good the lens is
+(`evaluation.py`). The tabs' words (intros, "How to read this", the options' explanations) lead the module.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from .. import charts, redact
 from ..service.planning import jlens_subset
 from ..service.selection import span
 from ..service.usage import not_counted
+from ..snippets import model_reference
+from ..snippets.lens import lens_snippet
 from .components_tab import cell_link
 from .decisions import build_strip, redraw_strip, strip_of
 from .describing import build_describe_panel, describe
@@ -28,20 +31,78 @@ from .examples import lens_examples
 from .first_view import FIRST_CHART, PHONE_LATER
 from .form import Form, asked
 from .kept import Kept, kept_state, recipe
-from .lens_code import build_code_panel, show_code
-from .lens_texts import (
-    JACOBIAN_HOW_TO,
-    JACOBIAN_INTRO,
-    LOGIT_HOW_TO,
-    LOGIT_INTRO,
-    NO_LENS,
-    RAW_INFO,
-    SUBLAYERS_INFO,
-)
 from .notes import highlight_of
 from .readout import colour_metric, grid_tables, lens_summary, position_choices, shown_lenses, top_k_tables
 from .tabs import Components, TabParts, build_chart, how_to, int_or, md_text, on, warn
 from .views import START, TAB_VIEWS, TabView
+
+# -- the tabs' words: intros, "How to read this", the page without a Jacobian lens, the options' help -------
+
+# Both tabs: the column a BOS rule adds (service/prompts.py reads every prompt so when the lens was fitted so).
+BOS_COLUMN = """
+- A first column such as `<|im_start|>` or `<s>` is the tokenizer's start token (BOS), not your text: the
+  Jacobian lens loaded was fitted with it before every prompt, so every tab reads every prompt with it first.
+  The model parks attention there; its cells say little.
+"""[1:]
+
+LOGIT_HOW_TO = """
+Each **row** is a layer (layer 0 at the bottom, the last layer at the top) and each **column** a prompt
+token. A cell shows the token the model would predict *next* if it stopped at that layer: the layer's
+residual stream sent through the model's own final norm and unembedding. The colour is the metric you
+choose; hover a cell for its top-k.
+
+- Read a column bottom to top to watch a prediction form. The top row is the model's real output.
+- `␣` is a space, `↵` a newline, `⇥` a tab: tokens often start with a space.
+- *Skip punctuation and whitespace* shows each cell's best word instead of a `.` or `␣`, with its rank as a
+  superscript (`␣city³`: rank 3); the hover still lists the true top-k, and the colour is still the metric's.
+- Early layers of most models read out noise or the current token itself; that is expected.
+- *KL to final* is how far a layer's guess is from the model's final distribution (0 = the same).
+- *Target* metrics score the first token of each target word as it would follow the prompt (a leading
+  space is added).
+""" + BOS_COLUMN
+
+JACOBIAN_HOW_TO = """
+The **logit lens** reads layer *l* as if the layers after it did nothing. The **Jacobian lens** first moves
+the residual into the last layer's basis with a pre-fitted average Jacobian J_l = E[∂h_final / ∂h_l],
+then unembeds: what the model is *disposed* to say from layer *l*, not what it would say if it stopped there.
+
+- Both heatmaps share rows (layers that have a J), columns (prompt tokens) and the colour scale.
+- The **difference** view marks cells whose top-1 differs. Orange: the J-lens is closer to the model's
+  final distribution there (lower KL); blue: the logit lens is. Grey: both lenses agree.
+- **Early layers read out degenerate tokens under the J-lens** (runs of `____`, punctuation, the same
+  token everywhere): an average Jacobian fitted from far below carries little of the prompt. Read it from
+  the middle layers on.
+- The top layer has no J (J = I there), so both lenses agree on it by construction.
+""" + BOS_COLUMN
+
+NO_LENS = """
+### No Jacobian lens is loaded
+
+This tab compares the logit lens with a **Jacobian lens**, a set of pre-fitted matrices that belongs to
+one model. None was configured when the app started, so there is nothing to show here.
+
+To load one, restart the app with `--jlens`:
+
+- a lens file for this model: `lensapp serve --jlens path/to/lens.pt`
+  (make one with `lensapp fit ...`; the embedded model's ships with the app);
+- a published lens on the Hugging Face hub, with `--model Qwen/Qwen3-8B`:
+  `--jlens neuronpedia/jacobian-lens:qwen3-8b/jlens/Salesforce-wikitext/Qwen3-8B_jacobian_lens.pt`.
+
+The same setting can come from the environment: `LENSAPP_JLENS=...`.
+"""
+
+# Above the chart: what the picture is, in two plain sentences ("How to read this" says the rest).
+LOGIT_INTRO = ("The picture below reads a prompt layer by layer: each row is a layer of the model (the first at "
+               "the bottom) and each column a word piece of the prompt. A cell is the word the model would say "
+               "next if it stopped at that layer, so a column read upward shows the answer forming: for *The "
+               "capital of France is*, ␣Paris takes over in the top layers.")
+JACOBIAN_INTRO = ("The same picture through the Jacobian lens, beside the plain logit lens: each layer is first "
+                  "carried to the last layer by a fitted average Jacobian, so a cell is what that layer is "
+                  "disposed to say. The view under it marks the cells where the two lenses disagree.")
+RAW_INFO = ("Unembed with h·W_U alone, skipping the model's own logit soft-capping or scaling (the same as the "
+            "default for models that have none).")
+SUBLAYERS_INFO = ("Rows L.attn (after the layer's attention) between rows L.mlp (after its MLP): which half of a "
+                  "layer wrote a prediction.")
 
 
 @dataclass(frozen=True)
@@ -282,3 +343,35 @@ def move_window(tab: LensTab, guard, values: dict, request: gr.Request = None) -
         heatmap, diff = draw(tab, result, metric, first, values.get("note"), values.get("chat"))
         return {"heatmap": heatmap, "diff": diff, "start": first, "grid_table": grid_tables(result, tab.shown, first)}
     return guard.ui(request, redraw)
+
+
+# -- "Show the code": its panel, and the script from the result in hand (snippets/lens.py) ------------------
+
+def build_code_panel(name: str) -> Components:
+    """The "Show the code" accordion of the tab `name`: its form and its code box, by name."""
+    with gr.Accordion("Show the code", open=False, elem_id=f"{name}-code-box"):
+        gr.Markdown("This view as a short nnsight script: paste it into a notebook (the copy button is at "
+                    "the top right) to get the same numbers.")
+        code_form = gr.Radio([("TransformersModel (runs anywhere)", "transformers"),
+                              ("vLLM (the app's engine)", "vllm")], value="transformers", show_label=False)
+        code = gr.Code(language="python", interactive=False, elem_id=f"{name}-code")
+    return {"code_form": code_form, "code": code}
+
+
+def show_code(lens: str, service, guard, values: dict, request: gr.Request = None) -> dict:
+    result = values["state"]
+    if result is None:
+        return {}
+    return guard.ui(request, lambda: {"code": code_for(service, result, lens, values["code_form"],
+                                                       bool(values["chat"]))})
+
+
+def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
+    """The view of `result` as a runnable nnsight script (snippets/lens.py), in the form picked: `lens_snippet`
+    writes vLLM's for "vllm" and TransformersModel's for any other value, so a form sent by hand reads as the
+    default (which form is which is a published link value, named there only: tests/test_layout.py)."""
+    model, note = model_reference(service.cfg.model, service.info.name)
+    return lens_snippet(family=service.model.family, model=model, prompt=result.prompt,
+                        layers=result.layers, k=result.lenses[next(iter(result.lenses))].top_ids.shape[-1], lens=lens,
+                        jlens=service.jlens.describe()["source"] if service.jlens is not None else None,
+                        chat=chat, form=form, model_note=note, bos=service.prompts.bos)

@@ -1,10 +1,12 @@
 """The engine's state on the page: a line under the header while the model loads, restarts, is busy or is
-down, and the run buttons enabled only while it can serve. Polled from the service's health."""
+down, and the run buttons enabled only while it can serve. Polled from the service's health (`wire`)."""
 
 from __future__ import annotations
 
+import gradio as gr
+
 from .. import redact
-from .tabs import md_text
+from .tabs import PRIVATE, TabParts, md_text
 
 POLL_SECONDS = 2.0
 
@@ -31,3 +33,25 @@ def status_line(health: dict) -> str:
 
 def is_ready(health: dict) -> bool:
     return health.get("state") == "ready"
+
+
+def wire(service, banner: gr.Markdown, parts: dict[str, TabParts]) -> None:
+    """The status line, and every run button enabled only while the engine can serve. Each open page asks every
+    POLL_SECONDS; while its line stays the same nothing is sent back (no redraw in the visitor's browser), and
+    what it reads is two counters (`LensService.status`)."""
+    buttons = [p.run_button for p in parts.values() if p.run_button is not None]
+
+    synced = gr.State(False)          # this page's buttons have been set once
+
+    def poll(shown: str, was_synced: bool):
+        h = service.status()
+        line = status_line(h)
+        if was_synced and line == (shown or ""):
+            return {banner: gr.skip(), synced: gr.skip(), **{b: gr.skip() for b in buttons}}
+        return {banner: gr.Markdown(line, visible=bool(line)), synced: True,
+                **{b: gr.Button(interactive=is_ready(h)) for b in buttons}}
+
+    # No progress shown: each tick would otherwise set every output's loading state, a walk of the page's whole
+    # component tree in the visitor's browser every POLL_SECONDS.
+    gr.Timer(POLL_SECONDS).tick(poll, [banner, synced], [banner, synced, *buttons], queue=False,
+                                show_progress="hidden", **PRIVATE)

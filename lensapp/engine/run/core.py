@@ -2,8 +2,8 @@
 
 nnsight's client is not thread-safe, and a served app has many threads (Gradio's workers, a
 workshop of thirty browsers). So one thread, owned by `Engine`, runs an event loop on which every
-backend call is a coroutine (`owner.py`); callers on other threads submit a call and wait for its result. On
-vLLM the coroutines of many callers are in flight at once and vLLM's scheduler batches them step
+backend call is a coroutine (`OwnerThread`, at the end); callers on other threads submit a call and wait for
+its result. On vLLM the coroutines of many callers are in flight at once and vLLM's scheduler batches them step
 by step; on the transformers backend they run one after another.
 
 Admission: a call is a request of one or more parts (each one engine request: a prompt's forward, a
@@ -38,7 +38,6 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 
 from . import parts
 from .errors import EngineBusy, EngineDown, EngineError, EngineRestarted, EngineTimeout, one_line
-from .owner import OwnerThread, gather_all
 from .parts import Part, generate_part, lens_part
 from .protocol import (
     Backend,
@@ -295,6 +294,53 @@ class Engine(Supervisor, Streaming):
             self._running.discard(task)
         self._completed += 1
         return result
+
+
+# -- the owner thread: it runs what it is given, knowing nothing of backends, requests, turns or restarts ---
+
+class OwnerThread:
+    """An event loop running on its own daemon thread, started when made."""
+
+    def __init__(self, name: str = "lens-engine"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, make) -> concurrent.futures.Future:
+        """Schedule `make()` (a coroutine factory, or a plain function) on the loop; a concurrent Future."""
+        async def run():
+            result = make()
+            return await result if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future) else result
+        return asyncio.run_coroutine_threadsafe(run(), self.loop)
+
+    def is_running(self) -> bool:
+        return self.loop.is_running()
+
+    def stop(self, timeout: float = 30) -> None:
+        """Cancel every task left on the loop (a watchdog, calls left waiting), then stop it and join its thread."""
+        self.submit(_cancel_tasks).result(timeout=timeout)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=timeout)
+
+
+async def _cancel_tasks() -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def gather_all(coros) -> list:
+    """Every coroutine's result, run at once. When one fails (a stream's reader gone) or this is cancelled, the others
+    are cancelled and waited for: nothing of them is left running, holding a slot or counted in flight."""
+    tasks = [asyncio.ensure_future(coro) for coro in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 __all__ = ["OUTCOMES", "Engine", "EngineBusy", "EngineDown", "EngineError", "EngineRestarted", "EngineTimeout"]

@@ -1,6 +1,6 @@
 """How a trace body reaches one backend's model (`Site`), and the defaults of one worker holding all of it.
 
-A backend builds its `Site` and hands it to every trace body (`trace.py`, `streams.py`, `components_trace.py`);
+A backend builds its `Site` and hands it to every trace body (`trace.py`, `components_trace.py`);
 it travels into vLLM's worker with each request, so it holds functions and plain values, never tensors.
 """
 
