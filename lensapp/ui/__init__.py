@@ -147,8 +147,8 @@ def landing_tab(service, shown, workshop: Workshop | None) -> str:
     """The tab a page without a link opens on: the two lenses side by side when a Jacobian lens is loaded (the
     most telling picture: the logit lens reads punctuation in most middle-layer cells of the default model, the
     Jacobian lens the words it is working toward), else the logit lens; a workshop's first tab."""
-    if workshop is None and service.jlens is not None and "jacobian" in shown:
-        return "jacobian"
+    if workshop is None and service.jlens is not None and JACOBIAN_TAB.name in shown:
+        return JACOBIAN_TAB.name
     return shown[0]
 
 
@@ -167,7 +167,7 @@ def _top(service, workshop: Workshop | None) -> Components:
     if workshop is not None:
         gr.Markdown(f"# {md_text(workshop.title)}\nLens Explorer · " + _header(service), elem_id="header")
     else:
-        lede = LEDE_BOTH if landing_tab(service, permalinks.TABS, None) == "jacobian" else LEDE_LOGIT
+        lede = LEDE_BOTH if landing_tab(service, permalinks.TABS, None) == JACOBIAN_TAB.name else LEDE_LOGIT
         gr.Markdown(f"# Lens Explorer\n{lede}", elem_id="header")
         gr.Markdown(_header(service), elem_id="model-line", elem_classes=["model-line"])
     line = status.status_line(service.status())
