@@ -11,7 +11,8 @@ fields, the command line, the API and the tabs are made from `LENSES` as they ar
 `transform` (h [L, P, d_model] -> the same shape, before the final norm), run in the engine's trace, so a
 declaration made outside this module reaches a backend in the same process only (not vLLM's workers).
 
-Pure: this module imports nothing of the app and no torch (charts read titles from it).
+Pure: this module imports nothing at import (charts, which never import torch, read titles from it); a transform
+may import `lenses.py`'s math inside itself, when it runs.
 """
 
 from __future__ import annotations

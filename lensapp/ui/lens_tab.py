@@ -101,7 +101,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
             examples = lens_examples(form.inputs["prompt"], form.inputs["targets"])
         outputs = _outputs(tab, downloads)
         more = _more(tab, service)
-        if tab.through_j:                 # how good is each lens: the shipped items, computed once
+        if tab.through_j:                       # how good is each lens: the shipped items, computed once
             build_evaluation_panel(tab.name, service, guard)
     reads = {"note": note} if note is not None else {}
     parts = {**form.inputs, **outputs, **more, **reads}
