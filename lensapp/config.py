@@ -95,10 +95,6 @@ GREEDY_BELOW = 1e-5
 # The app's tabs, by the name a link (`tab=`) and a workshop file (`tabs:`) give them.
 TABS = ("logit", "jacobian", "generate", "compare", "intervene", "components")
 
-# The lenses, and what a request's `lens` field may name.
-LENSES = ("logit", "jacobian")
-LENS_CHOICES = {"logit": ("logit",), "jacobian": ("jacobian",), "both": ("logit", "jacobian")}
-
 PACKAGE_DIR = Path(__file__).resolve().parent
 NNSIGHT_CONFIG = PACKAGE_DIR / "nnsight.yaml"
 SHIPPED_JLENS = PACKAGE_DIR / "assets" / "smollm2-135m-instruct_jlens.pt"

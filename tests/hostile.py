@@ -23,7 +23,6 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 
 from lensapp.config import (
-    LENS_CHOICES,
     MAX_GENERATE_TOKENS,
     MAX_K,
     MAX_LAYERS_CHARS,
@@ -31,6 +30,7 @@ from lensapp.config import (
     MAX_TARGET_CHARS,
     MAX_TEMPERATURE,
 )
+from lensapp.lens_kinds import readings
 from lensapp.service import RequestError
 from lensapp.ui import permalinks as pl
 
@@ -214,7 +214,7 @@ def assert_within_limits(view: pl.View) -> None:
     def text_ok(text: str) -> bool:
         return not any(0xD800 <= ord(c) <= 0xDFFF or (ord(c) < 0x20 and c not in "\n\t\r") for c in text)
 
-    assert view.tab in pl.TABS and view.metric in pl.METRICS and view.lens in LENS_CHOICES
+    assert view.tab in pl.TABS and view.metric in pl.METRICS and view.lens in readings()
     assert view.prompt.strip() and len(view.prompt) <= MAX_PROMPT_CHARS and text_ok(view.prompt)
     assert view.layers.strip() and len(view.layers) <= MAX_LAYERS_CHARS and text_ok(view.layers)
     assert all(len(t) <= MAX_TARGET_CHARS and "," not in t and text_ok(t) for t in view.targets)

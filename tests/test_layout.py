@@ -20,6 +20,10 @@ FORBIDDEN = {
     # What runs a backend is handed what it needs by what starts it (the loader chooses the VLLM class).
     "lensapp.engine.run": ("lensapp.engine.start",),
     "lensapp.lenses": ("lensapp.", "gradio", "altair", "vllm", "nnsight"),
+    # Read by every layer, charts included: no layer of the app (a lens's transform may import lenses.py's math
+    # inside itself, when it runs) and no heavy library.
+    "lensapp.lens_kinds": ("lensapp.engine", "lensapp.service", "lensapp.results", "lensapp.charts", "lensapp.ui",
+                           "lensapp.config", "lensapp.cli", "lensapp.server", "gradio", "altair", "vllm", "nnsight"),
     "lensapp.interventions": ("lensapp.", "gradio", "altair", "vllm", "nnsight"),
     "lensapp.jlens": ("lensapp.engine", "lensapp.service", "lensapp.ui", "gradio", "altair", "vllm", "nnsight"),
     "lensapp.provenance": ("lensapp.", "gradio", "altair", "vllm", "nnsight"),

@@ -16,11 +16,12 @@ from typing import Callable
 import altair as alt
 import numpy as np
 
+from ..lens_kinds import titles
 from ..results import GenerationResult, LensResult
 from .tokens import clip, column_labels, show_token
 
 PAD = "\u2063"      # an invisible separator: padding columns' labels (unique by repetition, shown as nothing)
-LENS_TITLES = {"logit": "logit lens", "jacobian": "Jacobian lens"}
+LENS_TITLES = titles()      # each declared lens's title (lens_kinds.py), by name
 
 
 @dataclass(frozen=True)

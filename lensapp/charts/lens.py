@@ -15,6 +15,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from ..lens_kinds import JACOBIAN, LOGIT, shown
 from ..results import GenerationResult, LensResult
 from .grid import (
     LENS_TITLES,
@@ -51,7 +52,7 @@ def lens_pair(result: LensResult, metric: str = "top1_prob", target: int = 0,
               settings: DisplaySettings = DisplaySettings(), start: int | None = None,
               highlight: Highlight = Highlight()):
     """Jacobian lens and logit lens side by side over the same cells, on one colour scale."""
-    grids = {lens: Grid.from_lens(result, lens) for lens in ("jacobian", "logit")}
+    grids = {lens: Grid.from_lens(result, lens) for lens in (JACOBIAN.name, LOGIT.name)}
     both = np.concatenate([g.metric_values(metric, target) for g in grids.values()], axis=1)
     domain = domain_of(both, METRICS[metric])
     cols = window_of(len(result.input_ids), start, settings)
@@ -68,8 +69,8 @@ def lens_diff(result: LensResult, settings: DisplaySettings = DisplaySettings(),
     Positive (orange): the J-lens reads closer to the model's own output there.
     """
     cols = window_of(len(result.input_ids), start, settings)
-    j = Grid.from_lens(result, "jacobian").window(cols.start, cols.stop)
-    lg = Grid.from_lens(result, "logit").window(cols.start, cols.stop)
+    j = Grid.from_lens(result, JACOBIAN.name).window(cols.start, cols.stop)
+    lg = Grid.from_lens(result, LOGIT.name).window(cols.start, cols.stop)
     labels = column_labels(j.column_tokens, settings.max_label_chars)
     delta = lg.kl - j.kl
     rows = []
@@ -198,7 +199,7 @@ def generation_heatmap(gen: GenerationResult, lens: str = "logit", metric: str =
     """
     if metric not in ("top1_prob", "entropy", "kl"):
         raise ValueError(f"a generation heatmap colours by top1_prob, entropy or kl; got {metric!r}")
-    names = ("jacobian", "logit") if lens == "both" else (lens,)
+    names = shown(lens)
     grids = [Grid.from_generation(gen, name) for name in names]
     domain = domain_of(np.concatenate([g.metric_values(metric) for g in grids], axis=1), METRICS[metric])
     parts = [heatmap(g, metric, 0, settings, f"{LENS_TITLES[name]} while generating: top-1 at the newest token",

@@ -12,6 +12,7 @@ from dataclasses import replace
 import altair as alt
 import numpy as np
 
+from ..lens_kinds import LOGIT
 from ..results import LensResult
 from .grid import METRICS, DisplaySettings, Grid, cell_rows, domain_of, finish, shade, window_of
 from .tokens import column_labels
@@ -26,9 +27,9 @@ def sublayer_heatmap(result: LensResult, metric: str = "top1_prob", target: int 
     """Rows L.attn and L.mlp for every read layer (layer 0 at the bottom) x prompt positions, each cell the logit
     lens's top-1 there, coloured by `metric` on one scale for both kinds of row; a click on a cell opens
     `href(layer, position, top-1 token)` when given."""
-    if result.after_attention is None or "logit" not in result.after_attention:
+    if result.after_attention is None or LOGIT.name not in result.after_attention:
         raise ValueError("this result was read without sublayers")
-    parts = {"attn": Grid.from_lens(_as_lens(result), "logit"), "mlp": Grid.from_lens(result, "logit")}
+    parts = {"attn": Grid.from_lens(_as_lens(result), LOGIT.name), "mlp": Grid.from_lens(result, LOGIT.name)}
     cols = window_of(len(result.input_ids), start, settings)
     values = {part: g.metric_values(metric, target)[:, cols.start:cols.stop] for part, g in parts.items()}
     m = METRICS[metric]
@@ -41,7 +42,7 @@ def sublayer_heatmap(result: LensResult, metric: str = "top1_prob", target: int 
                                else "after the MLP"})
     order = [row_name(layer, part) for layer in reversed(result.layers) for part in ("mlp", "attn")]
     labels = column_labels(result.input_tokens[cols.start:cols.stop], settings.max_label_chars)
-    k = min(result.lenses["logit"].top_probs.shape[-1], settings.tooltip_k)
+    k = min(result.lenses[LOGIT.name].top_probs.shape[-1], settings.tooltip_k)
     title = parts["mlp"].metric_title(metric, target)
     base = alt.Chart().encode(
         x=alt.X("column:N", sort=labels, title="prompt tokens (position →)",

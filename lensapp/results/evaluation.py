@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..lens_kinds import LOGIT
 from .export import round_floats
 
 HIT_AT = (1, 10)        # the k of hit@k reported
@@ -211,7 +212,7 @@ class EvaluationResult:
         """What a lens is for: of the items whose intermediate the model does not say (not in its own top k at its
         last layer, which the logit lens reads there), the share each lens has within its top k at some layer
         before that one. None without a logit lens; a lens's share None when every intermediate is said."""
-        logit = self.lenses.get("logit")
+        logit = self.lenses.get(LOGIT.name)
         if logit is None:
             return None
         last, quiet = int(logit.layers[-1]), logit.intermediate_rank[:, -1] > k

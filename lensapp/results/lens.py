@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..lens_kinds import reads_jlens
 from . import decided as decisions
 from .export import dumps
 from .readout import Decode, LensReadout, Target, in_context
@@ -73,7 +74,7 @@ class LensResult:
         return cls(prompt=prompt, input_ids=list(ids), input_tokens=in_context(decode, ids), layers=list(layers),
                    lenses=lenses,
                    model_next_id=output.model_next_id, model_next_token=decode([output.model_next_id])[0],
-                   model=model, jlens=jlens if "jacobian" in lenses else None, after_attention=between,
+                   model=model, jlens=jlens if reads_jlens(lenses) else None, after_attention=between,
                    read_from=read_from)
 
     # -- derived views -------------------------------------------------------------

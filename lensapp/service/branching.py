@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator, NamedTuple
 
-from ..config import LENS_CHOICES
 from ..engine.run.protocol import LensSpec, Sampling
 from ..engine.run.step_stream import Step
+from ..lens_kinds import read_by
 from ..results import ChatReply, GenerationResult
 from ..results.branching import graft, graft_chat
 from ..results.generation import GrowingGeneration
@@ -154,7 +154,7 @@ class Brancher:
         n_new = 0 if token in s.prompts.stop_ids else req.max_tokens - step - 1
         continuation = None
         if n_new > 0:
-            spec = planning.lens_spec(prefix, [layer], req.k, LENS_CHOICES[req.lens], s.info.n_layers,
+            spec = planning.lens_spec(prefix, [layer], req.k, read_by(req.lens), s.info.n_layers,
                                       s.jlens_layers)
             work = cost.branch(len(prefix), n_new, 1, 1)
             s.admit(work)

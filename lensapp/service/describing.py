@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from ..engine.run.edit import Edit
 from ..engine.run.protocol import LensSpec, Sampling
+from ..lens_kinds import LOGIT
 from ..results.description import Description, Descriptions
 from ..results.readout import in_context
 from . import cost, planning
@@ -75,12 +76,12 @@ class Describer:
         """The plan run (no cache): the prompt read once, then one generation per described layer, together."""
         s, n = self.service, self.service.info.n_layers
         s.admit(plan.cost)
-        read = dataclasses.replace(planning.lens_spec(plan.ids, [n - 1], 1, ("logit",), n, []),
+        read = dataclasses.replace(planning.lens_spec(plan.ids, [n - 1], 1, (LOGIT.name,), n, []),
                                    keep_layers=tuple(plan.layers), keep_positions=(plan.position,))
         source = cost.forward(len(plan.ids), 1, 1)
         kept = s.engine.lens([read], s.deadline(source))[0].kept.cpu()           # [len(layers), 1, d_model]
         placeholder = len(plan.inspect_ids) - 1
-        specs = [LensSpec(input_ids=tuple(plan.inspect_ids), read_layers=(n - 1,), rows=(0,), k=1, lenses=("logit",),
+        specs = [LensSpec(input_ids=tuple(plan.inspect_ids), read_layers=(n - 1,), rows=(0,), k=1, lenses=(LOGIT.name,),
                           edits=(Edit(layer, "replace", kept[i].float(), positions=(placeholder,)),), read_prompt=False)
                  for i, layer in enumerate(plan.inspect_layers)]
         outs = s.engine.generate_all(specs, Sampling(req.max_tokens), s.deadline(plan.cost))

@@ -25,6 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..engine.run.turns import asking
+from ..lens_kinds import LENSES, reads_jlens
 from ..results.evaluation import EvaluationResult
 from . import cost, planning
 from .evaluation_items import EvalItem, ItemSet, item_set
@@ -65,10 +66,8 @@ class Plan:
 
 def lens_groups(service) -> tuple[Group, ...]:
     """Every loaded lens, grouped by the layers it reads."""
-    n = service.info.n_layers
-    wanted = [("logit", tuple(range(n)))]
-    if service.jlens is not None:
-        wanted.append(("jacobian", tuple(service.jlens_layers)))
+    n, loaded = service.info.n_layers, service.jlens is not None
+    wanted = [(x.name, tuple(x.layers(n, service.jlens_layers))) for x in LENSES.values() if x.available(loaded)]
     groups: dict[tuple[int, ...], list[str]] = {}
     for name, layers in wanted:
         groups.setdefault(layers, []).append(name)
@@ -155,7 +154,7 @@ def compute(service, p: Plan) -> EvaluationResult:
                 for name in g.lenses:
                     ranks[name].append(out.readouts[name]["target_ranks"][:, -1])     # [L, targets]
     layers = {name: list(g.layers) for g in p.groups for name in g.lenses}
-    jlens = service.jlens.describe()["source"] if service.jlens is not None and "jacobian" in ranks else None
+    jlens = service.jlens.describe()["source"] if service.jlens is not None and reads_jlens(ranks) else None
     return EvaluationResult.from_ranks(ranks, layers, list(p.n_intermediates), list(p.n_controls),
                                        model=service.info.name,
                                        items=p.source.label, split=p.split, names=[x.name for x in p.items],

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..config import (
-    LENS_CHOICES,
-    LENSES,
     MAX_ALPHA,
     MAX_DESCRIBE_TOKENS,
     MAX_FORCES,
@@ -26,6 +24,7 @@ from ..config import (
     MAX_TEMPERATURE,
     PUNCTUATION_WIDTH,
 )
+from ..lens_kinds import LENSES, readings
 from .evaluation_items import SHIPPED, SPLITS
 from .field import REQUIRED, Field, RequestError, fields_of, show
 from .parsers import (
@@ -50,12 +49,19 @@ def choosing(what: str, options: tuple[str, ...], say: str | None = None) -> dic
     return {"parse": choice(what, options, say), "choices": options}
 
 
+def spoken(options) -> str:
+    """'a, b or c'."""
+    options = list(options)
+    return ", ".join(options[:-1]) + " or " + options[-1] if len(options) > 1 else options[0]
+
+
 PROMPT = Field("prompt", "the text to read", "", text("the prompt", MAX_PROMPT_CHARS), required=True,
                api=(str, REQUIRED), label="Prompt")
 PROMPTS = Field("prompts", "the prompts, read together the same way", (), prompts, required=True,
                 api=(list[str], REQUIRED), label="Prompt")
-LENS = Field("lens", "logit | jacobian | both (with both and layers=all: the Jacobian lens's layers)", "logit",
-             **choosing("lens", tuple(LENS_CHOICES), "logit, jacobian or both"), flag="--lens", label="Lens")
+# The lenses' choices and help are made from the declared lenses (lens_kinds.py): a new lens is one of them.
+LENS = Field("lens", " | ".join(readings()) + " (with both and layers=all: the Jacobian lens's layers)", "logit",
+             **choosing("lens", tuple(readings()), spoken(readings())), flag="--lens", label="Lens")
 LAYERS = Field("layers", "all | L,L,... | A-B (negative counts from the end)", "all", layers, flag="--layers",
                label="Layers (all, 10-20 or 0,5,-1)")
 K = Field("k", f"top-k tokens per cell (1..{MAX_K})", 5, whole("k", 1, MAX_K), flag="--k", label="Top-k")
@@ -79,8 +85,8 @@ SEED = Field("seed", "sampling seed: the same seed gives the same text (none: a 
              label="Seed (sampling: the same seed gives the same text)")
 MESSAGES = Field("messages", "the conversation: [{role, content}, ...], ending with the user's", (), messages,
                  required=True, api=(list[dict], REQUIRED))
-CHAT_LENS = Field("lens", "the readout's lens: jacobian | logit", "jacobian",
-                  **choosing("the chat readout", LENSES, "one lens, logit or jacobian"),
+CHAT_LENS = Field("lens", "the readout's lens: " + " | ".join(reversed(LENSES)), "jacobian",
+                  **choosing("the chat readout", tuple(LENSES), "one lens, " + spoken(LENSES)),
                   label="Readout lens")
 CHAT_LAYER = Field("layer", "the readout's layer (negative counts from the end; none: about two thirds of the depth)",
                    None, optional_whole("the chat layer", -(1 << 20), 1 << 20), api=(int | None, None),

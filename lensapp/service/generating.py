@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple
 
-from ..config import LENS_CHOICES
 from ..engine.run.protocol import ChatOutput, LensSpec, Sampling
 from ..engine.run.step_stream import Step
+from ..lens_kinds import read_by
 from ..results import ChatReply, GenerationResult
 from ..results.decided import WIDTH as DECIDED_WIDTH
 from ..results.generation import GrowingChat, GrowingGeneration
@@ -63,7 +63,7 @@ class Generator:
     def plan(self, req: GenerateRequest) -> planning.Plan:
         """The generation's layers, prompt ids, spec and cost, or RequestError."""
         s = self.service
-        names = LENS_CHOICES[req.lens]
+        names = read_by(req.lens)
         layers = planning.lens_layers(req.layers, names, s.info.n_layers, s.jlens_layers)
         ids = s.prompts.ids(req.prompt, req.chat)
         # The top-5 decision strip (results/decided.py) needs five of each cell's top tokens, whatever k shows.
@@ -158,7 +158,7 @@ class Generator:
         """What a chat request runs, or RequestError."""
         s = self.service
         layer, ids, dropped = self.chat_plan(req)
-        spec = planning.lens_spec(ids, [layer], req.k, LENS_CHOICES[req.lens], s.info.n_layers, s.jlens_layers)
+        spec = planning.lens_spec(ids, [layer], req.k, read_by(req.lens), s.info.n_layers, s.jlens_layers)
         work = cost.chat(len(ids), req.max_tokens)
         s.check_cost(work, "this chat")
 

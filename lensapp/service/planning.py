@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from ..config import MAX_CONTINUATION_TOKENS
 from ..engine.run.protocol import Continuation, LensSpec
+from ..lens_kinds import reads_jlens
 from ..results import Target
 from .cost import Cost
 from .field import RequestError
@@ -40,8 +41,9 @@ def check_prompt_count(n: int, max_prompts: int) -> None:
 
 
 def lens_layers(selection: Selection, lenses: tuple[str, ...], n_layers: int, jlens_layers: list[int]) -> list[int]:
-    """The layers a selection names; with the Jacobian lens, only among those it has (the last layer reads J = I)."""
-    if "jacobian" in lenses:
+    """The layers a selection names; with a lens that reads through J, only among those it has (the last layer
+    reads J = I)."""
+    if reads_jlens(lenses):
         if not jlens_layers:
             raise RequestError(NO_JLENS)
         return selection.resolve(n_layers, allowed=jlens_layers)
@@ -53,7 +55,7 @@ def lens_spec(ids: list[int], layers: list[int], k: int, lenses: tuple[str, ...]
     """One prompt's spec. target_ids: each target's tokens; its first token is scored at every cell, and a
     target of 2..MAX_CONTINUATION_TOKENS tokens is also read whole, on the prompt continued by it."""
     read = sorted(set(layers) | {n_layers - 1})
-    jrows = tuple(jlens_layers.index(layer) for layer in layers) if "jacobian" in lenses else None
+    jrows = tuple(jlens_layers.index(layer) for layer in layers) if reads_jlens(lenses) else None
     conts = tuple(Continuation(input_ids=tuple(ids) + tuple(t[:-1]), start=len(ids) - 1, target_ids=tuple(t))
                   for t in target_ids if 1 < len(t) <= MAX_CONTINUATION_TOKENS)
     return LensSpec(input_ids=tuple(ids), read_layers=tuple(read), rows=tuple(read.index(layer) for layer in layers),

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from .. import jlens as jlens_files
-from ..config import LENS_CHOICES, MAX_CONTINUATION_TOKENS, PUNCTUATION_WIDTH
+from ..config import MAX_CONTINUATION_TOKENS, PUNCTUATION_WIDTH
+from ..lens_kinds import read_by
 from ..results import LensResult
 from . import components, cost, planning
 from .requests import LensRequest
@@ -24,7 +25,7 @@ class Reader:
         read_from: unembed positions read_from.. only (one prompt)."""
         s = self.service
         planning.check_prompt_count(len(req.prompts), max_prompts)
-        names = LENS_CHOICES[req.lens]
+        names = read_by(req.lens)
         layers = planning.lens_layers(req.layers, names, s.info.n_layers, s.jlens_layers)
         ids = [s.prompts.ids(p, req.chat) for p in req.prompts]
         # Each prompt's targets as the model would write them after it (prompts.py: `word`).

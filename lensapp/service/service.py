@@ -27,6 +27,7 @@ from ..engine.start.host import memory_in_use
 from ..engine.start.loading import ResolvedModel, backend_factory, describe_model
 from ..engine.start.memory import Budget, fitting_on
 from ..engine.start.preflight import preflight
+from ..lens_kinds import LENSES, LOGIT, lens, reads_jlens
 from ..results import ChatReply, Comparison, ComponentsResult, GenerationResult, InterventionResult, LensResult
 from ..results.description import Descriptions
 from . import components, cost, evaluating, limits, planning
@@ -239,13 +240,12 @@ class LensService:
         their answers, in one call."""
         return self.cache.get_many([self._key(kind, *p) for p in parts], compute)
 
-    def chat_layers(self, lens: str) -> list[int]:
-        """The layers the chat readout can read through `lens`: with the Jacobian lens, those it has."""
-        if lens == "jacobian":
-            if self.jlens is None:
-                raise RequestError(planning.NO_JLENS)
-            return self.jlens_layers
-        return list(range(self.info.n_layers))
+    def chat_layers(self, name: str) -> list[int]:
+        """The layers the chat readout can read through lens `name`: through J, those the J stack has."""
+        chosen = lens(name)
+        if not chosen.available(self.jlens is not None):
+            raise RequestError(planning.NO_JLENS)
+        return chosen.layers(self.info.n_layers, self.jlens_layers)
 
     # -- the rest ------------------------------------------------------------------------------------------
     def wait_ready(self, timeout: float | None = None) -> None:
@@ -290,12 +290,13 @@ async def warm_up(prompts: Prompts, info, backend: Backend) -> None:
     t = time.perf_counter()
     ids, n = prompts.ids("Hello, world"), info.n_layers
     for layers in (list(range(n)), [n - 1]):
-        spec = planning.lens_spec(ids, layers, 1, ("logit",), n, [])
+        spec = planning.lens_spec(ids, layers, 1, (LOGIT.name,), n, [])
         await backend.run_lens(spec)
         await backend.run_generate(spec, Sampling(max_tokens=2))
     log.info("warm-up took %.1f s", time.perf_counter() - t)
 
 
-def _reads_with_bos(lens: jlens_files.JacobianLens | None) -> bool:
-    """The one BOS rule (prompts.py): every prompt with BOS first when the Jacobian lens was fitted so."""
-    return lens is not None and jlens_files.fitted_with_bos(lens) is True
+def _reads_with_bos(jlens: jlens_files.JacobianLens | None) -> bool:
+    """The one BOS rule (prompts.py): every prompt with BOS first when a lens reads through the Jacobian stack
+    (lens_kinds: `reads_jlens`) and the loaded stack was fitted so."""
+    return jlens is not None and reads_jlens(LENSES) and jlens_files.fitted_with_bos(jlens) is True

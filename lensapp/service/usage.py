@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter, deque
 
+from ..lens_kinds import read_by, reads_jlens
 from .field import RequestError
 from .selection import Selection
 
@@ -48,7 +49,7 @@ def length_bucket(n: int) -> str:
 def tab_of(kind: str, req) -> str:
     """The tab a request of this kind is made from (the API makes the same requests)."""
     if kind == "lens":
-        return "logit" if req.lens == "logit" else "jacobian"
+        return "jacobian" if reads_jlens(read_by(req.lens)) else "logit"       # the tab that reads it
     return {"chat": "generate", "describe": "logit"}.get(kind, kind)       # a cell is described from a lens
 
 

@@ -9,6 +9,7 @@ one is asked for, and unembed through the model's own final norm and head.
 from __future__ import annotations
 
 from ..engine.run.families import Family
+from ..lens_kinds import LENSES, read_by, reads_jlens
 from . import lens_file, rules, settings
 
 HEADER = '''# Lens Explorer: {what}
@@ -36,9 +37,11 @@ def lens_snippet(*, family: Family, model: str, prompt: str, layers: list[int], 
     ({lens: {layer: [[token, probability], ...]}}); the last line sets `readout` to the same dict. It reads the
     prompt as the app did (`chat`: in the chat template; `bos`: the tokenizer's BOS first, a Jacobian lens fitted
     so) with the app's own rule (`rules`)."""
-    lenses = ("logit", "jacobian") if lens == "both" else (lens,)
-    if "jacobian" in lenses and not jlens:
+    lenses = read_by(lens)
+    if reads_jlens(lenses) and not jlens:
         raise ValueError("the Jacobian lens needs a lens file")
+    if not all(LENSES[name].script for name in lenses):
+        raise ValueError(f"no script is declared for {lens}")
     layout = family.vllm_layout() if form == "vllm" else family.hf
     note = f"  # {model_note}" if model_note else ""
     if form == "vllm":
@@ -50,14 +53,11 @@ def lens_snippet(*, family: Family, model: str, prompt: str, layers: list[int], 
         what, extra = "the view, on HF transformers", ""
     body = [HEADER.format(what=what, extra=extra, imports=imports, model=model, model_note=note, prompt=prompt,
                           layers=layers, k=k, settings=settings(chat, bos))]
-    if "jacobian" in lenses:
+    if reads_jlens(lenses):
         body.append(JLENS + lens_file(jlens))
     body.append(rules())
     residual = "sum(out)" if layout.pairs else "out[0] if isinstance(out, tuple) else out"
-    transports = "".join(f'    "{name}": {transport},\n' for name, transport in
-                         (("logit", "lambda layer, h: h"),
-                          ("jacobian", "lambda layer, h: h @ J[layer].to(h.dtype).T if layer in J else h"))
-                         if name in lenses)
+    transports = "".join(f'    "{name}": {LENSES[name].script},\n' for name in lenses)
     body.append(f"LENSES = {{\n{transports}}}\n")
     body.append(_vllm_code(layout, residual) if form == "vllm" else _hf_code(layout, residual))
     body.append('''readout = {name: {layer: [[model.tokenizer.decode([int(i)]), round(float(p), 4)]

@@ -16,6 +16,7 @@ from typing import Callable
 import gradio as gr
 
 from ..config import resolve_trusted_proxies
+from ..lens_kinds import LOGIT
 from ..service.limits import RateLimiter
 from ..service.usage import Usage
 from ..workshop import Workshop
@@ -25,6 +26,7 @@ from .compare_tab import build_compare_tab
 from .components_tab import build_components_tab
 from .downloads import Downloads
 from .exercises import build_exercise_panel, check_links, question_outputs
+from .form import has_lens
 from .front import FRONT, FrontPage
 from .generate_tab import build_generate_tab
 from .guard import Guard
@@ -145,8 +147,8 @@ def landing_tab(service, shown, workshop: Workshop | None) -> str:
     """The tab a page without a link opens on: the two lenses side by side when a Jacobian lens is loaded (the
     most telling picture: the logit lens reads punctuation in most middle-layer cells of the default model, the
     Jacobian lens the words it is working toward), else the logit lens; a workshop's first tab."""
-    if workshop is None and service.jlens is not None and "jacobian" in shown:
-        return "jacobian"
+    if workshop is None and service.jlens is not None and JACOBIAN_TAB.name in shown:
+        return JACOBIAN_TAB.name
     return shown[0]
 
 
@@ -165,7 +167,7 @@ def _top(service, workshop: Workshop | None) -> Components:
     if workshop is not None:
         gr.Markdown(f"# {md_text(workshop.title)}\nLens Explorer · " + _header(service), elem_id="header")
     else:
-        lede = LEDE_BOTH if landing_tab(service, permalinks.TABS, None) == "jacobian" else LEDE_LOGIT
+        lede = LEDE_BOTH if landing_tab(service, permalinks.TABS, None) == JACOBIAN_TAB.name else LEDE_LOGIT
         gr.Markdown(f"# Lens Explorer\n{lede}", elem_id="header")
         gr.Markdown(_header(service), elem_id="model-line", elem_classes=["model-line"])
     line = status.status_line(service.status())
@@ -221,9 +223,9 @@ def restored(page: Components, parts: dict[str, TabParts], service, shown, opene
     if not parts[view.tab].inputs:                      # a Jacobian link on an app without a J lens
         notices.append("This app has no Jacobian lens loaded; showing the logit lens instead.")
         view = view.replace(tab="logit", layers="all")
-    if service.jlens is None and view.lens != "logit":   # a generation link reading the J-lens
+    if not has_lens(service, view.lens):                # a generation link reading the J-lens
         notices.append("This app has no Jacobian lens loaded; reading the logit lens instead.")
-        view = view.replace(lens="logit")
+        view = view.replace(lens=LOGIT.name)
     return {page["tabs"]: gr.Tabs(selected=view.tab), page["pending"]: view.tab, **parts[view.tab].values(view),
             page["notice"]: gr.Markdown("\n".join(f"- {md_text(n)}" for n in notices), visible=bool(notices)),
             page["title"]: view.title, page["note"]: view.note, page["note_view"]: notes.shown(view.title, view.note)}

@@ -19,6 +19,7 @@ import gradio as gr
 
 from .. import charts
 from ..config import MAX_BRANCHES, MAX_FORCES, MAX_GENERATE_TOKENS
+from ..lens_kinds import LOGIT
 from ..results.branching import changed_layers, parting
 from ..service import GenerateRequest, parsers
 from ..service import fields as f
@@ -186,7 +187,7 @@ def alternatives_at(gen, results, source, step, layer):
     if origin is None or not isinstance(step, int) or not 0 <= step < len(origin.steps):
         return gr.Radio(choices=[], value=None, visible=False)
     readout = origin.steps[step].readout
-    lens = "logit" if "logit" in readout.lenses else next(iter(readout.lenses))
+    lens = LOGIT.name if LOGIT.name in readout.lenses else next(iter(readout.lenses))
     r = readout.lenses[lens]
     rows = {len(readout.layers) - 1: "output" if readout.layers[-1] == max(readout.layers) else
             f"layer {readout.layers[-1]}"}

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import gradio as gr
 
-from .. import charts
+from .. import charts, lens_kinds
 from ..config import MAX_CHAT_MESSAGES, MAX_CHAT_SENT
 from ..service.field import RequestError
 from ..service.generating import Partial
@@ -128,7 +128,7 @@ def reply_to(view: TabView, service, values: dict) -> Iterator[dict]:
 
 def turn(text: str, reply, req) -> list[dict]:
     """The Chatbot's messages for one turn: the visitor's, the reply, and the reply's readout (titled)."""
-    lens_name = "J-lens" if req.lens == "jacobian" else "logit lens"
+    lens_name = lens_kinds.lens(req.lens).label
     return [{"role": "user", "content": _escape(text)},
             {"role": "assistant", "content": _escape(reply.text) or EMPTY_REPLY},
             {"role": "assistant", "content": readout_html(reply),

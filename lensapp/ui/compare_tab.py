@@ -8,13 +8,13 @@ from functools import partial
 
 import gradio as gr
 
-from .. import charts
+from .. import charts, lens_kinds
 from .downloads import Downloads
 from .examples import compare_examples
 from .first_view import FIRST_CHART, PHONE_LATER
 from .form import Form, add_reading, asked
 from .kept import Kept, kept_state, recipe
-from .readout import colour_metric, grid_tables, shown_lenses
+from .readout import colour_metric, grid_tables
 from .tabs import Components, TabParts, build_chart, how_to, md_text, on
 from .views import TAB_VIEWS, TabView
 
@@ -82,7 +82,7 @@ def readout(view: TabView, service, values: dict) -> dict:
     req = asked(view, service, values)
     metric, words = colour_metric(values.get("metric"), req.targets), req.targets
     comparison = service.compare(req)
-    shown = shown_lenses(req.lens)
+    shown = lens_kinds.shown(req.lens)
     return {
         "summary": part_ways_summary(comparison, shown),
         "heatmaps": build_chart(charts.compare_heatmaps, comparison, shown, metric),

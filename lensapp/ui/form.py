@@ -16,7 +16,8 @@ import typing
 import gradio as gr
 
 from ..charts import LENS_TITLES, METRICS
-from ..config import LENS_CHOICES, LENSES, MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE, PUNCTUATION_WIDTH
+from ..config import MAX_GENERATE_TOKENS, MAX_K, MAX_SEED, MAX_TEMPERATURE, PUNCTUATION_WIDTH
+from ..lens_kinds import LENSES, LOGIT, readings
 from ..service.field import Field
 from .tabs import Components, warn
 from .views import SPREAD, TabView, spread_keys
@@ -107,7 +108,7 @@ def choices_of(field: Field, service) -> list[tuple[str, str]]:
 
 def has_lens(service, lens) -> bool:
     """Whether this app can read `lens` (a Jacobian one only with a Jacobian lens loaded)."""
-    return service.jlens is not None or "jacobian" not in LENS_CHOICES.get(lens, ())
+    return all(LENSES[name].available(service.jlens is not None) for name in readings().get(lens, ()))
 
 
 def single_lenses(service) -> list[tuple[str, str]]:
@@ -118,9 +119,9 @@ def single_lenses(service) -> list[tuple[str, str]]:
 def available_lens(service, lens):
     """`lens`, or the logit lens with a warning where it needs the Jacobian lens this app has not loaded (a
     link or an old page may name it); anything else is the lens field's to refuse."""
-    if isinstance(lens, str) and lens in LENS_CHOICES and not has_lens(service, lens):
+    if isinstance(lens, str) and lens in readings() and not has_lens(service, lens):
         warn("No Jacobian lens is loaded; using the logit lens.")
-        return "logit"
+        return LOGIT.name
     return lens
 
 

@@ -14,7 +14,8 @@ from typing import Iterator
 import gradio as gr
 import pandas as pd
 
-from .. import charts
+from .. import charts, lens_kinds
+from ..lens_kinds import LOGIT
 from ..service.generating import Partial
 from ..service.kinds import KINDS
 from . import branching
@@ -25,7 +26,6 @@ from .examples import generate_examples
 from .first_view import FIRST_CHART, PHONE_LATER
 from .form import Form, asked, single_lenses
 from .kept import Kept, kept_state, recipe
-from .readout import shown_lenses
 from .tabs import PRIVATE, REDRAW_SECONDS, Components, TabParts, build_chart, how_to, int_or, new_seed, on
 from .views import TAB_VIEWS, TabView
 
@@ -125,7 +125,7 @@ def _outputs(view: TabView, service, downloads: Downloads, seed: gr.Number) -> C
     lenses = single_lenses(service)
     with gr.Row():
         out["step"] = gr.Dropdown(label="Token table: step", choices=[], interactive=True, elem_id=f"{view.name}-step")
-        out["table_lens"] = gr.Radio(lenses, value="logit", label="Table lens", visible=len(lenses) > 1)
+        out["table_lens"] = gr.Radio(lenses, value=LOGIT.name, label="Table lens", visible=len(lenses) > 1)
     out["table"] = gr.Dataframe(label="Top-k at this step's newest token, every layer", interactive=False,
                                 wrap=True, elem_id=f"{view.name}-table")
     out["state"] = kept_state()
@@ -164,7 +164,7 @@ def growing(view: TabView, service, values: dict) -> Iterator[dict]:
 def drawn_so_far(req, gen, values: dict) -> dict:
     """A generation still being written: what it has so far (kept as it is, a value the page can read and
     download; Stop leaves it there)."""
-    shown, last, rule = shown_lenses(req.lens)[0], len(gen.steps) - 1, values.get("rule") or "top1"
+    shown, last, rule = lens_kinds.shown(req.lens)[0], len(gen.steps) - 1, values.get("rule") or "top1"
     return {"state": gen, "seed": req.seed, "text": gen.text,
             "heatmap": build_chart(charts.generation_heatmap, gen, req.lens),
             "step": gr.Dropdown(choices=step_choices(gen), value=last), "table_lens": gr.Radio(value=shown),
@@ -185,7 +185,7 @@ def readout(view: TabView, service, values: dict) -> dict:
 def drawn(view: TabView, service, values: dict, req, gen) -> dict:
     """The whole page for generation `gen` of `req` (and the branches a link names)."""
     results = branching.compute_branches(service, req, values.get("branches"))
-    shown = shown_lenses(req.lens)[0]
+    shown = lens_kinds.shown(req.lens)[0]
     last = len(gen.steps) - 1
     rule = values.get("rule") or "top1"
     return {

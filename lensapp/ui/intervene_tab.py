@@ -15,8 +15,9 @@ from functools import partial
 import gradio as gr
 import pandas as pd
 
-from .. import charts
+from .. import charts, lens_kinds
 from ..charts import intervention as ichart
+from ..lens_kinds import LOGIT
 from ..results import AblateDone, PatchDone, SteerDone
 from ..snippets import model_reference
 from ..snippets.intervention import intervention_snippet
@@ -134,7 +135,7 @@ def _outputs(view: TabView, service, downloads: Downloads) -> Components:
     lenses = single_lenses(service)
     with gr.Row():
         out["change"] = gr.Dropdown(label="Show the change", choices=[], interactive=True, elem_id="intervene-change")
-        out["shown_lens"] = gr.Radio(lenses, value="logit", label="Lens shown", visible=len(lenses) > 1,
+        out["shown_lens"] = gr.Radio(lenses, value=LOGIT.name, label="Lens shown", visible=len(lenses) > 1,
                                      elem_id="intervene-shown-lens")
     out["pair"] = gr.Plot(elem_id="intervene-pair", elem_classes=["lens-plot", FIRST_CHART], show_label=False)
     out["diff"] = gr.Plot(elem_id="intervene-diff", elem_classes=["lens-plot"], show_label=False)
@@ -172,7 +173,7 @@ def run(view: TabView, service, guard, values: dict, request: gr.Request = None,
 def readout(view: TabView, service, values: dict, progress=None) -> dict:
     req = asked(view, service, values)
     result = service.intervene(req, progress)
-    lens = "jacobian" if "jacobian" in result.before.lenses else "logit"
+    lens = min(result.before.lenses, key=lambda name: not lens_kinds.lens(name).reads_jlens)   # the J-lens, if read
     last = len(result.after) - 1
     patch = req.intervention == "patch"
     shown = result.sweep and result.word

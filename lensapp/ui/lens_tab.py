@@ -17,6 +17,7 @@ from functools import partial
 import gradio as gr
 
 from .. import charts, redact
+from ..lens_kinds import BOTH, LOGIT, read_by, reads_jlens, shown
 from ..service.planning import jlens_subset
 from ..service.selection import span
 from ..service.usage import not_counted
@@ -32,7 +33,7 @@ from .first_view import FIRST_CHART, PHONE_LATER
 from .form import Form, asked
 from .kept import Kept, kept_state, recipe
 from .notes import highlight_of
-from .readout import colour_metric, grid_tables, lens_summary, position_choices, shown_lenses, top_k_tables
+from .readout import colour_metric, grid_tables, lens_summary, position_choices, top_k_tables
 from .tabs import Components, TabParts, build_chart, how_to, int_or, md_text, on, warn
 from .views import START, TAB_VIEWS, TabView
 
@@ -111,7 +112,7 @@ class LensTab:
     title: str
     intro: str
     how_to: str
-    lens: str               # what the request reads: "logit" or "both"
+    lens: str               # what the request reads (a `lens` field value: lens_kinds.readings)
     run_label: str
 
     @property
@@ -121,11 +122,17 @@ class LensTab:
     @property
     def shown(self) -> tuple[str, ...]:
         """The lenses its charts and tables show, in their order."""
-        return shown_lenses(self.lens)
+        return shown(self.lens)
+
+    @property
+    def through_j(self) -> bool:
+        """Whether it reads a lens through the Jacobian stack: it then has the J-lens's parts (its provenance,
+        its evaluation, the two lenses side by side) and only the stack's layers."""
+        return reads_jlens(read_by(self.lens))
 
 
-LOGIT_TAB = LensTab(TAB_VIEWS["logit"], "Logit lens", LOGIT_INTRO, LOGIT_HOW_TO, "logit", "Run logit lens")
-JACOBIAN_TAB = LensTab(TAB_VIEWS["jacobian"], "Jacobian lens", JACOBIAN_INTRO, JACOBIAN_HOW_TO, "both",
+LOGIT_TAB = LensTab(TAB_VIEWS["logit"], "Logit lens", LOGIT_INTRO, LOGIT_HOW_TO, LOGIT.name, "Run logit lens")
+JACOBIAN_TAB = LensTab(TAB_VIEWS["jacobian"], "Jacobian lens", JACOBIAN_INTRO, JACOBIAN_HOW_TO, BOTH,
                        "Run both lenses")
 LENS_TABS = {tab.name: tab for tab in (LOGIT_TAB, JACOBIAN_TAB)}
 
@@ -134,7 +141,7 @@ def lens_request(tab: LensTab, service, values: dict):
     """The request `tab` sends for its inputs' `values` (by name), read by the fields' parsers, and the
     asked-for layers left out for having no J (the page and a link's prefetch, `ui.prefetch`, send the same)."""
     req = asked(tab.view, service, values, lens=tab.lens)
-    if tab.lens == "logit":
+    if not tab.through_j:
         return req, []
     have, missing = jlens_subset(req.layers, service.info.n_layers, service.jlens_layers)
     return replace(req, layers=",".join(map(str, have))), missing
@@ -143,7 +150,7 @@ def lens_request(tab: LensTab, service, values: dict):
 def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.Textbox | None = None) -> TabParts:
     """note: the link's note box (its references outline cells), when the page has one."""
     with gr.Tab(tab.title, id=tab.name):
-        if tab.lens != "logit" and service.jlens is None:
+        if tab.through_j and service.jlens is None:
             gr.Markdown(NO_LENS + (f"\n\nThe lens could not be loaded: {md_text(redact.paths(service.jlens_error))}"
                                    if service.jlens_error else ""), elem_id="jlens-missing")
             return TabParts(tab.view, {})
@@ -155,7 +162,7 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
             examples = lens_examples(form.inputs["prompt"], form.inputs["targets"])
         outputs = _outputs(tab, downloads)
         more = _more(tab, service)
-        if tab.lens != "logit":                 # how good is each lens: the shipped items, computed once
+        if tab.through_j:                       # how good is each lens: the shipped items, computed once
             build_evaluation_panel(tab.name, service, guard)
     reads = {"note": note} if note is not None else {}
     parts = {**form.inputs, **outputs, **more, **reads}
@@ -181,14 +188,14 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
 
 def _header(tab: LensTab, service) -> None:
     gr.Markdown(tab.intro, elem_id=f"{tab.name}-intro")
-    for warning in (service.jlens.warnings if tab.lens != "logit" else []):
+    for warning in (service.jlens.warnings if tab.through_j else []):
         gr.Markdown(f"**Note:** {md_text(redact.paths(warning))}.", elem_classes=["lens-warning"])
     how_to(tab.how_to)
 
 
 def _inputs(tab: LensTab, form: Form, service) -> None:
     layers = (f"Layers (all, a range like 20-29 or a list; these have a J: {span(service.jlens_layers)})"
-              if tab.lens != "logit" else f"Layers (all, 10-20 or 0,5,-1; this model: 0..{service.info.n_layers - 1})")
+              if tab.through_j else f"Layers (all, 10-20 or 0,5,-1; this model: 0..{service.info.n_layers - 1})")
     with gr.Row():
         form.add("prompt", lines=2, max_lines=8, scale=3)
         form.add("targets", scale=2)
@@ -216,7 +223,7 @@ def _outputs(tab: LensTab, downloads: Downloads) -> Components:
     with gr.Accordion("Heatmap as a table", open=False, elem_id=f"{tab.name}-grid-box"):
         out["grid_table"] = gr.HTML(elem_id=f"{tab.name}-grid-table", elem_classes=["grid-table"])
     out["diff"] = gr.Plot(elem_id=f"{tab.name}-diff", elem_classes=["lens-plot"], show_label=False,
-                          visible=tab.lens != "logit")
+                          visible=tab.through_j)
     out["position"] = gr.Dropdown(label="Token table: position", choices=[], interactive=True,
                                   elem_id=f"{tab.name}-position")
     out["table"] = gr.Dataframe(label="Top-k at this position, every layer (p = probability)", interactive=False,
@@ -231,7 +238,7 @@ def _more(tab: LensTab, service) -> Components:
     """A cell described in words, the code and the lens's provenance under the readout."""
     described = build_describe_panel(tab.name, service.info.n_layers)
     code = build_code_panel(tab.name)
-    if tab.lens != "logit":
+    if tab.through_j:
         with gr.Accordion("Lens provenance", open=False):
             gr.JSON(value=service.jlens.describe(), label="The lens file", elem_id="jlens-provenance")
     return {**described, **code}
@@ -305,13 +312,13 @@ def draw(tab: LensTab, result, metric: str, first, note=None, chat=False) -> tup
     """The heatmap(s) of `result` from position `first` (None: the last ones); the cells the link's note
     names outlined; a click on a logit-lens cell opens its components ("who wrote this?")."""
     highlight = highlight_of(note, result.layers)
-    if tab.lens != "logit":
+    if tab.through_j:
         return (build_chart(charts.lens_pair, result, metric, start=first, highlight=highlight),
                 build_chart(charts.lens_diff, result, start=first))
     href = cell_link(result.prompt, bool(chat))
     if result.after_attention is not None:
         return build_chart(charts.sublayer_heatmap, result, metric, start=first, href=href), gr.skip()
-    return (build_chart(charts.lens_heatmap, result, "logit", metric, start=first, highlight=highlight, href=href),
+    return (build_chart(charts.lens_heatmap, result, tab.lens, metric, start=first, highlight=highlight, href=href),
             gr.skip())
 
 

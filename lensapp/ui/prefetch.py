@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..service.limits import RateLimited
 from ..service.usage import not_counted
 from . import permalinks
+from .form import has_lens
 from .lens_tab import LENS_TABS, first_read, lens_request
 from .views import START
 
@@ -76,7 +77,7 @@ class LinkPrefetch:
         service = self.service
         view, _ = permalinks.decode(query, **permalinks.as_read_by(service))
         tab = LENS_TABS.get(view.tab)
-        if tab is None or (tab.lens != "logit" and service.jlens is None):
+        if tab is None or not has_lens(service, tab.lens):
             return None
         values = tab.view.values_of(view)
         req, _ = lens_request(tab, service, values)

@@ -7,16 +7,10 @@ import numpy as np
 import pandas as pd
 
 from .. import charts
-from ..config import LENS_CHOICES
 from ..results.readout import bare_first
 from ..service.field import RequestError
 from .tabs import md_text, table_html, warn
 from .views import METRIC
-
-
-def shown_lenses(lens: str) -> tuple[str, ...]:
-    """The lenses a readout of `lens` draws (both: side by side), the Jacobian lens first."""
-    return tuple(sorted(LENS_CHOICES[lens], key=lambda name: name != "jacobian"))
 
 
 def colour_metric(metric, targets, quiet: bool = False) -> str:

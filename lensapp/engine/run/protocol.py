@@ -55,7 +55,7 @@ class LensSpec:
 
     read_layers: every layer whose residual is read, ascending (the requested ones + the last, for KL).
     rows: index into read_layers of each requested layer, in request order.
-    jlens_rows: index into the installed J stack of each requested layer (when "jacobian" is in lenses).
+    jlens_rows: index into the installed J stack of each requested layer (when a lens reads through it).
     edits: made layer by layer in forward order as the residuals are read (a layer's readout shows its
       edited stream); in `run_lens` (and its continuations) and at every step of `run_generate`.
     keep_layers, keep_positions (None: all): `LensOutput.kept`, the stream there (after edits).

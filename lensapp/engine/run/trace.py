@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from ... import interventions, lenses
+from ...lens_kinds import LOGIT, lens, reads_jlens
 from .edit import Edit
 from .families import Layout, final_norm, find, first_item, residual
 from .protocol import LensSpec
@@ -35,8 +36,19 @@ SAVED = "saved"                # the one name every trace saves its dict under: 
 
 
 def installed_jlens(model, spec: LensSpec) -> dict | None:
-    """The J stack installed on the model (`JLENS_ATTR`), when the spec reads the Jacobian lens."""
-    return getattr(model._module, JLENS_ATTR, None) if "jacobian" in spec.lenses else None
+    """The J stack installed on the model (`JLENS_ATTR`), when the spec reads a lens through it."""
+    return getattr(model._module, JLENS_ATTR, None) if reads_jlens(spec.lenses) else None
+
+
+def lens_input(name: str, h: torch.Tensor) -> torch.Tensor:
+    """h [L, P, d_model] as lens `name` reads it: its declared transform, if any (lens_kinds.py)."""
+    transform = lens(name).transform
+    return h if transform is None else transform(h)
+
+
+def lens_stack(name: str, jlens: dict | None, rows) -> torch.Tensor | None:
+    """The J rows lens `name` transports the requested layers by (None: it reads no J)."""
+    return select_rows(jlens["J"], rows) if lens(name).reads_jlens else None
 
 
 def installed_layers(module) -> list[int]:
@@ -82,7 +94,7 @@ def after_attention_readouts(model, spec: LensSpec, site: Site, mids: dict, fina
     final = lenses.FinalDistribution.from_logits(unembed(norm(final_h)).float())
     target_ids = torch.tensor(spec.target_ids, dtype=torch.long, device=final_h.device) if spec.target_ids else None
     h = torch.stack([mids[layer] for layer in spec.layers])
-    return {"logit": lenses.layer_readouts(h, norm, unembed, spec.k, final=final, target_ids=target_ids)}
+    return {LOGIT.name: lenses.layer_readouts(h, norm, unembed, spec.k, final=final, target_ids=target_ids)}
 
 
 def continuation_trace(model, site: Site, spec: LensSpec, index: int) -> dict:
@@ -119,11 +131,12 @@ def lens_readouts(model, spec: LensSpec, site: Site, h: torch.Tensor, own_logits
     unembed = (lambda x: raw_logits(model, site, x)) if spec.raw else (lambda x: head(model, x))
     hs = h.index_select(0, torch.tensor(spec.rows, device=h.device))
     target_ids = torch.tensor(spec.target_ids, dtype=torch.long, device=h.device) if spec.target_ids else None
-    Js = {name: select_rows(jlens["J"], spec.jlens_rows) if name == "jacobian" else None for name in spec.lenses}
+    Js = {name: lens_stack(name, jlens, spec.jlens_rows) for name in spec.lenses}
     one_step = own_logits and not spec.raw and h.shape[1] == 1
     if one_step and pool is not None:
         # submit before waiting on the logits: every request in this step submits before any takes
-        ticket = pool.submit(torch.cat([lenses.lens_inputs(hs, norm, Js[name]) for name in spec.lenses]))
+        ticket = pool.submit(torch.cat([lenses.lens_inputs(lens_input(name, hs), norm, Js[name])
+                                        for name in spec.lenses]))
         final_logits = model.logits[-1:].float()
         logits = pool.take(ticket, unembed).reshape(len(spec.lenses), hs.shape[0], 1, -1)
         final = lenses.FinalDistribution.from_logits(final_logits)
@@ -132,7 +145,8 @@ def lens_readouts(model, spec: LensSpec, site: Site, h: torch.Tensor, own_logits
     else:
         final_logits = model.logits[-1:].float() if one_step else unembed(norm(h[-1])).float()
         final = lenses.FinalDistribution.from_logits(final_logits)
-        out = {name: lenses.layer_readouts(hs, norm, unembed, spec.k, final=final, J=Js[name], target_ids=target_ids)
+        out = {name: lenses.layer_readouts(lens_input(name, hs), norm, unembed, spec.k, final=final, J=Js[name],
+                                           target_ids=target_ids)
                for name in spec.lenses}
     return out
 
@@ -151,18 +165,18 @@ def continuation_body(model, spec: LensSpec, site: Site, index: int) -> dict:
     ids = torch.tensor(cont.target_ids, dtype=torch.long, device=h.device)
     out = {}
     for name in spec.lenses:
-        J = select_rows(jlens["J"], spec.jlens_rows) if name == "jacobian" else None
-        out[name] = lenses.continuation_logprob(h, norm, unembed, ids, J=J)
+        out[name] = lenses.continuation_logprob(lens_input(name, h), norm, unembed, ids,
+                                                J=lens_stack(name, jlens, spec.jlens_rows))
     return out
 
 
-def chat_readout(model, site: Site, layer: int, jrow: int | None, k: int):
-    """The newest position's top-k at one layer, through the logit lens or (jrow: the installed J stack's
-    row) the Jacobian lens: (ids [k], probs [k])."""
+def chat_readout(model, site: Site, layer: int, jrow: int | None, k: int, name: str):
+    """The newest position's top-k at one layer through lens `name` (jrow: the installed J stack's row, for a
+    lens that reads through it): (ids [k], probs [k])."""
     streams = read_streams(model, site, [layer])
     if not site.last_stage():           # a placeholder: the last stage's readout is the one kept
         return torch.zeros(k, dtype=torch.long), torch.zeros(k)
-    h = streams[layer][-1:]
+    h = lens_input(name, streams[layer][-1:].unsqueeze(0))[0]
     if jrow is not None:
         h = lenses.transport(h, getattr(model._module, JLENS_ATTR)["J"][jrow])
     top = lenses.readout(site.head(model, final_norm(model, site.layout)(h)).float(), k)

@@ -175,7 +175,7 @@ class VLLMBackend:
         with model.trace(list(spec.input_ids), edits=[], **_sampling(sampling)) as tracer:
             saved = nnsight.save({"readout": []})        # noqa: F841 - read back by `_saved`
             for step in tracer.iter[:sampling.max_tokens]:
-                out = chat_readout(model, site, layer, jrow, spec.k)
+                out = chat_readout(model, site, layer, jrow, spec.k, spec.lenses[0])
                 saved["readout"].append(out)
                 if key and site.last_stage():
                     publish(model, key, step, out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from ...lens_kinds import LOGIT
 from .. import planning
 
 # A paragraph of plain English: each layer's typical residual norm (the unit of alpha) is measured on it.
@@ -33,7 +34,7 @@ class TypicalNorms:
         key = tuple(reference_ids)
         with self._lock:
             if key not in self._norms:
-                spec = planning.lens_spec(reference_ids, list(range(n_layers)), 1, ("logit",), n_layers, [])
+                spec = planning.lens_spec(reference_ids, list(range(n_layers)), 1, (LOGIT.name,), n_layers, [])
                 (out,) = engine.lens([dataclasses.replace(spec, norms=True)])
                 self._norms[key] = [float(x) for x in out.norms]
             return self._norms[key]

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import LENS_CHOICES, MAX_CONTINUATION_TOKENS
+from ...config import MAX_CONTINUATION_TOKENS
 from ...engine.run.protocol import LensSpec, ModelInfo, Sampling
+from ...lens_kinds import read_by
 from ...results import Target
 from .. import cost, planning
 from ..fits import FitDesk
@@ -92,7 +93,7 @@ def plan(req: InterveneRequest, inputs: Inputs) -> Plan:
     """Every check the request gets that needs no engine; RequestError in one line."""
     info, prompts = inputs.info, inputs.prompts
     kind = kind_of(req.intervention)
-    lenses = LENS_CHOICES[req.lens]
+    lenses = read_by(req.lens)
     layers = planning.lens_layers(req.layers, lenses, info.n_layers, inputs.jacobians.layers)
     span = tuple(req.layer.resolve(info.n_layers))
     ids = tuple(prompts.ids(req.prompt, req.chat))

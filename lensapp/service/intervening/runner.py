@@ -19,6 +19,7 @@ import torch
 
 from ...engine.run.families import Family
 from ...engine.run.protocol import LensSpec, Sampling
+from ...lens_kinds import LOGIT
 from ...results import InterventionResult, LensResult
 from .. import cost, planning
 from ..limits import spend
@@ -85,7 +86,7 @@ class Run:
     def kept_streams(self, ids: tuple[int, ...], layers: tuple[int, ...]) -> torch.Tensor:
         """The residual streams of a text at `layers`, every position: [layers, positions, d_model] float32."""
         n = self.inputs.info.n_layers
-        spec = planning.lens_spec(list(ids), [n - 1], 1, ("logit",), n, [])
+        spec = planning.lens_spec(list(ids), [n - 1], 1, (LOGIT.name,), n, [])
         (out,) = self.engine.lens([dataclasses.replace(spec, keep_layers=tuple(layers))])
         return out.kept.float()
 
@@ -115,7 +116,7 @@ class Run:
         """The text generated without and with each change, each a part of one engine request (in flight together,
         taking turns with everyone else's); one readout row, so each costs little more than the generation."""
         n = self.inputs.info.n_layers
-        spec = dataclasses.replace(planning.lens_spec(list(ids), [n - 1], 1, ("logit",), n, []), read_prompt=False)
+        spec = dataclasses.replace(planning.lens_spec(list(ids), [n - 1], 1, (LOGIT.name,), n, []), read_prompt=False)
         specs = [dataclasses.replace(spec, edits=tuple(change)) for change in [[]] + edits]
         texts = [self.inputs.prompts.text(out.token_ids)
                  for out in self.engine.generate_all(specs, sampling, deadline)]
