@@ -16,9 +16,9 @@ from functools import partial
 import gradio as gr
 
 from .. import charts, redact
+from ..service.asks import asking
 from ..service.planning import jlens_subset
 from ..service.selection import span
-from ..service.usage import not_counted
 from .components_tab import cell_link
 from .decisions import build_strip, redraw_strip, strip_of
 from .describing import build_describe_panel, describe
@@ -235,7 +235,7 @@ def complete(tab: LensTab, service, guard, values: dict, request: gr.Request = N
     def whole():
         if lens_request(tab, service, values)[0].prompts[0] != result.prompt:
             return {}
-        with not_counted():
+        with asking(counted=False):
             return readout(tab, service, values, first_look=False)
     return guard.ui(request, whole)
 
