@@ -7,12 +7,15 @@ the work budget (`LensService.admit(work, ask)`: `ask.pay`), the result cache (`
 workshop's counts (`ask.counted`). `HOST` is the app's own ask (the command line, the tests): nobody's turn or
 budget, counted, kept as any result is.
 
-One ambient value remains, `asking`/`asked`, for the one hop the ask cannot make as an argument: Gradio calls a
-page's handlers (each step of a streamed one on whichever worker thread is free), and what lies between the
-guard (ui/guard.py, which knows the visitor from Gradio's request) and the service is every tab's handler, each
-called by Gradio with the page's values and no room for an ask. The guard, the front page and a link's first
-events name it there (`asking(...)`); a service entry given no ask reads it once (`asked()`) and passes it on as a
-value from then on.
+One ambient value remains, `asking`/`asked`, for the one hop the ask does not make as an argument: from the guard
+(ui/guard.py, which knows the visitor from the `gr.Request` Gradio hands a handler) to the service. Between them
+lies every tab's handler (`(view, service, guard, values, request)`, some two dozen, wired by name in `tabs.on`),
+which Gradio calls with the page's values, each step of a streamed one on whichever worker thread is free (so the
+guard names the ask again for each step); the front page and a link's first events call the same handlers, and
+their wishes (pinned, not counted) go through them too. The guard, the front page and a link's first events name
+it there (`asking(...)`); a service entry given no ask reads it once (`asked()`) and passes it on as a value from
+then on. A caller that holds the ask hands it over instead (ui/prefetch.py); handing it through each tab handler
+is what would retire this last ambient value.
 """
 
 from __future__ import annotations
