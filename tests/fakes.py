@@ -15,10 +15,10 @@ class FitDeskFake:
         self.d_model, self.norm = d_model, norm
         self.asked: list[tuple] = []
 
-    def check_allowed(self) -> None:
+    def check_allowed(self, client=None) -> None:
         pass
 
-    def fit(self, ids, layer, target_id, steer, progress=None, work=0) -> SteeringVector:
+    def fit(self, ids, layer, target_id, steer, progress=None, work=0, ask=None) -> SteeringVector:
         self.asked.append((tuple(ids), layer, target_id, steer))
         v = torch.randn(self.d_model, generator=torch.Generator().manual_seed(layer))
         v = v / v.norm() * self.norm

@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lensapp import config
-from lensapp.engine.run.turns import asking
 from lensapp.service import (
     ComponentsRequest,
     DescribeRequest,
@@ -24,6 +23,7 @@ from lensapp.service import (
     LensRequest,
     RequestError,
 )
+from lensapp.service.asks import Ask
 
 pytestmark = pytest.mark.engine
 
@@ -130,10 +130,10 @@ def test_a_legal_request_never_restarts_the_engine_nor_passes_its_deadline(servi
     beside: list = []
 
     def short_lens():                            # another visitor, while the heavy one runs
-        with asking("10.1.2.3"):
-            t = time.monotonic()
-            service.lens(LensRequest(prompts=(f"Beside it {time.time()}: the capital of France is",), layers="last"))
-            beside.append(time.monotonic() - t)
+        t = time.monotonic()
+        service.lens(LensRequest(prompts=(f"Beside it {time.time()}: the capital of France is",), layers="last"),
+                     ask=Ask("10.1.2.3"))
+        beside.append(time.monotonic() - t)
 
     other = threading.Thread(target=short_lens)
     t = time.monotonic()

@@ -11,10 +11,16 @@ import gradio as gr
 import pytest
 
 from lensapp import config
-from lensapp.service.limits import SITE_SHARE, Bucket, Rate, RateLimiter, spend
+from lensapp.service.asks import asked
+from lensapp.service.limits import SITE_SHARE, Bucket, Rate, RateLimiter
 from lensapp.ui.guard import Guard
 
 VISITOR = SimpleNamespace(client=SimpleNamespace(host="203.0.113.7"), headers={})
+
+
+def spend(units: int) -> None:
+    """What the service does where engine work starts, in an entry given no ask: the handler's ask pays."""
+    asked().pay(units)
 
 
 def test_a_bucket_refills_waits_and_owes_at_most_a_burst():

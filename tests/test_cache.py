@@ -104,11 +104,9 @@ def test_a_failure_is_shared_with_the_waiters_but_never_cached():
 
 def test_pinned_results_outlive_the_bounds_and_a_result_read_while_pinning_is_pinned():
     cache = ResultCache(max_entries=1, max_bytes=10_000)
-    with cache.pinning():
-        assert cache.get_or_compute("front", lambda: "F") == "F"
+    assert cache.get_or_compute("front", lambda: "F", pin=True) == "F"
     cache.get_or_compute("seen", lambda: "S")                       # computed by a visitor first ...
-    with cache.pinning():
-        assert cache.get_or_compute("seen", lambda: "recomputed") == "S"     # ... pinned when read while pinning
+    assert cache.get_or_compute("seen", lambda: "recomputed", pin=True) == "S"     # ... pinned when read pinning
     for key in "abc":                                               # a crowd of other links
         cache.get_or_compute(key, lambda key=key: key)
     assert cache.get_or_compute("front", lambda: "recomputed") == "F"

@@ -95,8 +95,9 @@ def test_the_field_reaches_a_link_and_a_tab_of_that_kind(shout_kind, tiny_servic
     assert back.shout is False and "shout must be true or false" in notices[0]
 
     guard = Guard(RateLimiter(0))
-    with gr.Blocks(), kept.building(kept.KeptResults(1 << 20)):
+    with gr.Blocks() as page:
         parts = generate_tab.build_generate_tab(tiny_service, guard, Downloads(guard), view)
+    kept.keep_in(page, kept.KeptResults(1 << 20))
     box = parts.inputs["shout"]
     assert isinstance(box, gr.Checkbox) and box.label == "say it louder" and box.value is False
     assert set(parts.inputs) == set(view.input_names())

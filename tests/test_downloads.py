@@ -78,8 +78,9 @@ def test_a_download_is_rate_limited_and_refused_in_one_line(readout):
     from lensapp.ui import kept
 
     downloads = Downloads(Guard(RateLimiter(per_minute=6, clock=lambda: 0.0)))
-    with kept.building(kept.KeptResults(1 << 30)) as store:
+    with gr.Blocks() as page:
         state = kept.kept_state()
+    store = kept.keep_in(page, kept.KeptResults(1 << 30))
     build = downloads._handler("logit-lens", "csv", state)
     me = SimpleNamespace(client=SimpleNamespace(host="203.0.113.9"), headers={})
     handle = {"h": store.keep(readout), "r": None}                # what the page holds: a handle, not the readout

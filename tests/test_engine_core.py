@@ -14,7 +14,6 @@ import pytest
 from lensapp.engine.run.core import Engine
 from lensapp.engine.run.parts import Part
 from lensapp.engine.run.protocol import ModelInfo, Progress
-from lensapp.engine.run.turns import asking
 
 INFO = ModelInfo(name="stand-in", n_layers=2, d_model=4, vocab_size=8, backend="vllm-cpu", device="cpu",
                  dtype="float32")
@@ -125,11 +124,10 @@ def test_a_request_that_never_hears_of_the_death_is_told_at_once(engine):
 
 def ask(e, fn, client=None, **kw):
     """What a caller hears: ("answered", result) or ("error", message)."""
-    with asking(client):
-        try:
-            return "answered", e.call("lens", fn, **kw)
-        except Exception as err:  # noqa: BLE001 - what the caller hears is the point
-            return "error", str(err)
+    try:
+        return "answered", e.call("lens", fn, client=client, **kw)
+    except Exception as err:  # noqa: BLE001 - what the caller hears is the point
+        return "error", str(err)
 
 
 def test_a_long_request_that_keeps_stepping_is_not_a_stuck_engine():
@@ -277,8 +275,7 @@ def test_parts_take_turns_round_robin_over_clients():
             return run
 
         def sweep():
-            with asking("10.0.0.1"):
-                e.run("lens", [Part(part(f"sweep{i}")) for i in range(8)])
+            e.run("lens", [Part(part(f"sweep{i}")) for i in range(8)], client="10.0.0.1")
 
         t = threading.Thread(target=sweep)
         t.start()

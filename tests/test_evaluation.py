@@ -301,13 +301,18 @@ def test_a_shipped_evaluation_is_computed_once_and_pinned(service):
 def test_a_shipped_evaluation_runs_in_the_hosts_turn_and_a_files_in_the_visitors(service, items_file, monkeypatch):
     """The shipped set's evaluation is everyone's (bounded, pinned): its forwards run in the host's turn, all in
     flight together; a file's (the command line's) is whoever asked."""
-    from lensapp.engine.run.turns import CLIENT, asking
+    from lensapp.service.asks import Ask, asking
 
     seen, real = [], service.engine.lens
-    monkeypatch.setattr(service.engine, "lens", lambda *a, **k: seen.append(CLIENT.get()) or real(*a, **k))
-    with asking("203.0.113.7"):
-        service.evaluate(EvaluateRequest(split="all"))
-        assert seen == [None]
+
+    def lens(specs, timeout=None, client=None):
+        seen.append(client)
+        return real(specs, timeout, client)
+    monkeypatch.setattr(service.engine, "lens", lens)
+    visitor = Ask("203.0.113.7")
+    service.evaluate(EvaluateRequest(split="all"), ask=visitor)
+    assert seen == [None]
+    with asking(client=visitor.client):                         # as a handler's guard names it
         service.evaluate(EvaluateRequest(items=str(items_file), split="dev"), files=True)
     assert seen == [None, "203.0.113.7"]
 

@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from lensapp.config import Config
-from lensapp.engine.run.turns import asking
 from lensapp.fitting.steering import SteerConfig
+from lensapp.service.asks import Ask
 from lensapp.service.fields import RequestError
 from lensapp.service.fits import FitDesk
-from lensapp.service.limits import paying
 
 IDS = (1, 504, 3458, 282, 4649, 314)
 STEER = SteerConfig(objective="output", positions=(2, 5), max_steps=20, threshold=0.99)
@@ -31,8 +30,8 @@ def test_identical_fits_at_once_are_fitted_once_in_another_process(tiny_model_di
     heard, out, spent = [], [None] * 4, []
     try:
         def ask(i):
-            with paying(lambda units: spent.append((i, units))):
-                out[i] = d.fit(IDS, 2, 42, STEER, progress=lambda *a: heard.append(a), work=1000)
+            out[i] = d.fit(IDS, 2, 42, STEER, progress=lambda *a: heard.append(a), work=1000,
+                           ask=Ask(payer=lambda units: spent.append((i, units))))
 
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
         for t in threads:
@@ -44,8 +43,7 @@ def test_identical_fits_at_once_are_fitted_once_in_another_process(tiny_model_di
         assert sum(1 for step, _, _ in heard if step == 0) == 1            # one fit ran; the others waited for it
         assert d._worker._process.pid != threading.get_native_id()
         assert [units for _, units in spent] == [1000]
-        with paying(lambda units: spent.append(("again", units))):
-            d.fit(IDS, 2, 42, STEER, work=1000)                             # the desk holds it: free
+        d.fit(IDS, 2, 42, STEER, work=1000, ask=Ask(payer=lambda units: spent.append(("again", units))))   # held: free
         assert len(spent) == 1
     finally:
         d.close()
@@ -74,11 +72,10 @@ def test_the_line_is_bounded_says_each_place_and_a_refusal_is_one_line(tiny_mode
 
 def test_who_may_fit_is_the_hosts_choice(tiny_model_dir):
     host_only = desk(tiny_model_dir, fitting="host")
-    with asking("203.0.113.9"), pytest.raises(RequestError, match="for the host"):
-        host_only.check_allowed()
+    with pytest.raises(RequestError, match="for the host"):
+        host_only.check_allowed("203.0.113.9")
     host_only.check_allowed()                                             # the machine's own users may
-    with asking("203.0.113.9"):
-        desk(tiny_model_dir, fitting="host", auth="alice:pw").check_allowed()   # with a login, logged-in visitors may
+    desk(tiny_model_dir, fitting="host", auth="alice:pw").check_allowed("203.0.113.9")   # with a login, visitors may
     for settings in ({"fitting": "off"}, {"max_fit_steps": 0}):
         with pytest.raises(RequestError, match="turned off"):
             desk(tiny_model_dir, **settings).check_allowed()

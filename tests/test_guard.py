@@ -161,7 +161,10 @@ def test_work_is_taken_as_it_starts_or_refused_until_the_budget_holds_it():
 
 
 def test_the_guard_spends_the_work_done_inside_it_from_the_asker():
-    from lensapp.service.limits import spend
+    from lensapp.service.asks import asked
+
+    def spend(units: int) -> None:              # what a service entry given no ask does: the handler's ask pays
+        asked().pay(units)
 
     guard = Guard(RateLimiter(per_minute=600, clock=lambda: 0.0, work_per_minute=600, work_burst=100))
     guard.api(request("203.0.113.7"), spend, 150)         # what the service spends where engine work starts

@@ -9,7 +9,6 @@ import json
 import orjson
 import pytest
 
-from lensapp.engine.run.turns import asking
 from lensapp.service import ChatRequest, GenerateRequest, InterveneRequest, LensRequest
 
 FRANCE = "The capital of France is"
@@ -33,8 +32,7 @@ def strict(value):
 
 @pytest.mark.parametrize("kind", list(ASKS))
 def test_every_answer_is_json_the_api_can_send(tiny_service, kind):
-    with asking(None):
-        result = ASKS[kind](tiny_service)
+    result = ASKS[kind](tiny_service)
     for r in result if isinstance(result, list) else [result]:
         answer = r.to_json()
         orjson.dumps(answer)                                       # raises on a non-string key

@@ -10,13 +10,18 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from lensapp.engine.run import turns
 from lensapp.service import identity
+from lensapp.service.asks import asked
 from lensapp.service.identity import EARN_SECONDS, IDLE_SECONDS, ROOM_PEOPLE, STANDING_SECONDS, People
-from lensapp.service.limits import RateLimiter, spend
+from lensapp.service.limits import RateLimiter
 from lensapp.ui.guard import Guard
 
 ROOM = "198.51.100.20"
+
+
+def spend(units: int) -> None:
+    """What the service does where engine work starts, in an entry given no ask: the handler's ask pays."""
+    asked().pay(units)
 
 
 def page(session: str | None = None, login: str | None = None, host: str = ROOM):
@@ -82,7 +87,7 @@ def test_a_login_is_a_person_at_once_and_a_person_waits_in_a_turn_of_their_own()
     turns_seen = []
     for request in (page("x", login="alice"), page("y", login="bob"), page("new")):
         try:
-            guard.api(request, lambda: turns_seen.append(turns.CLIENT.get()))
+            guard.api(request, lambda: turns_seen.append(asked().client))
         except gr.Error:
             pass
     alice, bob, newcomer = turns_seen

@@ -10,9 +10,8 @@ import gradio as gr
 
 from lensapp import config
 from lensapp.engine import ModelInfo
-from lensapp.engine.run.turns import CLIENT
-from lensapp.service import usage
-from lensapp.service.limits import RateLimiter, spend
+from lensapp.service.asks import asked
+from lensapp.service.limits import RateLimiter
 from lensapp.ui.guard import Guard
 from lensapp.ui.lens_tab import LOGIT_TAB, lens_request
 from lensapp.ui.prefetch import LinkPrefetch
@@ -43,11 +42,12 @@ class StandIn:
     def health(self):
         raise AssertionError("a page asked for must not look at the engine's processes")
 
-    def lens(self, req, read_from=0):
+    def lens(self, req, read_from=0, ask=None):
+        ask = asked(ask)                        # as the service's entries: the ask handed down, else the handler's
         self.asked.append((req, read_from) if read_from else req)
-        self.turns.append(CLIENT.get())
-        self.counted.append(not usage._QUIET.get())
-        spend(self.cost)                        # as the service does where engine work starts
+        self.turns.append(ask.client)
+        self.counted.append(ask.counted)
+        ask.pay(self.cost)                      # as the service does where engine work starts
         self.release.wait(10)
         return []
 
@@ -161,7 +161,7 @@ def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls_would_get()
     asking = SimpleNamespace(client=SimpleNamespace(host=crawler), headers={})
     for _ in range(40):
         try:
-            api.api(asking, spend, 300)
+            api.api(asking, lambda: asked().pay(300))        # what a service entry pays, given no ask
             answered += 1
         except gr.Error:
             pass

@@ -86,6 +86,23 @@ def test_a_value_larger_than_half_the_store_is_not_kept_and_empties_nothing():
         store.get(huge)
 
 
+def test_a_kept_state_keeps_in_the_store_its_page_is_given_and_in_no_other():
+    mine, theirs = KeptResults(max_bytes=1 << 20, size=sized), KeptResults(max_bytes=1 << 20, size=sized)
+    with gr.Blocks() as page:
+        with gr.Tab("nested"), gr.Row():
+            state = kept.kept_state(empty=[])
+    with gr.Blocks():
+        elsewhere = kept.kept_state()
+    with pytest.raises(RuntimeError, match="keep_in"):                # no store given yet: said, never guessed
+        kept.write(state, "a result")
+    kept.keep_in(page, mine)
+    written = kept.write(state, "a result")
+    assert mine.get(written["h"]) == "a result" and theirs.stats()["handles"] == 0
+    assert kept.read(state, None) == []                               # its `empty`, kept through `keep_in`
+    with pytest.raises(RuntimeError, match="keep_in"):                # another page's state was given no store
+        kept.read(elsewhere, written)
+
+
 def test_a_page_whose_value_was_let_go_has_it_made_again_from_its_recipe():
     made = []
 
@@ -94,8 +111,9 @@ def test_a_page_whose_value_was_let_go_has_it_made_again_from_its_recipe():
         return "made from " + recipe
 
     store = KeptResults(max_bytes=1 << 20, size=sized)
-    with gr.Blocks(), kept.building(store, remake):
+    with gr.Blocks() as page:
         state = kept.kept_state()
+    kept.keep_in(page, store, remake)
     page = kept.write(state, kept.Kept("a result", "its recipe"))
     assert page["r"] == "its recipe" and kept.read(state, page) == "a result" and made == []
     store.drop_owner("")                                              # its session was dropped (or evicted)
@@ -109,7 +127,7 @@ def test_a_page_whose_value_was_let_go_has_it_made_again_from_its_recipe():
 
 def test_a_handler_reads_the_value_and_writes_a_handle_retiring_the_one_it_replaces():
     store = KeptResults(max_bytes=1 << 20, size=sized)
-    with gr.Blocks() as demo, kept.building(store):
+    with gr.Blocks() as demo:
         state, box, button = kept.kept_state(), gr.Textbox(), gr.Button()
         parts = {"state": state, "box": box}
         seen = []
@@ -118,6 +136,7 @@ def test_a_handler_reads_the_value_and_writes_a_handle_retiring_the_one_it_repla
             seen.append(values["state"])
             return {"state": (values["state"] or "") + values["box"]}
         on(button.click, grow, parts, ["state", "box"], ["state"])
+    kept.keep_in(demo, store)
     (fn,) = [f.fn for f in demo.fns.values() if f.name == "grow"]
     first = fn({state: None, box: "ab"})[state]                     # what the page holds: a handle, no recipe
     assert first["h"].startswith(kept.PREFIX) and first["r"] is None and store.get(first["h"]) == "ab"
@@ -161,8 +180,9 @@ def test_sessions_are_bounded_and_an_idle_one_goes_giving_back_its_results(tiny_
     app, holder = tiny_app
     now = [0.0]
     store = KeptResults(1 << 20, size=sized)
-    with gr.Blocks() as demo, kept.building(store):
+    with gr.Blocks() as demo:
         kept.kept_state()
+    kept.keep_in(demo, store)
     lean = sessions.LeanSessions(capacity=3, idle_seconds=60, clock=lambda: now[0], on_drop=store.drop_owner)
     lean.set_blocks(demo)
     for i in range(5):

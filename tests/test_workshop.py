@@ -12,8 +12,9 @@ import pytest
 from conftest import REPO
 
 from lensapp import config, workshop
+from lensapp.service.asks import Ask, asking
 from lensapp.service.requests import ChatRequest, LensRequest
-from lensapp.service.usage import Usage, not_counted
+from lensapp.service.usage import Usage
 
 SHIPPED = REPO / "workshops" / "where-does-the-answer-appear.yaml"
 TEST_FILE = REPO / "tests" / "data" / "workshop.yaml"
@@ -96,17 +97,49 @@ def test_usage_counts_without_prompts_unless_asked():
     usage.record("lens", LensRequest.parse(prompts=["The capital of France is"], lens="logit", layers="20-22"))
     usage.record("lens", LensRequest.parse(prompts=["x" * 120], lens="both", layers="-1"))
     usage.record("chat", ChatRequest.parse(messages=[{"role": "user", "content": "Hi"}], layer=-2))
-    with not_counted():                                     # the front page's example
-        usage.record("lens", LensRequest.parse(prompts=["Hidden"], lens="logit"))
     got = usage.to_json()
     assert got["exercises"] == {"1. A": 0, "2. B": 1}
     assert got["tabs"] == {"logit": 1, "jacobian": 1, "generate": 1}
     assert got["layers"] == {"20": 1, "21": 1, "22": 1, "28": 1, "29": 1}
     assert got["prompt_chars"] == {"0-19": 1, "20-49": 1, "100-199": 1}
-    assert "prompts" not in got and "capital" not in str(got) and "Hidden" not in str(got)
+    assert "prompts" not in got and "capital" not in str(got)
     keeping = Usage(30, ["A"], record_prompts=True)
     keeping.record("lens", LensRequest.parse(prompts=["The capital of France is"]))
     assert [p["prompt"] for p in keeping.to_json()["prompts"]] == ["The capital of France is"]
+
+
+def test_the_service_counts_what_its_ask_says_is_counted(tiny_service):
+    """The front page's examples and a link's second look are asked not counted: as a value handed to the service,
+    or as the ask its handler was called with (service/asks.py)."""
+    usage = Usage(tiny_service.info.n_layers, [])
+    req = LensRequest.parse(prompts=["Counted or not"], lens="logit", layers="last")
+    before, tiny_service.observer = tiny_service.observer, usage.record
+    try:
+        tiny_service.lens(req)                                          # the host's own: counted
+        tiny_service.lens(req, ask=Ask(counted=False))
+        with asking(counted=False):                                     # the front page's example
+            tiny_service.lens(req)
+            tiny_service.lens(req, ask=Ask())                           # an ask handed down wins
+    finally:
+        tiny_service.observer = before
+    assert usage.summary()["tabs"] == {"logit": 2}
+
+
+def test_the_front_pages_example_is_pinned_and_not_counted(tiny_service, monkeypatch):
+    """`FrontPage.warm` asks through a tab's handler, which carries no ask: the wish to pin and not to count reaches
+    the service as the ask the handler was called with, and the guard around the handler keeps it."""
+    from lensapp import ui
+    from lensapp.service.cache import ResultCache
+    from lensapp.ui.front import FrontPage
+
+    monkeypatch.setattr(tiny_service, "cache", ResultCache(0, 0))      # no bounded cache: pinned or nothing
+    usage = Usage(tiny_service.info.n_layers, [])
+    monkeypatch.setattr(tiny_service, "observer", usage.record)
+    built = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+    FrontPage(tiny_service, [built.tabs["logit"]]).warm()
+    stats = tiny_service.cache.stats()
+    assert stats["pinned"] == stats["misses"] == 1 and stats["hits"] == 1       # the second pass: read, pinned
+    assert usage.summary()["tabs"] == {}
 
 
 def test_the_counts_are_the_hosts_behind_the_login():

@@ -28,6 +28,7 @@ from ..results import ChatReply, GenerationResult
 from ..results.branching import graft, graft_chat
 from ..results.generation import GrowingGeneration
 from . import cost, planning
+from .asks import HOST, Ask
 from .field import RequestError
 from .generating import Generator, Partial, sampling_of
 from .requests import ChatRequest, GenerateRequest
@@ -59,51 +60,52 @@ class Brancher:
         s.check_cost(work, "this generation and its branches")
         return BranchPlan(forces, work)
 
-    def generate(self, req: GenerateRequest) -> GenerationResult:
+    def generate(self, req: GenerateRequest, ask: Ask = HOST) -> GenerationResult:
         plan = self.plan(req)
-        return self._branch(dataclasses.replace(req, force=()), plan.forces)
+        return self._branch(dataclasses.replace(req, force=()), plan.forces, ask)
 
-    def _branch(self, trunk: GenerateRequest, forces: tuple) -> GenerationResult:
+    def _branch(self, trunk: GenerateRequest, forces: tuple, ask: Ask) -> GenerationResult:
         """The generation `trunk` asks for with `forces` made, each branch on the way cached."""
         s = self.service
         if not forces:
-            return self.generator.generate(trunk)
-        return s.cached("branch", self._key(trunk, forces), lambda: self._grow(trunk, forces))
+            return self.generator.generate(trunk, ask)
+        return s.cached("branch", self._key(trunk, forces), lambda: self._grow(trunk, forces, ask), pin=ask.pin)
 
     def _key(self, trunk: GenerateRequest, forces: tuple) -> tuple:
         plan = self.generator.plan(trunk)
         return (trunk.prompt, trunk.chat, plan.lenses, tuple(plan.layers), trunk.k, trunk.max_tokens,
                 sampling_of(trunk).decides, trunk.raw, forces)
 
-    def _grow(self, trunk: GenerateRequest, forces: tuple) -> GenerationResult:
+    def _grow(self, trunk: GenerateRequest, forces: tuple, ask: Ask) -> GenerationResult:
         s = self.service
-        fork = self._fork(trunk, forces)
+        fork = self._fork(trunk, forces, ask)
         continuation = None
         if fork.spec is not None:
-            s.admit(fork.cost)
-            out = s.engine.generate(fork.spec, fork.sampling, s.deadline(fork.cost))
+            s.admit(fork.cost, ask)
+            out = s.engine.generate(fork.spec, fork.sampling, s.deadline(fork.cost), ask.client)
             continuation = fork.continuation(out)
         return fork.grafted(continuation)
 
-    def generate_stream(self, req: GenerateRequest) -> Iterator[Partial | GenerationResult]:
+    def generate_stream(self, req: GenerateRequest, ask: Ask = HOST) -> Iterator[Partial | GenerationResult]:
         """`generate`, streamed: the branches before the last computed whole (and cached); then the last one's
         steps, those it keeps of its parent and its forced token at once, its continuation as it is written."""
         plan = self.plan(req)
         trunk, forces = dataclasses.replace(req, force=()), plan.forces
-        return self.service.cached_stream("branch", self._key(trunk, forces), lambda: self._grow_stream(trunk, forces))
+        return self.service.cached_stream("branch", self._key(trunk, forces),
+                                          lambda: self._grow_stream(trunk, forces, ask))
 
-    def _grow_stream(self, trunk: GenerateRequest, forces: tuple) -> Iterator[Partial | GenerationResult]:
+    def _grow_stream(self, trunk: GenerateRequest, forces: tuple, ask: Ask) -> Iterator[Partial | GenerationResult]:
         s = self.service
-        fork = self._fork(trunk, forces)
+        fork = self._fork(trunk, forces, ask)
         kept = fork.grafted(None)
         for i in range(fork.step + 1):
             text = s.prompts.text(kept.token_ids[:i + 1])
             yield Partial(i, text, kept.steps[i], lambda i=i, text=text: _first(kept, i + 1, text))
         continuation = None
         if fork.spec is not None:
-            s.admit(fork.cost)
+            s.admit(fork.cost, ask)
             growing = fork.growing()
-            for item in s.engine.generate_steps(fork.spec, fork.sampling, s.deadline(fork.cost)):
+            for item in s.engine.generate_steps(fork.spec, fork.sampling, s.deadline(fork.cost), ask.client):
                 if isinstance(item, Step):
                     read = growing.add(item.token_id, item.readout)
                     n = len(growing.token_ids)
@@ -113,11 +115,11 @@ class Brancher:
                     continuation = fork.continuation(item)
         yield fork.grafted(continuation)
 
-    def _fork(self, trunk: GenerateRequest, forces: tuple) -> Fork:
+    def _fork(self, trunk: GenerateRequest, forces: tuple, ask: Ask) -> Fork:
         """The last force's branch as it will be made: its parent (every earlier branch, computed whole and cached),
         the forced token, and the request that continues from it (None: nothing follows)."""
         s = self.service
-        parent = self._branch(trunk, forces[:-1])
+        parent = self._branch(trunk, forces[:-1], ask)
         step, word = forces[-1]
         _check_step(step, len(parent.token_ids), "generation")
         plan = self.generator.plan(trunk)
@@ -131,7 +133,7 @@ class Brancher:
                     sampling_of(trunk, n_new), cost.branch(len(prefix), n_new, len(plan.layers), len(plan.lenses)))
 
     # -- chat ----------------------------------------------------------------------------------------------
-    def chat(self, req: ChatRequest) -> ChatReply:
+    def chat(self, req: ChatRequest, ask: Ask = HOST) -> ChatReply:
         s = self.service
         self._check_seeded(req.sampled, req.seed)
         forces = self._checked(req.force, req.max_tokens)
@@ -140,13 +142,13 @@ class Brancher:
         for step, _ in forces:
             work = work + cost.branch(len(ids) + step + 1, req.max_tokens - step - 1, 1, 1)
         s.check_cost(work, "this reply and its branches")
-        reply = self.generator.chat(dataclasses.replace(req, force=()))
+        reply = self.generator.chat(dataclasses.replace(req, force=()), ask)
         for step, word in forces:
-            reply = self._grow_chat(req, reply, ids, layer, step, word)
+            reply = self._grow_chat(req, reply, ids, layer, step, word, ask)
         return reply
 
     def _grow_chat(self, req: ChatRequest, parent: ChatReply, ids: list[int], layer: int, step: int,
-                   word: int | str) -> ChatReply:
+                   word: int | str, ask: Ask) -> ChatReply:
         s = self.service
         _check_step(step, len(parent.token_ids), "reply")
         token = s.prompts.forced(word, ids + parent.token_ids[:step], s.info.vocab_size)
@@ -157,8 +159,8 @@ class Brancher:
             spec = planning.lens_spec(prefix, [layer], req.k, read_by(req.lens), s.info.n_layers,
                                       s.jlens_layers)
             work = cost.branch(len(prefix), n_new, 1, 1)
-            s.admit(work)
-            out = s.engine.chat(spec, sampling_of(req, n_new), s.deadline(work))
+            s.admit(work, ask)
+            out = s.engine.chat(spec, sampling_of(req, n_new), s.deadline(work), ask.client)
             continuation = ChatReply.from_output(out, decode=s.prompts.decode, text="", lens=req.lens, layer=layer)
         path = parent.token_ids[:step] + [token] + (continuation.token_ids if continuation else [])
         return graft_chat(parent, step, token, continuation, decode=s.prompts.decode, text=s.prompts.text(path))

@@ -9,9 +9,9 @@ ones are served from memory until the entry is evicted. Bounded by entries and b
 A result is sized (`approx_bytes`) before the cache's lock is taken: every hit takes that lock, and sizing
 a long readout used to hold it for 0.4 s (30 layers x 300 positions x top 100: 900k token strings walked).
 
-Results computed or read inside `with cache.pinning():` are kept apart and never evicted, whatever the
-bounds: the front page's examples (`ui/front.py`), so a crowd of visitors never costs an engine forward
-however many other links it opens.
+Results computed or read with `pin=True` (an ask's wish: `asks.Ask.pin`) are kept apart and never evicted,
+whatever the bounds: the front page's examples (`ui/front.py`), so a crowd of visitors never costs an engine
+forward however many other links it opens.
 
 The app's bounded maps are one shape: `cachetools.LRUCache` (here `BoundedLRU`, which adds a bound on entries
 to its bound on size). Over its bound it lets go of the least recently used entry, and a value larger than the
@@ -20,8 +20,6 @@ whole bound is refused (ValueError) before anything is let go, so one huge resul
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import sys
 import threading
@@ -33,7 +31,6 @@ import numpy as np
 from cachetools import LRUCache
 
 T = TypeVar("T")
-_PINNING = contextvars.ContextVar("pinning", default=False)
 SAMPLED = 16        # a longer list (or dict, or object array) is sized from this many of its items, evenly spaced
 
 
@@ -80,31 +77,22 @@ class ResultCache:
         self.hits = self.shared = self.misses = 0
         self.too_large = 0          # results not kept: larger than the whole bound
 
-    @contextlib.contextmanager
-    def pinning(self):
-        """Within this block (this thread), results are pinned: kept for good, outside the bounds."""
-        token = _PINNING.set(True)
-        try:
-            yield
-        finally:
-            _PINNING.reset(token)
-
     def holds(self, key: Hashable, finished: bool = False) -> bool:
         """Whether `key`'s value is here (`finished`) or here or being computed (asking for it costs no new engine
         work)."""
         with self._lock:
             return key in self._pinned or key in self._done or (not finished and key in self._in_flight)
 
-    def get_or_compute(self, key: Hashable, compute: Callable[[], T]) -> T:
-        return self.get_many([key], lambda todo: [compute()])[0]
+    def get_or_compute(self, key: Hashable, compute: Callable[[], T], pin: bool = False) -> T:
+        return self.get_many([key], lambda todo: [compute()], pin)[0]
 
-    def get_many(self, keys: list[Hashable], compute: Callable[[list[int]], list[T]]) -> list[T]:
+    def get_many(self, keys: list[Hashable], compute: Callable[[list[int]], list[T]], pin: bool = False) -> list[T]:
         """The value for each key: cached, shared with an identical request in flight, or computed by one
-        call `compute(indices of the missing keys) -> their values`."""
+        call `compute(indices of the missing keys) -> their values`. `pin`: each value read or computed is kept
+        for good, outside the bounds."""
         out: list = [None] * len(keys)
         waiting: dict[int, Future] = {}
         mine: dict[int, Future] = {}
-        pin = _PINNING.get()
         with self._lock:
             for i, key in enumerate(keys):
                 if key in self._pinned:
@@ -149,7 +137,7 @@ class ResultCache:
             try:
                 out[i] = future.result()
             except Abandoned:               # its streamed computation was stopped by its reader: compute it here
-                out[i] = self.get_many([keys[i]], lambda _, i=i: compute([i]))[0]
+                out[i] = self.get_many([keys[i]], lambda _, i=i: compute([i]), pin)[0]
         return out
 
     def streamed(self, key: Hashable, stream: Callable[[], Iterator]) -> Iterator:

@@ -16,6 +16,7 @@ from ..engine.run.anatomy import anatomy_of, refusal
 from ..engine.run.protocol import ComponentsSpec
 from ..results import ComponentsResult, Target
 from . import cost
+from .asks import HOST, Ask
 from .field import RequestError, show
 from .requests import ComponentsRequest
 from .selection import index
@@ -86,11 +87,11 @@ def resolve(i: int, n: int, noun: str, of: str) -> int:
     return index(i, n, f"{noun} {show(i)} is outside {of} (0..{n - 1}, or -{n}..-1 from the end)")
 
 
-def run(service, p: ComponentsPlan) -> ComponentsResult:
-    """The components readout a plan asks for (identical plans computed once: the service's cache)."""
+def run(service, p: ComponentsPlan, ask: Ask = HOST) -> ComponentsResult:
+    """The components readout a plan asks for, for `ask` (identical plans computed once: the service's cache)."""
     req = p.req
-    service.admit(p.cost)
-    out = service.engine.components(p.spec, service.deadline(p.cost))
+    service.admit(p.cost, ask)
+    out = service.engine.components(p.spec, service.deadline(p.cost), ask.client)
     return ComponentsResult.from_output(out, prompt=req.prompt, ids=p.ids, position=p.position, target=p.target,
                                         foil=p.foil, decode=service.prompts.decode, patterns_layer=p.patterns_layer,
                                         model=service.info.name)

@@ -27,6 +27,7 @@ from ..lens_kinds import LOGIT
 from ..results.description import Description, Descriptions
 from ..results.readout import in_context
 from . import cost, planning
+from .asks import HOST, Ask
 from .requests import DescribeRequest
 from .selection import index
 
@@ -64,27 +65,27 @@ class Describer:
         s.check_cost(work, "this description")
         return DescribePlan(ids, position, layers, text, inspect_ids, inspect_layers, work)
 
-    def run(self, req: DescribeRequest) -> Descriptions:
+    def run(self, req: DescribeRequest, ask: Ask = HOST) -> Descriptions:
         s = self.service
         plan = self.plan(req)
         parts = (req.prompt, req.chat, tuple(plan.layers), plan.position, req.max_tokens, plan.inspection_prompt,
                  tuple(plan.inspect_layers))
-        items = s.cached("describe", parts, lambda: self.describe(req, plan))
+        items = s.cached("describe", parts, lambda: self.describe(req, plan, ask), pin=ask.pin)
         return Descriptions(items, single=_names_one_layer(req))
 
-    def describe(self, req: DescribeRequest, plan: DescribePlan) -> list[Description]:
+    def describe(self, req: DescribeRequest, plan: DescribePlan, ask: Ask = HOST) -> list[Description]:
         """The plan run (no cache): the prompt read once, then one generation per described layer, together."""
         s, n = self.service, self.service.info.n_layers
-        s.admit(plan.cost)
+        s.admit(plan.cost, ask)
         read = dataclasses.replace(planning.lens_spec(plan.ids, [n - 1], 1, (LOGIT.name,), n, []),
                                    keep_layers=tuple(plan.layers), keep_positions=(plan.position,))
         source = cost.forward(len(plan.ids), 1, 1)
-        kept = s.engine.lens([read], s.deadline(source))[0].kept.cpu()           # [len(layers), 1, d_model]
+        kept = s.engine.lens([read], s.deadline(source), ask.client)[0].kept.cpu()           # [len(layers), 1, d_model]
         placeholder = len(plan.inspect_ids) - 1
         specs = [LensSpec(input_ids=tuple(plan.inspect_ids), read_layers=(n - 1,), rows=(0,), k=1, lenses=(LOGIT.name,),
                           edits=(Edit(layer, "replace", kept[i].float(), positions=(placeholder,)),), read_prompt=False)
                  for i, layer in enumerate(plan.inspect_layers)]
-        outs = s.engine.generate_all(specs, Sampling(req.max_tokens), s.deadline(plan.cost))
+        outs = s.engine.generate_all(specs, Sampling(req.max_tokens), s.deadline(plan.cost), ask.client)
         source_token = in_context(s.prompts.decode, plan.ids)[plan.position]
         return [Description(prompt=req.prompt, layer=layer, position=plan.position, source_token=source_token,
                             inspection_prompt=plan.inspection_prompt, inspect_layer=inspect_layer,

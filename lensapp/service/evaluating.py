@@ -24,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..engine.run.turns import asking
 from ..lens_kinds import LENSES, reads_jlens
 from ..results.evaluation import EvaluationResult
 from . import cost, planning
+from .asks import HOST, Ask
 from .evaluation_items import EvalItem, ItemSet, item_set
 from .requests import EvaluateRequest
 
@@ -132,22 +132,22 @@ def _batches(service, costs: list[cost.Cost]) -> tuple[tuple[tuple[int, int], ..
     return tuple(batches), tuple(totals)
 
 
-def run(service, req: EvaluateRequest, files: bool = False) -> EvaluationResult:
+def run(service, req: EvaluateRequest, files: bool = False, ask: Ask = HOST) -> EvaluationResult:
     """The evaluation's result: a shipped set's pinned in the result cache, a file's cached as any result."""
     p = plan(service, req, files)
     if p.source.shipped:            # bounded and shared by everyone: the app's own work (the host's turn), kept
-        with asking(None):
-            return service.cached("evaluate", p.key(), lambda: compute(service, p), pin=True)
-    return service.cached("evaluate", p.key(), lambda: compute(service, p))
+        host_turn = dataclasses.replace(ask, client=None)
+        return service.cached("evaluate", p.key(), lambda: compute(service, p, host_turn), pin=True)
+    return service.cached("evaluate", p.key(), lambda: compute(service, p, ask), pin=ask.pin)
 
 
-def compute(service, p: Plan) -> EvaluationResult:
-    """Every batch through the engine, then the result."""
+def compute(service, p: Plan, ask: Ask = HOST) -> EvaluationResult:
+    """Every batch through the engine, for `ask`, then the result."""
     ranks: dict[str, list] = {name: [] for g in p.groups for name in g.lenses}
     for (start, stop), work in zip(p.batches, p.batch_costs):
-        service.admit(work)
+        service.admit(work, ask)
         specs = [spec for i in range(start, stop) for spec in p.specs[i]]
-        outs = iter(service.engine.lens(specs, service.deadline(work)))
+        outs = iter(service.engine.lens(specs, service.deadline(work), ask.client))
         for _ in range(start, stop):
             for g in p.groups:
                 out = next(outs)

@@ -17,10 +17,9 @@ from typing import Callable
 
 from cachetools import LRUCache
 
-from ..engine.run.turns import CLIENT
 from ..fitting.worker import FitJob, FitStopped, FitWorker
+from .asks import HOST, Ask
 from .field import RequestError
-from .limits import spend
 
 FITS_KEPT = 32
 
@@ -39,22 +38,23 @@ class FitDesk:
         self._waiting = 0                        # fits running or waiting
         self._pending: dict[tuple, Future] = {}  # fits under way, by their inputs: an identical ask waits for it
 
-    def check_allowed(self) -> None:
-        """RequestError, one line, when the asker may not fit here (before any work is planned)."""
+    def check_allowed(self, client: str | None = None) -> None:
+        """RequestError, one line, when `client` (an ask's: None, the host) may not fit here (before any work is
+        planned)."""
         cfg = self.cfg
         if cfg.max_fit_steps == 0 or cfg.fitting == "off":
             raise RequestError("fitting steering vectors is turned off here")
         if self.off_reason:
             raise RequestError(f"fitting steering vectors is off here: {self.off_reason}")
-        if cfg.fitting == "host" and CLIENT.get() is not None and not cfg.auth_pairs:
+        if cfg.fitting == "host" and client is not None and not cfg.auth_pairs:
             raise RequestError("fitting steering vectors is for the host here (a logged-in visitor); use a "
                                "logit or jacobian direction")
 
     def fit(self, ids: tuple[int, ...], layer: int, target_id: int, steer, progress: Progress | None = None,
-            work: int = 0):
+            work: int = 0, ask: Ask = HOST):
         """The SteeringVector for these inputs: from the cache, from the same fit already under way, or fitted
-        when its turn comes; `work` (cost.py's units) is spent by whoever asks when it is fitted for them."""
-        self.check_allowed()
+        when its turn comes; `work` (cost.py's units) is paid by whoever asks (`ask`) when it is fitted for them."""
+        self.check_allowed(ask.client)
         key = (ids, layer, target_id, steer)
         if (hit := self._cached(key)) is not None:
             return hit
@@ -72,7 +72,7 @@ class FitDesk:
         if not mine:                             # the same fit is under way for someone else: its answer
             return pending.result()
         try:
-            spend(work)
+            ask.pay(work)
             if progress is not None and place > 1:
                 progress(-(place - 1), 0.0, 0.0)                    # its place: fits ahead of it
             with self._desk:

@@ -21,6 +21,7 @@ from ..results import ChatReply, GenerationResult
 from ..results.decided import WIDTH as DECIDED_WIDTH
 from ..results.generation import GrowingChat, GrowingGeneration
 from . import cost, planning
+from .asks import HOST, Ask
 from .field import RequestError, show
 from .requests import ChatRequest, GenerateRequest
 from .selection import from_end, span
@@ -73,31 +74,32 @@ class Generator:
         s.check_cost(work, "this generation")
         return planning.Plan(names, layers, [ids], [spec], work)
 
-    def generate(self, req: GenerateRequest) -> GenerationResult:
+    def generate(self, req: GenerateRequest, ask: Ask = HOST) -> GenerationResult:
         """Generate and read the newest position at every step (step 0: all prompt positions); `req.force` unread."""
         s = self.service
         plan = self.plan(req)
         sampling = sampling_of(req)
 
         def compute() -> GenerationResult:
-            s.admit(plan.cost)
-            return self._result(req, plan, s.engine.generate(plan.specs[0], sampling, s.deadline(plan.cost)))
+            s.admit(plan.cost, ask)
+            out = s.engine.generate(plan.specs[0], sampling, s.deadline(plan.cost), ask.client)
+            return self._result(req, plan, out)
 
         if not reproducible(sampling):
             return compute()
-        return s.cached("generate", self._key(req, plan, sampling), compute)
+        return s.cached("generate", self._key(req, plan, sampling), compute, pin=ask.pin)
 
-    def generate_stream(self, req: GenerateRequest) -> Iterator[Partial | GenerationResult]:
+    def generate_stream(self, req: GenerateRequest, ask: Ask = HOST) -> Iterator[Partial | GenerationResult]:
         """`generate`, streamed: a Partial per step as it is done, then the result (`generate`'s, cached as it is)."""
         s = self.service
         plan = self.plan(req)
         sampling = sampling_of(req)
 
         def stream() -> Iterator[Partial | GenerationResult]:
-            s.admit(plan.cost)
+            s.admit(plan.cost, ask)
             growing = GrowingGeneration(prompt=req.prompt, ids=plan.ids[0], layers=plan.layers, decode=s.prompts.decode,
                                         model=s.info.name, seed=req.seed, temperature=req.temperature, k=req.k)
-            for item in s.engine.generate_steps(plan.specs[0], sampling, s.deadline(plan.cost)):
+            for item in s.engine.generate_steps(plan.specs[0], sampling, s.deadline(plan.cost), ask.client):
                 yield grown(growing, item, s.prompts.text) if isinstance(item, Step) else self._result(req, plan, item)
 
         if not reproducible(sampling):
@@ -126,28 +128,28 @@ class Generator:
         conversation = s.prompts.conversation(list(req.messages))
         return layer, conversation.ids, conversation.dropped_turns
 
-    def chat(self, req: ChatRequest) -> ChatReply:
+    def chat(self, req: ChatRequest, ask: Ask = HOST) -> ChatReply:
         """Answer a conversation with a per-token readout of one lens at one layer; `req.force` unread."""
         s = self.service
         w = self._chat_work(req)
 
         def compute() -> ChatReply:
-            s.admit(w.cost)
-            return w.reply(s.engine.chat(w.spec, w.sampling, s.deadline(w.cost)))
+            s.admit(w.cost, ask)
+            return w.reply(s.engine.chat(w.spec, w.sampling, s.deadline(w.cost), ask.client))
 
         if not reproducible(w.sampling):
             return compute()
-        return s.cached("chat", chat_key(req, w.layer, w.sampling), compute)
+        return s.cached("chat", chat_key(req, w.layer, w.sampling), compute, pin=ask.pin)
 
-    def chat_stream(self, req: ChatRequest) -> Iterator[Partial | ChatReply]:
+    def chat_stream(self, req: ChatRequest, ask: Ask = HOST) -> Iterator[Partial | ChatReply]:
         """`chat`, streamed: a Partial per token as it is written, then the reply (`chat`'s, cached as it is)."""
         s = self.service
         w = self._chat_work(req)
 
         def stream() -> Iterator[Partial | ChatReply]:
-            s.admit(w.cost)
+            s.admit(w.cost, ask)
             growing = GrowingChat(decode=s.prompts.decode, lens=req.lens, layer=w.layer, dropped_turns=w.dropped)
-            for item in s.engine.chat_steps(w.spec, w.sampling, s.deadline(w.cost)):
+            for item in s.engine.chat_steps(w.spec, w.sampling, s.deadline(w.cost), ask.client):
                 yield grown(growing, item, s.prompts.text) if isinstance(item, Step) else w.reply(item)
 
         if not reproducible(w.sampling):

@@ -7,11 +7,11 @@ Each address (an IPv6 one by its /56: `identity.bucket`) has two token buckets (
   the app accepts is answered from the result cache, but sending its 26 MB still costs the web process ~0.2 CPU
   seconds; at 60 a minute that was a fifth of a core for one visitor (bench/RESULTS.md, run AD).
 - work: `work_per_minute` units of the cost model (`cost.py`) a minute, in bursts of `work_burst`. A request's
-  planned cost is taken whole when its engine work starts (`spend`, through `paying`: a result the cache answers
-  costs nothing), or the request is refused then, saying when there will be enough. Work in flight is taken
-  before more is let in, so requests running at once share one budget: four at once cannot spend twice it a
-  minute (they did while work was spent after the fact, from any bucket at or above zero). So twenty distinct
-  heavy requests meet this limit long before the count's.
+  planned cost is taken whole when its engine work starts (`spend`, as the request's payer: `asks.Ask.pay`; a
+  result the cache answers costs nothing), or the request is refused then, saying when there will be enough. Work
+  in flight is taken before more is let in, so requests running at once share one budget: four at once cannot
+  spend twice it a minute (they did while work was spent after the fact, from any bucket at or above zero). So
+  twenty distinct heavy requests meet this limit long before the count's.
 An IPv6 /48 (`identity.site`) has buckets of its own, SITE_SHARE times a client's, which every /56 in it also
 draws from: a site that takes a fresh /56 for each request is limited as a few clients are.
 
@@ -42,12 +42,10 @@ tests/test_budgets.py.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
 
 from .field import RequestError
 from .identity import Asker, bucket, is_loopback, site, turn
@@ -57,29 +55,9 @@ SITE_SHARE = 4                  # an IPv6 /48 may ask for this many clients' wor
 OVERFLOW = "overflow"           # the bucket newcomers share while every bucket kept is in use
 SWEEP_SECONDS = 1.0             # the longest a full table goes unswept
 
-_PAYER: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("payer", default=None)
-
 
 class RateLimited(RequestError):
     """Too many requests, or too much work, from one address."""
-
-
-@contextlib.contextmanager
-def paying(payer: Callable[[int], None] | None) -> Iterator[None]:
-    """Within this block (this thread), the engine's work is spent by `payer(units)` (None: nobody's)."""
-    token = _PAYER.set(payer)
-    try:
-        yield
-    finally:
-        _PAYER.reset(token)
-
-
-def spend(units: int) -> None:
-    """Work of `units` (cost.py's) starts now for whoever is paying (`paying`), who may refuse it (RateLimited);
-    nobody pays for the app's own."""
-    payer = _PAYER.get()
-    if payer is not None and units > 0:
-        payer(units)
 
 
 @dataclass(frozen=True)

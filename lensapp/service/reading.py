@@ -11,6 +11,7 @@ from ..config import MAX_CONTINUATION_TOKENS, PUNCTUATION_WIDTH
 from ..lens_kinds import read_by
 from ..results import LensResult
 from . import components, cost, planning
+from .asks import HOST, Ask
 from .requests import LensRequest
 
 
@@ -47,7 +48,7 @@ class Reader:
         return planning.Plan(names, layers, ids, specs, work, targets,
                              [planning.continuation_index(t) for t in target_ids])
 
-    def read(self, req: LensRequest, max_prompts: int, read_from: int = 0) -> list[LensResult]:
+    def read(self, req: LensRequest, max_prompts: int, read_from: int = 0, ask: Ask = HOST) -> list[LensResult]:
         """Every requested lens, layer and position for each prompt; the prompts no cache holds run together.
         read_from: one prompt's positions read_from.. only, the others blank (`LensResult.read_from`), unless
         its whole readout is cached: then that."""
@@ -64,8 +65,8 @@ class Reader:
             keys = [keys[0] + (("from", read_from),)]
 
         def compute(todo: list[int]) -> list[LensResult]:
-            s.admit(plan.cost)
-            outputs = s.engine.lens([plan.specs[i] for i in todo], s.deadline(plan.cost))
+            s.admit(plan.cost, ask)
+            outputs = s.engine.lens([plan.specs[i] for i in todo], s.deadline(plan.cost), ask.client)
             return [LensResult.from_output(out, prompt=req.prompts[i], ids=plan.ids[i], layers=plan.layers,
                                            decode=s.prompts.decode, targets=plan.targets[i],
                                            continuation_of=plan.continuation_of[i], model=s.info.name,
@@ -73,7 +74,7 @@ class Reader:
                                            skip_punctuation=req.skip_punctuation, read_from=read_from)
                     for i, out in zip(todo, outputs)]
 
-        return s.cached_many("lens", keys, compute)
+        return s.cached_many("lens", keys, compute, pin=ask.pin)
 
     def jlens_note(self, ids: list[int]) -> dict | None:
         """The lens's description for a result, with a warning when the prompt starts unlike the fitted ones."""

@@ -9,7 +9,9 @@ and the result cache. It knows nothing of Gradio or charts.
 Each request kind is planned and run in a module of its own (reading.py, generating.py, branching.py,
 describing.py, components.py, evaluating.py, intervening/), through the service's public face only: the
 model's `info`, `prompts` and `engine`, the budget (`check_cost`, `admit`, `deadline`) and the result cache
-(`cached`, `cached_many`).
+(`cached`, `cached_many`). Who asks travels beside the request as a value (`asks.Ask`): each entry takes one
+(given none, the one its handler was called with: `asks.asked`) and hands it to those modules, which hand its
+client to the engine, its payer to `admit` and its wish to be kept to the cache.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from ..engine.start.preflight import preflight
 from ..lens_kinds import LENSES, LOGIT, lens, reads_jlens
 from ..results import ChatReply, Comparison, ComponentsResult, GenerationResult, InterventionResult, LensResult
 from ..results.description import Descriptions
-from . import components, cost, evaluating, limits, planning
+from . import components, cost, evaluating, planning
 from .app_jlens import engine_stack, lens_key, load_configured_jlens, load_jlens
+from .asks import HOST, Ask, asked
 from .branching import Brancher
 from .cache import ResultCache
 from .describing import Describer
@@ -113,31 +116,33 @@ class LensService:
             self.engine.set_jlens(stack)
 
     # -- requests ------------------------------------------------------------------------------------
-    def lens(self, req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS, read_from: int = 0) -> list[LensResult]:
+    def lens(self, req: LensRequest, max_prompts: int = MAX_COMPARE_PROMPTS, read_from: int = 0,
+             ask: Ask | None = None) -> list[LensResult]:
         """Every requested lens, layer and position for each prompt; the prompts run together. read_from: one
-        prompt's positions from there on only, the rest blank (`Reader.read`: a page's first look)."""
-        self._observe("lens", req)
-        return self.reader.read(req, max_prompts, read_from)
+        prompt's positions from there on only, the rest blank (`Reader.read`: a page's first look). `ask`: who
+        asks (asks.py), as every entry below takes it."""
+        ask = self._observe("lens", req, ask)
+        return self.reader.read(req, max_prompts, read_from, ask)
 
-    def compare(self, req: LensRequest) -> Comparison:
+    def compare(self, req: LensRequest, ask: Ask | None = None) -> Comparison:
         """2..MAX_COMPARE_PROMPTS prompts read the same way, in flight together; each prompt's result is
         exactly what `lens` gives for it alone."""
         if not 2 <= len(req.prompts) <= MAX_COMPARE_PROMPTS:
             raise RequestError(f"compare takes 2 to {MAX_COMPARE_PROMPTS} prompts; got {len(req.prompts)}")
-        self._observe("compare", req)
-        return Comparison(self.reader.read(req, MAX_COMPARE_PROMPTS))
+        ask = self._observe("compare", req, ask)
+        return Comparison(self.reader.read(req, MAX_COMPARE_PROMPTS, ask=ask))
 
-    def generate(self, req: GenerateRequest) -> GenerationResult:
+    def generate(self, req: GenerateRequest, ask: Ask | None = None) -> GenerationResult:
         """Generate and read the newest position at every step (step 0: all prompt positions); with `force`, the
         branch those tokens make (service/branching.py)."""
-        self._observe("generate", req)
-        return self.brancher.generate(req) if req.force else self.generator.generate(req)
+        ask = self._observe("generate", req, ask)
+        return self.brancher.generate(req, ask) if req.force else self.generator.generate(req, ask)
 
-    def generate_stream(self, req: GenerateRequest) -> Iterator:
+    def generate_stream(self, req: GenerateRequest, ask: Ask | None = None) -> Iterator:
         """`generate`, streamed: a `generating.Partial` for each step as it is written, then the result (`generate`'s,
         cached as it is). Closing the iterator stops the engine's work (nothing half-done is kept)."""
-        self._observe("generate", req)
-        return self.brancher.generate_stream(req) if req.force else self.generator.generate_stream(req)
+        ask = self._observe("generate", req, ask)
+        return self.brancher.generate_stream(req, ask) if req.force else self.generator.generate_stream(req, ask)
 
     def check(self, req, max_prompts: int = MAX_COMPARE_PROMPTS, files: bool = False) -> cost.Cost:
         """Every check a request gets, without running it (the CLI asks before an engine starts): its planned
@@ -156,62 +161,64 @@ class LensService:
             return (self.brancher if req.force else self.generator).plan(req).cost
         return cost.NOTHING          # another kind (a new one) is checked as it is planned, when it runs
 
-    def describe(self, req: DescribeRequest) -> Descriptions:
+    def describe(self, req: DescribeRequest, ask: Ask | None = None) -> Descriptions:
         """A cell (or a column of cells: one per layer) described in words by the model itself (Patchscopes)."""
-        self._observe("describe", req)
-        return self.describer.run(req)
+        ask = self._observe("describe", req, ask)
+        return self.describer.run(req, ask)
 
-    def evaluate(self, req: evaluating.EvaluateRequest, files: bool = False) -> evaluating.EvaluationResult:
+    def evaluate(self, req: evaluating.EvaluateRequest, files: bool = False,
+                 ask: Ask | None = None) -> evaluating.EvaluationResult:
         """How well each loaded lens reads the unspoken intermediate of a set of items, layer by layer, at each
         prompt's last position (service/evaluating.py): a shipped set, computed once per model and lens and kept;
         with `files` (the command line), a file of the published form too."""
-        self._observe("evaluate", req)
-        return evaluating.run(self, req, files)
+        ask = self._observe("evaluate", req, ask)
+        return evaluating.run(self, req, files, ask)
 
-    def chat(self, req: ChatRequest) -> ChatReply:
+    def chat(self, req: ChatRequest, ask: Ask | None = None) -> ChatReply:
         """Answer a conversation with a per-token readout of one lens at one layer (negative counts from the end);
         with `force`, the branch those tokens make of the reply (service/branching.py)."""
-        self._observe("chat", req)
-        return self.brancher.chat(req) if req.force else self.generator.chat(req)
+        ask = self._observe("chat", req, ask)
+        return self.brancher.chat(req, ask) if req.force else self.generator.chat(req, ask)
 
-    def chat_stream(self, req: ChatRequest) -> Iterator:
+    def chat_stream(self, req: ChatRequest, ask: Ask | None = None) -> Iterator:
         """`chat`, streamed as `generate_stream` is; with `force`, the branched reply comes whole, at the end."""
-        self._observe("chat", req)
-        return iter([self.brancher.chat(req)]) if req.force else self.generator.chat_stream(req)
+        ask = self._observe("chat", req, ask)
+        return iter([self.brancher.chat(req, ask)]) if req.force else self.generator.chat_stream(req, ask)
 
-    def intervene(self, req: InterveneRequest, progress=None) -> InterventionResult:
+    def intervene(self, req: InterveneRequest, progress=None, ask: Ask | None = None) -> InterventionResult:
         """Steer, ablate or patch, and read before and after (service/intervening/); identical requests are
         computed once (a generation here always has a seed: 0 unless given). `progress(step, p, norm)` hears
         a fitted vector's steps."""
-        self._observe("intervene", req)
-        inputs = self.intervention_inputs()
+        ask = self._observe("intervene", req, ask)
+        inputs = self.intervention_inputs(ask)
         plan = self.intervener.plan(req, inputs)
-        return self.cached("intervene", plan.decides(), lambda: self.intervener.carry_out(plan, inputs, progress))
+        return self.cached("intervene", plan.decides(), lambda: self.intervener.carry_out(plan, inputs, progress),
+                           pin=ask.pin)
 
-    def intervention_inputs(self) -> Inputs:
-        """What an intervention is planned against, as this service stands (its Jacobian lens may change)."""
+    def intervention_inputs(self, ask: Ask = HOST) -> Inputs:
+        """What `ask`'s intervention is planned against, as this service stands (its Jacobian lens may change)."""
         cfg, info = self.cfg, self.info
         limits = Limits(cfg.part_cells, self.token_weight, cfg.max_work, cfg.request_timeout, cfg.max_fit_steps,
                         cfg.max_fit_seconds)
         jacobians = Jacobians(self.jlens, self.jlens_layers, info.n_layers, info.d_model)
-        return Inputs(info, self.prompts, jacobians, limits, self.fits)
+        return Inputs(info, self.prompts, jacobians, limits, self.fits, ask)
 
-    def components(self, req: ComponentsRequest) -> ComponentsResult:
+    def components(self, req: ComponentsRequest, ask: Ask | None = None) -> ComponentsResult:
         """Who wrote the target's logit at a position: the embedding, each attention layer and head and each MLP,
         through the frozen final norm, and where the attention looked (service/components.py)."""
-        self._observe("components", req)
+        ask = self._observe("components", req, ask)
         plan = components.plan(self, req)
         return self.cached("components", (plan.spec, req.prompt, req.target, req.foil),
-                           lambda: components.run(self, plan))
+                           lambda: components.run(self, plan, ask), pin=ask.pin)
 
     def check_cost(self, work: cost.Cost, what: str, advice: str = cost.ADVICE) -> None:
         """RequestError when `work` passes the budget (`max_work`), in one line saying what to reduce."""
         cost.check(work, self.token_weight, self.cfg.max_work, what, advice)
 
-    def admit(self, work: cost.Cost) -> None:
-        """Engine work of this cost starts now: whoever asked for it pays for it (`limits.spend`). Called where each
+    def admit(self, work: cost.Cost, ask: Ask) -> None:
+        """Engine work of this cost starts now: whoever asked for it pays for it (`ask.pay`). Called where each
         request's work starts, after the cache: an answer it already holds costs nothing."""
-        limits.spend(work.units(self.token_weight))
+        ask.pay(work.units(self.token_weight))
 
     def deadline(self, work: cost.Cost) -> float:
         """The seconds a request of this cost may take before the engine cancels it."""
@@ -219,11 +226,9 @@ class LensService:
 
     def cached(self, kind: str, parts: tuple, compute: Callable[[], T], pin: bool = False) -> T:
         """`compute()`, or what it gave for the same request before: kind and parts (what decides the answer) are
-        the result cache's key, with the model and the Jacobian lens. `pin`: kept for good (`cache.pinning`)."""
-        if pin:
-            with self.cache.pinning():
-                return self.cache.get_or_compute(self._key(kind, *parts), compute)
-        return self.cache.get_or_compute(self._key(kind, *parts), compute)
+        the result cache's key, with the model and the Jacobian lens. `pin`: kept for good (an ask's `pin`, or a
+        shipped evaluation's)."""
+        return self.cache.get_or_compute(self._key(kind, *parts), compute, pin)
 
     def cached_stream(self, kind: str, parts: tuple, stream: Callable[[], Iterator]) -> Iterator:
         """`cached` for a streamed computation: what `stream()` yields as it comes, its last item kept (a result held,
@@ -235,10 +240,11 @@ class LensService:
         it)."""
         return self.cache.holds(self._key(kind, *parts), finished)
 
-    def cached_many(self, kind: str, parts: list[tuple], compute: Callable[[list[int]], list[T]]) -> list[T]:
+    def cached_many(self, kind: str, parts: list[tuple], compute: Callable[[list[int]], list[T]],
+                    pin: bool = False) -> list[T]:
         """`cached` for several requests of one kind at once: `compute(indices of those no cache holds)` gives
         their answers, in one call."""
-        return self.cache.get_many([self._key(kind, *p) for p in parts], compute)
+        return self.cache.get_many([self._key(kind, *p) for p in parts], compute, pin)
 
     def chat_layers(self, name: str) -> list[int]:
         """The layers the chat readout can read through lens `name`: through J, those the J stack has."""
@@ -272,12 +278,15 @@ class LensService:
         self.engine.close()
         self.fits.close()
 
-    def _observe(self, kind: str, req) -> None:
-        if self.observer is not None:
+    def _observe(self, kind: str, req, ask: Ask | None) -> Ask:
+        """Tell the observer of a request that is counted; who asks (`ask`, or the handler's: `asks.asked`)."""
+        ask = asked(ask)
+        if self.observer is not None and ask.counted:
             try:
                 self.observer(kind, req)
             except Exception:  # noqa: BLE001 - counting must never fail a request
                 log.exception("the request observer failed")
+        return ask
 
     def _key(self, kind: str, *parts) -> tuple:
         return (kind, self.info.name, self._jlens_key, parts)

@@ -5,14 +5,12 @@ tab, per layer read and per prompt length (in characters, bucketed), and the Exe
 each exercise opened. No prompt, address or other text is kept unless the host's file says
 `record_prompts: true`; then the last `MAX_PROMPTS` prompts are kept with their tab (never an address).
 `/workshop` serves `to_json()` to the host (behind the login when one is set); `/health` the counts.
-The front page's examples, drawn on every visit (`ui/front.py`), run `not_counted()`: they are nobody's
-choice.
+The front page's examples, drawn on every visit (`ui/front.py`), are asked with `counted=False` (asks.py): they are
+nobody's choice; the service tells the observer of counted requests only.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import threading
 import time
 from collections import Counter, deque
@@ -24,17 +22,6 @@ from .selection import Selection
 MAX_PROMPTS = 1000
 # Prompt lengths in characters: the upper bound of each bucket (the last one is open).
 LENGTH_BUCKETS = (20, 50, 100, 200, 500)
-_QUIET = contextvars.ContextVar("not_counted", default=False)
-
-
-@contextlib.contextmanager
-def not_counted():
-    """Requests made in this block (this thread) are not counted."""
-    token = _QUIET.set(True)
-    try:
-        yield
-    finally:
-        _QUIET.reset(token)
 
 
 def length_bucket(n: int) -> str:
@@ -72,9 +59,7 @@ class Usage:
             self.exercises[index] += 1
 
     def record(self, kind: str, req) -> None:
-        """The service's observer: one request of `kind` ("lens", "compare", ...) was asked for."""
-        if _QUIET.get():
-            return
+        """The service's observer: one request of `kind` ("lens", "compare", ...) was asked for, and counted."""
         tab = tab_of(kind, req)
         prompts = list(getattr(req, "prompts", None) or [getattr(req, "prompt", None)])
         if kind == "chat":

@@ -106,8 +106,7 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
     kept_results = KeptResults(cfg.session_mb << 20)
     shown = workshop.tabs if workshop is not None else permalinks.TABS
     page_title = f"{workshop.title} · Lens Explorer" if workshop is not None else "Lens Explorer"
-    with gr.Blocks(title=page_title, delete_cache=(Downloads.KEEP_SECONDS, Downloads.KEEP_SECONDS)) as demo, \
-            kept.building(kept_results, kept.remaker(service, guard)):
+    with gr.Blocks(title=page_title, delete_cache=(Downloads.KEEP_SECONDS, Downloads.KEEP_SECONDS)) as demo:
         page = _top(service, workshop)
         panel = build_exercise_panel(workshop) if workshop is not None else None
         page["notice"] = gr.Markdown(visible=False, elem_id="link-notice")
@@ -140,6 +139,7 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
             opened = button.click(_open_exercise(workshop, panel, i, restore, usage), None,
                                   [page[name] for name in restores] + _all_inputs(parts) + panel.outputs, **PRIVATE)
             _then_run(opened, page["pending"], runnable, service)
+    kept.keep_in(demo, kept_results, kept.remaker(service, guard))
     return UI(demo, parts, restore, FrontPage(service, runnable), guard, kept_results)
 
 

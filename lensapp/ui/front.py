@@ -3,8 +3,8 @@
 A visitor without a link used to meet an empty chart, an empty table and a button. Now the page's
 load event draws every tab's default view (the logit lens of "The capital of France is" first, then
 the Jacobian lens, a generation, a comparison and an intervention). `FrontPage.warm` computes those
-once, as soon as the engine serves, inside the result cache's `pinning()` block: they are never
-evicted, so a crowd of first visitors costs the engine nothing (only the charts are drawn per visit).
+once, as soon as the engine serves, asked to be pinned in the result cache and not counted (`asks.asking`): they
+are never evicted, so a crowd of first visitors costs the engine nothing (only the charts are drawn per visit).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ..service.usage import not_counted
+from ..service.asks import asking
 from .permalinks import View
 from .tabs import TabParts
 
@@ -46,7 +46,7 @@ class FrontPage:
         except Exception as e:  # noqa: BLE001 - a model that is down is the status line's to explain
             log.warning("front page not precomputed: %s", e)
             return
-        with self.service.cache.pinning(), not_counted():
+        with asking(pin=True, counted=False):          # the tabs' handlers carry no ask: service/asks.py
             for _ in range(2):
                 for p in self.parts:
                     try:

@@ -28,10 +28,10 @@ import gradio as gr
 
 from .. import redact
 from ..engine import EngineBusy, EngineError
-from ..engine.run.turns import asking
 from ..service import identity
+from ..service.asks import Ask, asking
 from ..service.field import RequestError
-from ..service.limits import RateLimited, RateLimiter, paying, person_key
+from ..service.limits import RateLimited, RateLimiter, person_key
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -80,17 +80,24 @@ class Guard:
         address = client_address(request, self.trusted_proxies)
         return self.people.who(address, getattr(request, "session_hash", None), getattr(request, "username", None))
 
-    @contextlib.contextmanager
-    def visitor(self, client: identity.Asker | str | None) -> Iterator[None]:
-        """Work done within this block is `client`'s (an address, or a person behind one): it waits in their turn
+    def ask_of(self, client: identity.Asker | str | None) -> Ask:
+        """`client` (an address, or a person behind one) as the service's `Ask`: their work waits in their turn
         (engine/run/turns: the host's, None, for the app itself and loopback) and is taken from their budget as
         it starts, or refused (RateLimited)."""
         asker = client if isinstance(client, identity.Asker) else identity.Asker(client)
         turn = None
         if asker.address is not None and not identity.is_loopback(asker.address):
             turn = identity.turn(asker.address) if asker.person is None else person_key(asker.address, asker.person)
-        with asking(turn), paying(functools.partial(self.limiter.spend, asker)):
-            yield
+        return Ask(turn, functools.partial(self.limiter.spend, asker))
+
+    @contextlib.contextmanager
+    def visitor(self, client: identity.Asker | str | None) -> Iterator[Ask]:
+        """Work the handler run within this block asks for is `client`'s (`ask_of`; whether it is counted or kept
+        for good stays as the caller said): the handler is Gradio's to call and carries no ask, so the service
+        reads it from here (service/asks.py)."""
+        ask = self.ask_of(client)
+        with asking(client=ask.client, payer=ask.payer) as current:
+            yield current
 
     def answered(self, request: gr.Request | None, size: int) -> None:
         """Count an answer of `size` bytes against whoever asked (`RateLimiter.charge`)."""

@@ -11,20 +11,18 @@ The store (`KeptResults`) is a cache, not the visitor's data: over its bound it 
 value of the page that holds the most (a value shown on many pages, such as the front page's examples, counts once
 in the total and in full for each page holding it), and a value larger than half the bound is not kept at all.
 So one heavy reader evicts its own results, never another page's small ones. A page whose value was let go has it
-made again from its recipe (`kept_state(remake=...)`: a result-cache hit, or a readout charged to that page) and
+made again from its recipe (`keep_in(page, store, remake)`: a result-cache hit, or a readout charged to that page) and
 kept under the same handle; only a value without a recipe reads as `Expired` (run it again).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import secrets
 import threading
 import weakref
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import gradio as gr
 
@@ -34,8 +32,7 @@ from ..service.kinds import KINDS
 
 MAX_HANDLES = 100_000            # ~15 MB of handles at most, whatever the values
 PREFIX = "kept:"
-_BUILDING: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("kept_results", default=None)
-_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()      # kept state -> its Slot
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()      # kept state -> its Slot (no store until `keep_in`)
 
 
 class Expired(RequestError):
@@ -168,35 +165,30 @@ class KeptResults:
 @dataclass(frozen=True)
 class Slot:
     """A kept state's store, what it reads before anything was kept, and how a recipe makes its value again
-    (`remake(recipe, request) -> value`, charged to the page asking; None: it cannot be made again)."""
+    (`remake(recipe, request) -> value`, charged to the page asking; None: it cannot be made again). The store is
+    None from `kept_state` until `keep_in` names the page's."""
 
-    store: KeptResults
+    store: KeptResults | None
     empty: Any = None
     remake: Callable[[Any, Any], Any] | None = None
 
 
-@contextlib.contextmanager
-def building(store: KeptResults, remake: Callable[[Any, Any], Any] | None = None) -> Iterator[KeptResults]:
-    """The kept states made in this block (a page's tabs, as `build_ui` makes them) keep their values in `store`
-    and make them again with `remake` (`remaker`)."""
-    token = _BUILDING.set(Slot(store, None, remake))
-    try:
-        yield store
-    finally:
-        _BUILDING.reset(token)
-
-
 def kept_state(empty=None) -> gr.JSON:
-    """A hidden component of the page being built (`building`) whose value, kept by the browser, names a result
-    and its recipe; `tabs.on` (and `downloads`) read and write the result through it (`read`, `write`). `empty`:
-    what a handler reads before anything was kept (a branch list's `[]`). The page's `remake` makes a value again
-    from the recipe a handler wrote with it (`Kept`), when the store let it go."""
-    page = _BUILDING.get()
-    if page is None:
-        raise RuntimeError("a kept state is made while a page is built: inside `with kept.building(store):`")
+    """A hidden component whose value, kept by the browser, names a result and its recipe; `tabs.on` (and
+    `downloads`) read and write the result through it (`read`, `write`) once `keep_in` has given its page's store.
+    `empty`: what a handler reads before anything was kept (a branch list's `[]`)."""
     state = gr.JSON(None, visible="hidden", show_label=False, elem_classes=["kept-state"])
-    _KEPT[state] = Slot(page.store, empty, page.remake)
+    _KEPT[state] = Slot(None, empty)
     return state
+
+
+def keep_in(page: gr.Blocks, store: KeptResults, remake: Callable[[Any, Any], Any] | None = None) -> KeptResults:
+    """Every kept state of `page` (a page's tabs, as `build_ui` made them) keeps its values in `store` and makes
+    them again with `remake` (`remaker`) from the recipe a handler wrote with its value (`Kept`)."""
+    for block in page.blocks.values():
+        if is_kept(block):
+            _KEPT[block] = replace(_KEPT[block], store=store, remake=remake)
+    return store
 
 
 def is_kept(component) -> bool:
@@ -211,7 +203,7 @@ def owner_of(request) -> str:
 def read(component: gr.JSON, page_value, request=None):
     """The value a kept state's page value names (its `empty` for none), made again from its recipe when the
     store let it go; a one-line error (run it again) when it cannot be."""
-    slot = _KEPT[component]
+    slot = _slot(component)
     handle, recipe = _parts(page_value)
     if handle is None:
         return slot.empty
@@ -228,13 +220,20 @@ def read(component: gr.JSON, page_value, request=None):
 def write(component: gr.JSON, value, old=None, request=None) -> dict | None:
     """The page value a kept state holds for `value` (a `Kept`, or a bare value) from now on; the handle it held
     before (`old`) is retired (its owner's first to go)."""
-    slot = _KEPT[component]
+    slot = _slot(component)
     value, recipe = (value.value, value.recipe) if isinstance(value, Kept) else (value, None)
     old_handle, _ = _parts(old)
     handle = slot.store.keep(value, owner_of(request))
     if old_handle is not None and old_handle != handle:
         slot.store.retire(old_handle)
     return None if handle is None else {"h": handle, "r": recipe}
+
+
+def _slot(component: gr.JSON) -> Slot:
+    slot = _KEPT[component]
+    if slot.store is None:
+        raise RuntimeError("a kept state is used before its page's store is given: `kept.keep_in(page, store)`")
+    return slot
 
 
 # -- recipes: what makes a kept value again ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Callable
 
 import gradio as gr
 
-from ..service.usage import not_counted
+from ..service.asks import asking
 from . import kept
 from .first_view import FIRST_CHART
 from .front import FRONT
@@ -109,6 +109,6 @@ def run_pending(p: TabParts, service, values: dict, request: gr.Request = None) 
         return p.run(values, request=request)
     if service.status()["state"] == "down":   # the status line says so once, not a failure per tab
         return {}
-    with not_counted():                      # the example every visit draws: nobody's choice, not counted
+    with asking(counted=False):              # the example every visit draws: nobody's choice, not counted
         out = p.run(values, request=request)
     return {name: value for name, value in out.items() if name not in p.inputs}

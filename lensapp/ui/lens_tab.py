@@ -18,9 +18,9 @@ import gradio as gr
 
 from .. import charts, redact
 from ..lens_kinds import BOTH, LOGIT, read_by, reads_jlens, shown
+from ..service.asks import asking
 from ..service.planning import jlens_subset
 from ..service.selection import span
-from ..service.usage import not_counted
 from ..snippets import model_reference
 from ..snippets.lens import lens_snippet
 from .components_tab import cell_link
@@ -303,7 +303,7 @@ def complete(tab: LensTab, service, guard, values: dict, request: gr.Request = N
     def whole():
         if lens_request(tab, service, values)[0].prompts[0] != result.prompt:
             return {}
-        with not_counted():
+        with asking(counted=False):
             return readout(tab, service, values, first_look=False)
     return guard.ui(request, whole)
 

@@ -7,8 +7,9 @@ drawn window first, then the whole prompt (`lens_tab.readout`, `first_read`); th
 same way from the same values (`lens_tab.lens_request`), join them in the result cache (identical requests in
 flight are computed once) or find them done.
 
-It is a request the visitor makes, as an API call is (`Guard.visitor`): it takes one of the address's requests
-(`RateLimiter.check`), waits in its turn, and its work is taken from its budget or refused (`RateLimiter.spend`).
+It is a request the visitor makes, as an API call is (`Guard.ask_of`, handed to the service): it takes one of the
+address's requests (`RateLimiter.check`), waits in its turn, and its work is taken from its budget or refused
+(`RateLimiter.spend`).
 So a crawler following links (a chat app's link preview runs no script) gets no more readouts than as many API
 calls would, and soon starts nothing; a visitor opening a link pays two requests (the link's, and its page's,
 which the cache then answers for nothing). A page's GET carries no session (the page's script makes one later),
@@ -24,13 +25,13 @@ comparison link waits for its page.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ..service.asks import HOST
 from ..service.limits import RateLimited
-from ..service.usage import not_counted
 from . import permalinks
 from .form import has_lens
 from .lens_tab import LENS_TABS, first_read, lens_request
@@ -97,14 +98,13 @@ class LinkPrefetch:
         req, start = job
         read = False
         try:
-            visitor = self.guard.visitor(client) if self.guard is not None else contextlib.nullcontext()
-            with not_counted(), visitor:
-                first = first_read(self.service, req, start)
-                if first:                           # what the page asks first, then what it asks next
-                    self.service.lens(req, read_from=first)
-                    read = True
-                self.service.lens(req)
+            ask = dataclasses.replace(self.guard.ask_of(client) if self.guard is not None else HOST, counted=False)
+            first = first_read(self.service, req, start)
+            if first:                           # what the page asks first, then what it asks next
+                self.service.lens(req, read_from=first, ask=ask)
                 read = True
+            self.service.lens(req, ask=ask)
+            read = True
         except Exception as e:  # noqa: BLE001 - the page's own request will meet and report it
             log.debug("prefetch failed: %s", e)
         finally:

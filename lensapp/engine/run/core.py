@@ -53,7 +53,7 @@ from .protocol import (
 )
 from .step_stream import Call, StreamClosed, Streaming
 from .supervisor import Supervisor, close_quietly, dead
-from .turns import CLIENT, Admission, FairSlots, OverShare
+from .turns import Admission, FairSlots, OverShare
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -102,31 +102,34 @@ class Engine(Supervisor, Streaming):
         return self
 
     # -- public, thread-safe --------------------------------------------------------------------------
-    def lens(self, specs: list[LensSpec], timeout: float | None = None) -> list[LensOutput]:
+    def lens(self, specs: list[LensSpec], timeout: float | None = None, client: str | None = None) -> list[LensOutput]:
         """Each prompt's readouts, each prompt (or each part of a large readout: `parts.py`) a part of the request,
         in flight together and taking turns with everyone else's."""
         cut = [parts.split_lens(spec, self.max_part_cells) for spec in specs]
-        outs = iter(self.run("lens", [lens_part(p) for pieces in cut for p in pieces], timeout))
+        outs = iter(self.run("lens", [lens_part(p) for pieces in cut for p in pieces], timeout, client))
         return [parts.merge_lens([next(outs) for _ in pieces]) for pieces in cut]
 
-    def generate(self, spec: LensSpec, sampling: Sampling, timeout: float | None = None) -> GenerationOutput:
-        return self.generate_all([spec], sampling, timeout)[0]
+    def generate(self, spec: LensSpec, sampling: Sampling, timeout: float | None = None,
+                 client: str | None = None) -> GenerationOutput:
+        return self.generate_all([spec], sampling, timeout, client)[0]
 
-    def generate_all(self, specs: list[LensSpec], sampling: Sampling,
-                     timeout: float | None = None) -> list[GenerationOutput]:
+    def generate_all(self, specs: list[LensSpec], sampling: Sampling, timeout: float | None = None,
+                     client: str | None = None) -> list[GenerationOutput]:
         """Several generations of one request (an intervention's before and after), each a part, each with its
         prompt's readout read apart in parts."""
         cut = [parts.split_generation(spec, self.max_part_cells) for spec in specs]
         calls = [call for prompt, gen in cut for call in [*map(lens_part, prompt), generate_part(gen, sampling)]]
-        outs = iter(self.run("generate", calls, timeout))
+        outs = iter(self.run("generate", calls, timeout, client))
         return [parts.merge_generation([next(outs) for _ in prompt], next(outs)) for prompt, _ in cut]
 
-    def chat(self, spec: LensSpec, sampling: Sampling, timeout: float | None = None) -> ChatOutput:
-        return self.call("chat", lambda b: b.run_chat(spec, sampling), timeout)
+    def chat(self, spec: LensSpec, sampling: Sampling, timeout: float | None = None,
+             client: str | None = None) -> ChatOutput:
+        return self.call("chat", lambda b: b.run_chat(spec, sampling), timeout, client)
 
-    def components(self, spec: ComponentsSpec, timeout: float | None = None) -> ComponentsOutput:
+    def components(self, spec: ComponentsSpec, timeout: float | None = None,
+                   client: str | None = None) -> ComponentsOutput:
         """One prompt's components readout: one engine request, taking its turn like any other."""
-        return self.call("components", lambda b: b.run_components(spec), timeout)
+        return self.call("components", lambda b: b.run_components(spec), timeout, client)
 
     def set_jlens(self, stack: JStack) -> None:
         """Install a J stack now (when a backend is up) and after every restart."""
@@ -145,14 +148,16 @@ class Engine(Supervisor, Streaming):
         if self.state == "down":
             raise EngineDown(f"the model is down: {self.reason}")
 
-    def call(self, kind: str, fn: Callable[[Backend], Awaitable[T]], timeout: float | None = None) -> T:
+    def call(self, kind: str, fn: Callable[[Backend], Awaitable[T]], timeout: float | None = None,
+             client: str | None = None) -> T:
         """Run `fn(backend)` on the engine's thread and wait for it: a request of one (small) part."""
-        return self.run(kind, [Part(fn)], timeout)[0]
+        return self.run(kind, [Part(fn)], timeout, client)[0]
 
-    def run(self, kind: str, parts: Sequence[Part], timeout: float | None = None) -> list[T]:
-        """One request of `parts` (each one engine request), for the client asking (`turns.CLIENT`): the one door
-        into the backend. `timeout`: the request's deadline in seconds (`request_timeout`)."""
-        call = self.submit(kind, parts, timeout)
+    def run(self, kind: str, parts: Sequence[Part], timeout: float | None = None,
+            client: str | None = None) -> list[T]:
+        """One request of `parts` (each one engine request), for `client` (its fair turn: turns.py; None, the
+        host's): the one door into the backend. `timeout`: the request's deadline in seconds (`request_timeout`)."""
+        call = self.submit(kind, parts, timeout, client)
         try:        # the loop enforces the deadline; this one only guards against a loop that no longer turns
             return call.future.result(timeout=call.timeout + 600)
         except TimeoutError:
@@ -160,10 +165,12 @@ class Engine(Supervisor, Streaming):
         finally:
             self.leave(call)
 
-    def submit(self, kind: str, parts: Sequence[Part], timeout: float | None = None) -> Call:
-        """Admit a request of `parts` and start it on the loop (EngineBusy, EngineDown); `leave` it when done."""
+    def submit(self, kind: str, parts: Sequence[Part], timeout: float | None = None,
+               client: str | None = None) -> Call:
+        """Admit `client`'s request of `parts` and start it on the loop (EngineBusy, EngineDown); `leave` it when
+        done."""
         self.start()
-        call = Call(CLIENT.get(), timeout or self.request_timeout)
+        call = Call(client, timeout or self.request_timeout)
         with self._lock:
             if self.state == "down":
                 raise EngineDown(f"the model is down: {self.reason}")

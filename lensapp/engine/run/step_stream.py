@@ -120,8 +120,8 @@ class Streaming:
     """The engine's streamed generations (mixed into `core.Engine`, whose `submit`, `leave`, `_owner` and
     `max_part_cells` it uses)."""
 
-    def generate_steps(self, spec: LensSpec, sampling: Sampling,
-                       timeout: float | None = None) -> Iterator[Step | GenerationOutput]:
+    def generate_steps(self, spec: LensSpec, sampling: Sampling, timeout: float | None = None,
+                       client: str | None = None) -> Iterator[Step | GenerationOutput]:
         """`Engine.generate`, streamed: each `Step` as it is done, then the GenerationOutput (equal to `generate`'s)."""
         prompt, gen = parts.split_generation(spec, self.max_part_cells)
         events: queue.SimpleQueue = queue.SimpleQueue()
@@ -138,28 +138,28 @@ class Streaming:
 
         calls = [*(prompt_part(i, p) for i, p in enumerate(prompt)),
                  parts.generate_part(gen, sampling)._replace(run=lambda b: b.run_generate(gen, sampling, sink))]
-        outs = yield from self._stream("generate", calls, sink, events, timeout)
+        outs = yield from self._stream("generate", calls, sink, events, timeout, client)
         out = parts.merge_generation(outs[:-1], outs[-1])
         sink.finish(out.token_ids, out.steps)
         yield from _drained(events)
         yield out
 
-    def chat_steps(self, spec: LensSpec, sampling: Sampling,
-                   timeout: float | None = None) -> Iterator[Step | ChatOutput]:
+    def chat_steps(self, spec: LensSpec, sampling: Sampling, timeout: float | None = None,
+                   client: str | None = None) -> Iterator[Step | ChatOutput]:
         """`Engine.chat`, streamed: each `Step` (its readout: the top ids and probabilities as lists), then the
         ChatOutput (equal to `chat`'s)."""
         events: queue.SimpleQueue = queue.SimpleQueue()
         sink = StepSink(events.put)
         call = Part(lambda backend: backend.run_chat(spec, sampling, sink))
-        out = (yield from self._stream("chat", [call], sink, events, timeout))[0]
+        out = (yield from self._stream("chat", [call], sink, events, timeout, client))[0]
         sink.finish(out.token_ids, list(zip(out.top_ids, out.top_probs)))
         yield from _drained(events)
         yield out
 
     def _stream(self, kind: str, calls: list[Part], sink: StepSink, events: queue.SimpleQueue,
-                timeout: float | None):
-        """Run `calls` as one request, yielding its steps as they come (chat steps as lists); its outputs."""
-        call = self.submit(kind, calls, timeout)
+                timeout: float | None, client: str | None):
+        """Run `calls` as `client`'s request, yielding its steps as they come (chat steps as lists); its outputs."""
+        call = self.submit(kind, calls, timeout, client)
         call.future.add_done_callback(lambda _: events.put(_END))
         try:
             while (item := events.get(timeout=call.timeout + 600)) is not _END:

@@ -1,7 +1,7 @@
 """Fair turns: many clients, one engine; nobody waits behind one client's minutes of work.
 
-A client is whoever the web layer says is asking (`asking(address)` around a request: a visitor's
-address); None is the host itself (the command line, the front page's examples, a loopback caller),
+A client is whoever the service says is asking (each engine call's `client`: a visitor's address, or a
+person's key behind one); None is the host itself (the command line, the front page's examples, a loopback caller),
 which no per-client bound applies to. The engine counts a request's admission in `Admission` (on the
 caller's thread) and runs each of its parts (one engine request: a prompt's forward, a generation)
 in a slot of `FairSlots` (on the engine's loop):
@@ -21,23 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import threading
 import time
 from collections import Counter, deque
-
-CLIENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("lensapp_client", default=None)
-
-
-@contextlib.contextmanager
-def asking(client: str | None):
-    """Within this block, engine calls made on this thread are `client`'s (None: the host's)."""
-    token = CLIENT.set(client)
-    try:
-        yield
-    finally:
-        CLIENT.reset(token)
-
 
 _NOBODY = object()
 # Seconds the big turn stays free for brief parts running when it comes free: about one light step under load

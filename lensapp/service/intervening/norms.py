@@ -28,13 +28,14 @@ class TypicalNorms:
         self._norms: dict[tuple[int, ...], list[float]] = {}
         self._lock = threading.Lock()
 
-    def get(self, engine, reference_ids: list[int], n_layers: int) -> list[float]:
+    def get(self, engine, reference_ids: list[int], n_layers: int, client: str | None = None) -> list[float]:
         """[n_layers] floats: each layer's median ||h|| over the reference's positions (one engine readout, once per
-        reading of the reference: with BOS first or not, as every prompt is read: prompts.py)."""
+        reading of the reference: with BOS first or not, as every prompt is read: prompts.py), in `client`'s turn
+        (the first to need them)."""
         key = tuple(reference_ids)
         with self._lock:
             if key not in self._norms:
                 spec = planning.lens_spec(reference_ids, list(range(n_layers)), 1, (LOGIT.name,), n_layers, [])
-                (out,) = engine.lens([dataclasses.replace(spec, norms=True)])
+                (out,) = engine.lens([dataclasses.replace(spec, norms=True)], client=client)
                 self._norms[key] = [float(x) for x in out.norms]
             return self._norms[key]

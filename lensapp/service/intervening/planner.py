@@ -22,6 +22,7 @@ from ...engine.run.protocol import LensSpec, ModelInfo, Sampling
 from ...lens_kinds import read_by
 from ...results import Target
 from .. import cost, planning
+from ..asks import HOST, Ask
 from ..fits import FitDesk
 from ..prompts import Prompts
 from ..requests import InterveneRequest
@@ -50,14 +51,16 @@ class Limits:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What planning an intervention needs: the model's shape, its tokenizer, the Jacobian lens, the limits, and
-    the fitting desk (who may fit; a fitted vector comes from it)."""
+    """What planning an intervention needs: the model's shape, its tokenizer, the Jacobian lens, the limits, the
+    fitting desk (who may fit; a fitted vector comes from it), and who asks (their turn, their budget, and whether
+    they may fit: asks.py)."""
 
     info: ModelInfo
     prompts: Prompts
     jacobians: Jacobians
     limits: Limits
     fits: FitDesk
+    ask: Ask = HOST
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from ...engine.run.protocol import LensSpec, Sampling
 from ...lens_kinds import LOGIT
 from ...results import InterventionResult, LensResult
 from .. import cost, planning
-from ..limits import spend
 from ..requests import InterveneRequest
 from . import planner
 from .directions import WordDirections
@@ -54,8 +53,8 @@ class Intervener:
         return self.carry_out(planner.plan(req, inputs), inputs, progress)
 
     def carry_out(self, plan: Plan, inputs: Inputs, progress=None) -> InterventionResult:
-        """The result of a plan made with these `inputs` (`plan`); its work is paid for as it starts."""
-        spend(plan.cost.units(inputs.limits.token_weight))
+        """The result of a plan made with these `inputs` (`plan`); its work is paid for as it starts (`inputs.ask`)."""
+        inputs.ask.pay(plan.cost.units(inputs.limits.token_weight))
         return Run(self, inputs, progress).result(plan)
 
 
@@ -65,6 +64,7 @@ class Run:
 
     def __init__(self, intervener: Intervener, inputs: Inputs, progress=None):
         self.engine, self.inputs, self.progress = intervener.engine, inputs, progress
+        self.client = inputs.ask.client             # whose turn its engine calls take
         self._norms, self._directions = intervener.norms, intervener.directions
 
     @property
@@ -73,7 +73,8 @@ class Run:
 
     # -- what a kind asks for ------------------------------------------------------------------------
     def typical_norms(self) -> list[float]:
-        return self._norms.get(self.engine, self.inputs.prompts.ids(REFERENCE_TEXT), self.inputs.info.n_layers)
+        return self._norms.get(self.engine, self.inputs.prompts.ids(REFERENCE_TEXT), self.inputs.info.n_layers,
+                               self.client)
 
     def direction(self, token_ids: tuple[int, ...], layer: int, kind: str) -> torch.Tensor:
         return self._directions.direction(token_ids, layer, kind, self.inputs.jacobians)
@@ -81,18 +82,18 @@ class Run:
     def fit(self, ids: tuple[int, ...], layer: int, target_id: int, steer):
         """A vector fitted on the fitting desk (fits.py): cached, or one already under way, or when its turn comes."""
         work = cost.fit(len(ids), steer.max_steps).units(self.limits.token_weight)
-        return self.inputs.fits.fit(tuple(ids), layer, target_id, steer, self.progress, work)
+        return self.inputs.fits.fit(tuple(ids), layer, target_id, steer, self.progress, work, self.inputs.ask)
 
     def kept_streams(self, ids: tuple[int, ...], layers: tuple[int, ...]) -> torch.Tensor:
         """The residual streams of a text at `layers`, every position: [layers, positions, d_model] float32."""
         n = self.inputs.info.n_layers
         spec = planning.lens_spec(list(ids), [n - 1], 1, (LOGIT.name,), n, [])
-        (out,) = self.engine.lens([dataclasses.replace(spec, keep_layers=tuple(layers))])
+        (out,) = self.engine.lens([dataclasses.replace(spec, keep_layers=tuple(layers))], client=self.client)
         return out.kept.float()
 
     def read_source(self, spec: LensSpec, text: str) -> tuple[torch.Tensor, LensResult]:
         """A source prompt read as `spec` says: its kept streams, and its readout (no targets)."""
-        (out,) = self.engine.lens([spec])
+        (out,) = self.engine.lens([spec], client=self.client)
         return out.kept, self._lens_result(out, text, spec.input_ids, spec.layers, ())
 
     # -- the result ----------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ class Run:
         specs = [plan.base] + [dataclasses.replace(plan.base, edits=tuple(e)) for e in changes.edits]
         deadline = self.limits.deadline(plan.cost)
         results = [self._lens_result(out, req.prompt, reading.ids, reading.layers, plan.targets)
-                   for out in self.engine.lens(specs, deadline)]
+                   for out in self.engine.lens(specs, deadline, self.client)]
         seed = generation_seed(req.seed)
         before, after = ("", [])
         if req.new_tokens:
@@ -119,7 +120,7 @@ class Run:
         spec = dataclasses.replace(planning.lens_spec(list(ids), [n - 1], 1, (LOGIT.name,), n, []), read_prompt=False)
         specs = [dataclasses.replace(spec, edits=tuple(change)) for change in [[]] + edits]
         texts = [self.inputs.prompts.text(out.token_ids)
-                 for out in self.engine.generate_all(specs, sampling, deadline)]
+                 for out in self.engine.generate_all(specs, sampling, deadline, self.client)]
         return texts[0], texts[1:]
 
     def _lens_result(self, out, prompt: str, ids, layers, targets) -> LensResult:

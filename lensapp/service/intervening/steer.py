@@ -88,7 +88,7 @@ class Steer:
         if req.direction == "fitted":
             if len(span) > 1:
                 raise RequestError("a fitted vector belongs to one layer; choose one layer")
-            inputs.fits.check_allowed()
+            inputs.fits.check_allowed(inputs.ask.client)
             if req.objective == "lens" and positions is not None and len(reading.ids) - 1 not in positions:
                 raise RequestError("the lens objective reads the last position: include it in the positions changed")
         elif req.direction == "jacobian":
