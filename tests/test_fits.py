@@ -22,7 +22,8 @@ STEER = SteerConfig(objective="output", positions=(2, 5), max_steps=20, threshol
 
 
 def desk(tiny_model_dir, **settings) -> FitDesk:
-    return FitDesk(Config(model=str(tiny_model_dir), backend="transformers", jlens="none", **settings))
+    cfg = Config.of(model=str(tiny_model_dir), backend="transformers", jlens="none", **settings)
+    return FitDesk(cfg.fits, cfg.limits.fit_queue, cfg.engine, has_login=bool(cfg.secrets.auth_pairs))
 
 
 def test_identical_fits_at_once_are_fitted_once_in_another_process(tiny_model_dir):

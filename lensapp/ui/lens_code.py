@@ -36,7 +36,7 @@ def show_code(lens: str, service, guard, values: dict, request: gr.Request = Non
 
 def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
     """The view of `result` as a runnable nnsight script (snippets/lens.py)."""
-    model, note = model_reference(service.cfg.model, service.info.name)
+    model, note = model_reference(service.cfg.engine.model, service.info.name)
     return lens_snippet(family=service.model.family, model=model, prompt=result.prompt,
                         layers=result.layers, k=result.lenses[next(iter(result.lenses))].top_ids.shape[-1], lens=lens,
                         jlens=service.jlens.describe()["source"] if service.jlens is not None else None,
