@@ -53,6 +53,6 @@ RUN --mount=type=bind,from=pip-local,target=/tmp/pip-local \
 # in 83-99 s on two busy cores: bench/RESULTS.md). A Space with persistent storage caches under /data/lensapp
 # instead (config.py) and converts there once, on its first start.
 RUN .venv/bin/python -c "from lensapp import config; from lensapp.engine.start.embedded import embedded_model_dir; \
-embedded_model_dir(config.resolve_cache_dir(config.Config()) / 'models')"
+embedded_model_dir(config.resolve_cache_dir(config.EngineSettings()) / 'models')"
 EXPOSE 7860
 CMD [".venv/bin/python", "app.py"]

@@ -134,7 +134,7 @@ def measure_serialization() -> dict:
 def service(**settings):
     from lensapp.service import LensService
 
-    s = LensService.start(config.Config(cache_entries=0, **settings))
+    s = LensService.start(config.Config.of(cache_entries=0, **settings))
     s.wait_ready(900)
     return s
 
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     parser.add_argument("--starts", type=int, default=2, help="page starts of each kind (0: none)")
     args = parser.parse_args(argv)
     config.prepare_process_environment()
-    cache = str(config.resolve_cache_dir(config.Config()))
+    cache = str(config.resolve_cache_dir(config.EngineSettings()))
     results: dict = {"bench": "engine_service"}
 
     results["start_in_process"] = [one_start(cache) for _ in range(args.starts)]

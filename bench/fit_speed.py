@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for dtype in {VARIANTS[n].get("dtype", "float32") for n in names}:
             cfg = config.replace(config.from_args(None), model=args.model or config.EMBEDDED, backend=FITTING.name)
-            models[dtype] = load_hf_model(cfg, device="cpu", dtype=dtype)
+            models[dtype] = load_hf_model(cfg.engine, device="cpu", dtype=dtype)
     except ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

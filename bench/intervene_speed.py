@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     from lensapp.engine.run.edit import Edit
     from lensapp.service import InterveneRequest, LensService, planning
 
-    service = LensService.start(config.Config(cache_entries=0, jlens="none"))
+    service = LensService.start(config.Config.of(cache_entries=0, jlens="none"))
     service.wait_ready(900)
     try:
         info = service.info

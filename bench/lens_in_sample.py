@@ -53,7 +53,7 @@ def in_sample(args) -> int:
     chunks = corpus.split_holdout(corpus.load_corpus(args.corpus))[1][:args.chunks]     # before the model's load
     if not chunks:
         raise corpus.CorpusError(f"corpus {args.corpus!r} has no held-out chunk")
-    model, resolved = load_hf_model(config.replace(config.from_args(None), model=args.model or config.EMBEDDED),
+    model, resolved = load_hf_model(config.replace(config.from_args(None), model=args.model or config.EMBEDDED).engine,
                                     device="cpu")
     layout, tokenizer = resolved.family.hf, model.tokenizer
     with tempfile.TemporaryDirectory() as tmp:

@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
-        model, resolved = load_hf_model(config.replace(config.from_args(None), model=args.model or config.EMBEDDED),
-                                        device="cpu")
+        engine = config.replace(config.from_args(None), model=args.model or config.EMBEDDED).engine
+        model, resolved = load_hf_model(engine, device="cpu")
         layout, tokenizer = resolved.family.hf, model.tokenizer
         n_layers = resolved.info.n_layers
         lens = jlens.load(args.lens, d_model=resolved.info.d_model, n_layers=n_layers, dtype=torch.float32)

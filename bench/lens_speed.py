@@ -113,14 +113,14 @@ def main(argv=None) -> int:
     from lensapp.service.service import warm_up
 
     cfg = config.from_args(args)
-    model = describe_model(cfg)
+    model = describe_model(cfg.engine, cfg.limits, cfg.remote)
     info, layout = model.info, kind_of(model.info).layout(model.family)
     prompts = Prompts(load_tokenizer(model.path), model.max_prompt_tokens)
     long_ids = prompts.tokenizer(LONG_PARAGRAPH * 8)["input_ids"][:256]
     texts = {"short": SHORT, "long": prompts.tokenizer.decode(long_ids, skip_special_tokens=True)}
     loop = asyncio.new_event_loop()
     t0 = time.perf_counter()
-    backend = backend_factory(model, cfg)()
+    backend = backend_factory(model, cfg.engine, cfg.limits, cfg.remote, cfg.secrets.engine_key)()
     loop.run_until_complete(warm_up(prompts, info, backend))
     startup = time.perf_counter() - t0
     n, d = info.n_layers, info.d_model

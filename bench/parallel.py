@@ -37,7 +37,8 @@ def random_llama(folder: Path, layers: int, d_model: int) -> Path:
 
     from lensapp.engine.start.embedded import embedded_model_dir
 
-    tok = AutoTokenizer.from_pretrained(embedded_model_dir(config.resolve_cache_dir(config.Config()) / "models"))
+    models = config.resolve_cache_dir(config.EngineSettings()) / "models"
+    tok = AutoTokenizer.from_pretrained(embedded_model_dir(models))
     torch.manual_seed(0)
     heads = d_model // 64
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=d_model, intermediate_size=3 * d_model,
@@ -56,7 +57,7 @@ def time_split(model: str, tp: int, pp: int, repeats: int) -> dict:
     from lensapp import jlens
     from lensapp.service import LensRequest, LensService
 
-    cfg = config.Config(model=model, jlens="none", cache_entries=0, tensor_parallel_size=tp,
+    cfg = config.Config.of(model=model, jlens="none", cache_entries=0, tensor_parallel_size=tp,
                         pipeline_parallel_size=pp, request_timeout=600)
     t0 = time.perf_counter()
     service = LensService.start(cfg)

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     from lensapp.service import DescribeRequest, GenerateRequest, LensService
 
     # A long deadline: the bench measures a busy machine's time, it does not cut it short.
-    service = LensService.start(config.Config(jlens="none", request_timeout=1800))
+    service = LensService.start(config.Config.of(jlens="none", request_timeout=1800))
     service.wait_ready(900)
     try:
         info = service.info

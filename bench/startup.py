@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         if args.warm_only:
             from lensapp import config
 
-            cache = str(config.resolve_cache_dir(config.Config()))
+            cache = str(config.resolve_cache_dir(config.EngineSettings()))
         else:
             results["cold"] = one_start(cache)
         results["warm"] = [one_start(cache) for _ in range(args.repeats)]

@@ -59,7 +59,7 @@ def service_part(repeats: int, long_tokens: int) -> dict:
     from lensapp.service.requests import GenerateRequest
 
     config.prepare_process_environment()
-    service = LensService.start(config.Config(cache_entries=0, request_timeout=600))   # a busy host: no deadline hit
+    service = LensService.start(config.Config.of(cache_entries=0, request_timeout=600))   # a busy host: no deadline hit
     service.wait_ready(900)
     try:
         once, streamed, first = [], [], []

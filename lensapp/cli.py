@@ -213,7 +213,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
-def fit_model(model_cfg: config.Config, device: str):
+def fit_model(model_cfg: config.EngineSettings, device: str):
     """The model a fit worker process loads for itself (`--workers`): the parent's, by the same resolution."""
     from .engine.start.loading import load_hf_model
 
@@ -245,7 +245,7 @@ def run_fit(args: argparse.Namespace) -> int:
     if args.shard:
         chunks = corpora.shard(chunks, args.shard)
         label += f" shard {args.shard}"
-    model_cfg = config.replace(config.from_args(None), model=args.model or config.EMBEDDED, backend=FITTING.name)
+    model_cfg = config.replace(config.from_args(None), model=args.model or config.EMBEDDED, backend=FITTING.name).engine
     model, resolved = load_hf_model(model_cfg, device=cfg.device)
     info = {"model": resolved.name}
     if model_cfg.model == config.EMBEDDED:

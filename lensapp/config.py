@@ -6,7 +6,8 @@ which are Gradio's own `GRADIO_SERVER_NAME` / `GRADIO_SERVER_PORT`. The README's
 `settings_table()`'s output (a test keeps the two equal).
 
 The settings are declared by concern in settings.py (the engine, the limits, fitting, the web app, a
-workshop, an engine service, the secrets); `Config` is all of them at once, flat (`cfg.model`).
+workshop, an engine service, the secrets); `Config` holds them nested by concern (`cfg.engine.model`), and
+each part of the app is handed its own concern's part.
 What a setting resolves to on this machine looks at torch, the filesystem or the environment, so it is
 a function here, not a property: `resolve_device`, `resolve_dtype`, `resolve_cache_dir`,
 `resolve_trusted_proxies`, `resolve_jlens`.
@@ -44,14 +45,14 @@ and `max_fit_seconds` (a fitted steering vector's bounds).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from .settings import (
-    CONCERNS,
     DEFAULT_MAX_MODEL_LEN,
     EMBEDDED,
     ConfigError,
@@ -105,27 +106,63 @@ KNOWN_JLENSES = {
 
 
 @dataclass(frozen=True)
-class Config(Secrets, RemoteEngineSettings, WorkshopSettings, WebSettings, SteeringFitSettings, LimitSettings,
-             EngineSettings):
-    """Every setting, flat (`cfg.model`, `cfg.port`). A dataclass takes its bases' fields from the last base to the
-    first: the engine's come first, in `settings.CONCERNS`'s order (the settings table's)."""
+class Config:
+    """Every setting, nested by concern as vLLM's `VllmConfig` is (`cfg.engine.model`, `cfg.web.port`), so that each
+    part of the app is handed its own concern's settings only. The parts come in `settings.CONCERNS`'s order (the
+    settings table's); `Config.of(model=...)` and `replace(cfg, max_batch=2)` name settings flat, as flags do."""
+
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    fits: SteeringFitSettings = field(default_factory=SteeringFitSettings)
+    web: WebSettings = field(default_factory=WebSettings)
+    workshop: WorkshopSettings = field(default_factory=WorkshopSettings)
+    remote: RemoteEngineSettings = field(default_factory=RemoteEngineSettings)
+    secrets: Secrets = field(default_factory=Secrets)
 
     def __post_init__(self):
-        for concern in CONCERNS:
-            concern.__post_init__(self)
-        if self.max_model_len and self.max_prompt_tokens + MAX_GENERATE_TOKENS > self.max_model_len:
-            raise ConfigError(f"max_prompt_tokens ({self.max_prompt_tokens}) + {MAX_GENERATE_TOKENS} generated "
-                              f"must fit max_model_len ({self.max_model_len})")
-        if self.engine_key_file:
-            object.__setattr__(self, "engine_key", read_engine_key(self.engine_key_file, self.engine_key))
-        if self.engine_url:
-            check_engine_key(self.engine_key)
-            host = urlsplit(self.engine_url).hostname or ""
-            if self.engine_url.startswith("http://") and not is_loopback_host(host) and not self.insecure_engine:
-                raise ConfigError(f"engine_url {self.engine_url} is plain http beyond this machine, so the key and "
+        engine, limits, remote = self.engine, self.limits, self.remote
+        if engine.max_model_len and limits.max_prompt_tokens + MAX_GENERATE_TOKENS > engine.max_model_len:
+            raise ConfigError(f"max_prompt_tokens ({limits.max_prompt_tokens}) + {MAX_GENERATE_TOKENS} generated "
+                              f"must fit max_model_len ({engine.max_model_len})")
+        if remote.engine_key_file:
+            key = read_engine_key(remote.engine_key_file, self.secrets.engine_key)
+            object.__setattr__(self, "secrets", dataclasses.replace(self.secrets, engine_key=key))
+        if remote.engine_url:
+            check_engine_key(self.secrets.engine_key)
+            host = urlsplit(remote.engine_url).hostname or ""
+            if remote.engine_url.startswith("http://") and not is_loopback_host(host) and not remote.insecure_engine:
+                raise ConfigError(f"engine_url {remote.engine_url} is plain http beyond this machine, so the key and "
                                   "every answer would cross the network in clear: use https:// (a TLS proxy in front "
                                   "of the engine) or an SSH tunnel to a loopback port, or --insecure-engine on a "
                                   "network you trust")
+
+    @classmethod
+    def of(cls, **values) -> Config:
+        """The Config with these settings, named flat as flags name them (`Config.of(model="gpt2", max_batch=2)`)."""
+        return replace(cls(), **values)
+
+
+# Each part of a Config by its name (`limits`), in the settings table's order; the part holding each setting.
+PARTS = {f.name: f.default_factory for f in fields(Config)}
+PART_OF = {setting.name: part for part, concern in PARTS.items() for setting in fields(concern)}
+# Every setting's declaration, flat, in the settings table's order: what flags, variables and the table are made of.
+SETTING_FIELDS = tuple(setting for concern in PARTS.values() for setting in fields(concern))
+
+
+def replace(cfg: Config, **values) -> Config:
+    """`cfg` with the settings named flat changed (`replace(cfg, max_batch=2)`), each in its concern's part; a
+    name no concern declares is a TypeError, as a dataclass's unknown field is."""
+    unknown = [name for name in values if name not in PART_OF]
+    if unknown:
+        raise TypeError(f"no setting named {', '.join(map(repr, unknown))}")
+    changed = {part: dataclasses.replace(getattr(cfg, part), **{n: v for n, v in values.items() if PART_OF[n] == part})
+               for part in PARTS if part in {PART_OF[name] for name in values}}
+    return dataclasses.replace(cfg, **changed)
+
+
+def value_of(cfg: Config, name: str):
+    """The setting named `name` (flat, as its flag names it), from the part that holds it."""
+    return getattr(getattr(cfg, PART_OF[name]), name)
 
 
 def read_engine_key(path: str, given: str) -> str:
@@ -212,7 +249,7 @@ def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None
     """A flag for each setting (or those in `names`: a misspelled one raises); defaults come from the environment,
     then Config."""
     chosen = None if names is None else set(checked_names(*names))
-    for f in fields(Config):
+    for f in SETTING_FIELDS:
         if chosen is not None and f.name not in chosen:
             continue
         kind, flag = type(f.default), f"--{f.name.replace('_', '-')}"
@@ -229,7 +266,7 @@ def from_args(args: argparse.Namespace | None = None, environ: dict | None = Non
     """Build the one Config: flags, then LENSAPP_* variables, then defaults."""
     env = os.environ if environ is None else environ
     values = {}
-    for f in fields(Config):
+    for f in SETTING_FIELDS:
         flag = getattr(args, f.name, None) if args is not None else None
         if flag is not None and not f.metadata["argv"]:
             raise ConfigError(f"the {f.name.replace('_', ' ')} is not taken on the command line, where `ps` shows it "
@@ -244,7 +281,7 @@ def from_args(args: argparse.Namespace | None = None, environ: dict | None = Non
                 values[f.name] = _from_text(type(f.default), env[var])
             except (ValueError, KeyError):
                 raise ConfigError(f"{var}={env[var]!r} is not a valid {type(f.default).__name__}") from None
-    return Config(**values)
+    return Config.of(**values)
 
 
 def _from_text(kind: type, text: str):
@@ -256,7 +293,7 @@ def _from_text(kind: type, text: str):
 def settings_table() -> str:
     """The README's settings table, from the fields above."""
     rows = ["| variable | flag | default | meaning |", "| --- | --- | --- | --- |"]
-    for f in fields(Config):
+    for f in SETTING_FIELDS:
         default = f"`{f.default}`" if f.default != "" else "(empty)"
         flag = "(none: never argv)" if not f.metadata["argv"] else f"`--{f.name.replace('_', '-')}`"
         rows.append(f"| `{env_name(f.name)}` | {flag} | {default} | {f.metadata['help']} |")
@@ -277,4 +314,5 @@ def prepare_process_environment() -> None:
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "EMBEDDED", "Config", "ConfigError", "EngineSettings", "LimitSettings",
            "RemoteEngineSettings", "Secrets", "SteeringFitSettings", "WebSettings", "WorkshopSettings",
-           "add_arguments", "check_engine_key", "env_name", "from_args", "prepare_process_environment", "replace"]
+           "add_arguments", "check_engine_key", "env_name", "from_args", "prepare_process_environment", "replace",
+           "value_of"]

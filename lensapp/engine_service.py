@@ -66,17 +66,18 @@ def add_engine_arguments(parser) -> None:
 def main(args) -> int:
     try:
         cfg = config.from_args(args)
-        config.check_engine_key(cfg.engine_key)
-        if cfg.engine_url or not kind_for(cfg.backend, config.resolve_device(cfg)).ranks:
+        config.check_engine_key(cfg.secrets.engine_key)
+        if cfg.remote.engine_url or not kind_for(cfg.engine.backend, config.resolve_device(cfg.engine)).ranks:
             raise config.ConfigError("an engine service runs the model on vLLM here: drop --engine-url and --backend")
-        sock = shell.listen(cfg.host, cfg.port)
+        web = cfg.web
+        sock = shell.listen(web.host, web.port)
     except (config.ConfigError, shell.ListenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"Starting the Lens Explorer engine ({cfg.model}) on http://{cfg.host}:{cfg.port}/ (nnsight-serve)",
+    print(f"Starting the Lens Explorer engine ({cfg.engine.model}) on http://{web.host}:{web.port}/ (nnsight-serve)",
           flush=True)
-    if not config.is_loopback_host(cfg.host):
-        print(f"WARNING: the engine listens on {cfg.host}, beyond this machine, and runs code sent to it by anyone "
+    if not config.is_loopback_host(web.host):
+        print(f"WARNING: the engine listens on {web.host}, beyond this machine, and runs code sent to it by anyone "
               "with its key. Keep the key secret, the port behind a firewall or a private network, and the wire "
               "in TLS (a proxy in front: pages refuse a plain http:// engine beyond their machine).",
               file=sys.stderr, flush=True)
@@ -89,7 +90,7 @@ def main(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(serve(backend, warm, cfg, sock))
+        return asyncio.run(serve(backend, warm, web, cfg.secrets.engine_key, sock))
     except KeyboardInterrupt:
         return 0
     finally:
@@ -105,12 +106,12 @@ def start_engine(cfg: config.Config):
     from .service.prompts import Prompts, load_tokenizer
     from .service.service import warm_up
 
-    model = describe_model(cfg)
+    model = describe_model(cfg.engine, cfg.limits, cfg.remote)
     prompts = Prompts(load_tokenizer(model.path), model.max_prompt_tokens)
-    lens, _ = load_configured_jlens(cfg, model)
+    lens, _ = load_configured_jlens(cfg.engine, model)
     preflight(cfg, model, 0 if lens is None else len(lens.layers))
     t = time.perf_counter()
-    backend = backend_factory(model, cfg)()
+    backend = backend_factory(model, cfg.engine, cfg.limits, cfg.remote, cfg.secrets.engine_key)()
     log.info("vLLM started in %.1f s", time.perf_counter() - t)
     stack = engine_stack(lens, model)
 
@@ -122,18 +123,18 @@ def start_engine(cfg: config.Config):
     return backend, ready
 
 
-async def serve(backend, warm, cfg: config.Config, sock) -> int:
-    """nnsight-serve's app on `sock`, with its key, until stopped (0) or until vLLM dies (1)."""
+async def serve(backend, warm, web: config.WebSettings, engine_key: str, sock) -> int:
+    """nnsight-serve's app on `sock` (`web`'s address), with its key, until stopped (0) or until vLLM dies (1)."""
     import uvicorn
     from nnsight.modeling.vllm.serve import server
 
     await warm()
     server.set_model(backend.model)
     add_progress_route(server.app)
-    app = guarded(server.app, cfg.engine_key)
+    app = guarded(server.app, engine_key)
     http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     died: list[str] = []
-    watch = asyncio.get_running_loop().create_task(_watch(http, backend, cfg, died))
+    watch = asyncio.get_running_loop().create_task(_watch(http, backend, web, died))
     # uvicorn re-raises the SIGTERM it caught once it has stopped: to this handler, not the default one,
     # which would end the process before `main` closes vLLM (whose processes would outlive it).
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(http, "should_exit", True))
@@ -162,12 +163,12 @@ def add_progress_route(app) -> None:
         return {"cpu_seconds": engine_cpu_seconds()}
 
 
-async def _watch(http, backend, cfg: config.Config, died: list[str]) -> None:
+async def _watch(http, backend, web: config.WebSettings, died: list[str]) -> None:
     """Say when the service answers; stop it when its vLLM engine has died (a page then waits for it)."""
     while not http.started:
         await asyncio.sleep(0.1)
-    print(f"Lens Explorer engine ready on http://{cfg.host}:{cfg.port}/ (GET /health; pages: --engine-url "
-          f"http://{cfg.host}:{cfg.port}, the key in {config.env_name('engine_key')} or --engine-key-file)", flush=True)
+    print(f"Lens Explorer engine ready on http://{web.host}:{web.port}/ (GET /health; pages: --engine-url "
+          f"http://{web.host}:{web.port}, the key in {config.env_name('engine_key')} or --engine-key-file)", flush=True)
     while True:
         await asyncio.sleep(WATCH_SECONDS)
         reason = backend.failure()

@@ -37,12 +37,13 @@ def serve(args) -> int:
 def _serve(args, stopping: Stopping) -> int:
     try:
         cfg, plan = settings(args)
-        sock = shell.listen(cfg.host, cfg.port)
+        sock = shell.listen(cfg.web.host, cfg.web.port)
     except (config.ConfigError, workshops.WorkshopError, shell.ListenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     starting = shell.Shell(sock, plan.title if plan else "Lens Explorer").start()
-    print(f"Starting Lens Explorer ({cfg.model}, {cfg.backend}) on http://{cfg.host}:{cfg.port}/", flush=True)
+    print(f"Starting Lens Explorer ({cfg.engine.model}, {cfg.engine.backend}) on http://{cfg.web.host}:{cfg.web.port}/",
+          flush=True)
     config.prepare_process_environment()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -123,9 +124,9 @@ class Stopping:
 def settings(args) -> tuple[config.Config, workshops.Workshop | None]:
     """The Config, and the workshop its file describes (whose settings fill what the flags left default)."""
     cfg = config.from_args(args)
-    if not cfg.workshop:
+    if not cfg.workshop.workshop:
         return cfg, None
-    plan = workshops.load(cfg.workshop)
+    plan = workshops.load(cfg.workshop.workshop)
     return plan.apply(cfg), plan
 
 
@@ -177,14 +178,15 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     if plan is not None:
         usage = Usage(service.info.n_layers, [ex.title for ex in plan.exercises], plan.record_prompts)
         service.observer = usage.record
-    built = ui.build_ui(service, cfg, plan, usage)
+    web, secrets = cfg.web, cfg.secrets
+    built = ui.build_ui(service, web, cfg.limits, plan, usage)
     demo = built.demo
     if warm:
         built.front.warm_in_background()
-    queue_handlers(demo, cfg.max_batch + cfg.queue_size, max(cfg.queue_size, 16))
-    prefetch = ui.LinkPrefetch(service, built.guard, enabled=not cfg.auth_pairs and cfg.cache_entries > 0)
+    queue_handlers(demo, cfg.limits.max_batch + cfg.limits.queue_size, max(cfg.limits.queue_size, 16))
+    prefetch = ui.LinkPrefetch(service, built.guard, enabled=not secrets.auth_pairs and web.cache_entries > 0)
     app = FastAPI(title="Lens Explorer", lifespan=lambda _app: running(trimmer, prefetch))
-    app.add_middleware(PrefetchLinks, trusted_proxies=config.resolve_trusted_proxies(cfg), prefetch=prefetch)
+    app.add_middleware(PrefetchLinks, trusted_proxies=config.resolve_trusted_proxies(web), prefetch=prefetch)
 
     def health(request):            # a plain Starlette route, as `what_was_run` below
         h = service.health()
@@ -197,7 +199,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
             held = pages["sessions"]
             h["sessions"] = {"held": len(held.session_data), "capacity": held.capacity, "dropped": held.dropped,
                              "kept": pages["kept"].stats()}
-        if not is_host(request, cfg):
+        if not is_host(request, secrets, web):
             h = {key: h[key] for key in PUBLIC_HEALTH if key in h}
         return JSONResponse(h, status_code=200 if h["state"] in ("ready", "starting") else 503)
 
@@ -206,8 +208,8 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     def what_was_run(request):      # a plain Starlette route: FastAPI cannot read this module's lazy annotations
         # The host is auth's first login: a workshop gives its participants logins too, and what was run may hold
         # their prompts, which no participant may read.
-        if cfg.auth_pairs and not _logged_in(request, cfg.auth_pairs[:1]):
-            if _logged_in(request, cfg.auth_pairs[1:]):
+        if secrets.auth_pairs and not _logged_in(request, secrets.auth_pairs[:1]):
+            if _logged_in(request, secrets.auth_pairs[1:]):
                 return JSONResponse({"error": "only the host's login (the first of auth) reads /workshop"},
                                     status_code=403)
             return JSONResponse({"error": "the host's login is needed"}, status_code=401,
@@ -218,8 +220,8 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
         app.add_route("/workshop", what_was_run, methods=["GET"])
 
     app = gr.mount_gradio_app(app, demo, path="/", css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"],
-                              auth=cfg.auth_pairs or None, server_name=cfg.host, server_port=cfg.port)
-    sessions = ui.sessions.install(app, cfg.sessions, cfg.session_idle, on_drop=built.kept.drop_owner)
+                              auth=secrets.auth_pairs or None, server_name=web.host, server_port=web.port)
+    sessions = ui.sessions.install(app, web.sessions, web.session_idle, on_drop=built.kept.drop_owner)
     pages.update(sessions=sessions, kept=built.kept)
     return app
 
@@ -268,23 +270,23 @@ class PrefetchLinks:
 PUBLIC_HEALTH = ("state", "ready", "front_page", "queue_depth")
 
 
-def is_host(request, cfg) -> bool:
+def is_host(request, secrets, web) -> bool:
     """The host: the app's first login (HTTP basic: `curl -u user:password`; a workshop's other logins are its
     participants'), `Authorization: Bearer <health_token>`, or a client on this machine (a loopback address, as
-    `service/identity.py` derives it)."""
+    `service/identity.py` derives it, behind `web`'s trusted proxies). `secrets`: the logins and the token."""
     import hmac
 
     from .service import identity
 
-    if cfg.auth_pairs and _logged_in(request, cfg.auth_pairs[:1]):
+    if secrets.auth_pairs and _logged_in(request, secrets.auth_pairs[:1]):
         return True
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if cfg.health_token and scheme.lower() == "bearer" and hmac.compare_digest(token.encode(),
-                                                                                cfg.health_token.encode()):
+    if secrets.health_token and scheme.lower() == "bearer" and hmac.compare_digest(token.encode(),
+                                                                                    secrets.health_token.encode()):
         return True
     peer = request.client.host if request.client is not None else None
     address = identity.client_address(peer, request.headers.getlist("x-forwarded-for"),
-                                       config.resolve_trusted_proxies(cfg))
+                                       config.resolve_trusted_proxies(web))
     return identity.is_loopback(address)
 
 
@@ -308,5 +310,5 @@ def make_server(service, cfg, plan: workshops.Workshop | None = None):
     import uvicorn
 
     app = make_app(service, cfg, plan, warm=True)
-    return uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+    return uvicorn.Server(uvicorn.Config(app, host=cfg.web.host, port=cfg.web.port, log_level="warning",
                                          timeout_graceful_shutdown=5))

@@ -2,8 +2,9 @@
 machine, fitting steering vectors, the web app, a workshop, an engine service to run on, and the secrets.
 
 Each field carries its help, its choices or bounds, and whether the command line may carry it; `config.Config`
-is all of them at once (flat: `cfg.model`, `cfg.port`), and config.py reads them from flags and the environment
-(this module reads nothing). A secret is never in a repr; `engine_key` is never taken from argv either.
+holds one of each, nested (`cfg.engine.model`, `cfg.web.port`), and config.py reads them from flags and the
+environment (this module reads nothing). Each part of the app is handed its own concern's settings. A secret is
+never in a repr; `engine_key` is never taken from argv either.
 """
 
 from __future__ import annotations

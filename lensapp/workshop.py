@@ -21,7 +21,7 @@ Nothing here stores anything: counting what was run is `service/usage.py`'s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
@@ -62,9 +62,9 @@ class Workshop:
         """`cfg` with the file's settings where the flags and variables left the default. Prompts are kept
         only behind a login: what people type is theirs, and /workshop would show it to anyone."""
         defaults = config.Config()
-        chosen = {k: v for k, v in self.settings.items() if getattr(cfg, k) == getattr(defaults, k)}
+        chosen = {k: v for k, v in self.settings.items() if config.value_of(cfg, k) == config.value_of(defaults, k)}
         cfg = config.replace(cfg, **chosen)
-        if self.record_prompts and not cfg.auth_pairs:
+        if self.record_prompts and not cfg.secrets.auth_pairs:
             raise WorkshopError("record_prompts: true needs a login (settings: {auth: \"host:password\"} or "
                                 "LENSAPP_AUTH): /workshop would show everyone's prompts to anyone")
         return cfg
@@ -142,7 +142,7 @@ def _settings(value, mistakes: list[str]) -> dict:
     if not isinstance(value, dict):
         mistakes.append("settings must be a mapping of setting: value")
         return {}
-    known = {f.name: f for f in fields(config.Config)}
+    known = {f.name: f for f in config.SETTING_FIELDS}
     out = {}
     for name, v in value.items():
         field = known.get(str(name))

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     config.add_arguments(parser, ("model", "device", "dtype", "cache_dir"))
     args = parser.parse_args(argv)
     config.prepare_process_environment()
-    cfg = config.from_args(args)
+    cfg = config.from_args(args).engine
 
     import vllm
     from vllm import SamplingParams

@@ -23,7 +23,7 @@ from lensapp import config
 
 config.prepare_process_environment()
 
-CACHE = Path(os.environ.get("LENSAPP_CACHE_DIR") or config.resolve_cache_dir(config.Config()))
+CACHE = Path(os.environ.get("LENSAPP_CACHE_DIR") or config.resolve_cache_dir(config.EngineSettings()))
 REPO = Path(__file__).resolve().parents[1]
 J_LAYERS = [0, 4, 8, 12, 16, 20, 24, 28]      # the running app's random Jacobian lens
 WORKSHOP = REPO / "tests" / "data" / "workshop.yaml"     # the running app's workshop
@@ -82,7 +82,7 @@ def tiny_service(tiny_model_dir):
     from lensapp import jlens
     from lensapp.service import LensService
 
-    service = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none",
+    service = LensService.start(config.Config.of(model=str(tiny_model_dir), backend="transformers", jlens="none",
                                               cache_entries=0, request_timeout=30))
     service.wait_ready(300)
     n, d = service.info.n_layers, service.info.d_model
@@ -155,7 +155,7 @@ def one_thread():
 def start_service(**settings):
     from lensapp.service import LensService
 
-    service = LensService.start(config.Config(**{"cache_dir": str(CACHE), "cache_entries": 0, **settings}))
+    service = LensService.start(config.Config.of(**{"cache_dir": str(CACHE), "cache_entries": 0, **settings}))
     service.wait_ready(900)
     return service
 

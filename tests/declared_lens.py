@@ -47,7 +47,7 @@ def api(service) -> dict:
     from lensapp.service.kinds import KINDS
     from lensapp.ui.api import endpoint_function
 
-    with served(make_app(service, config.Config(rate_limit=0))) as url:
+    with served(make_app(service, config.Config.of(rate_limit=0))) as url:
         client = Client(url, verbose=False)
         endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/lens"]
         parameters = [p["parameter_name"] for p in endpoint["parameters"]]
@@ -100,8 +100,8 @@ def main(model_dir: str) -> None:
     from lensapp.service import LensService
 
     model = ["--model", model_dir, "--backend", "transformers", "--jlens", "none"]
-    service = LensService.start(config.Config(model=model_dir, backend="transformers", jlens="none",
-                                              cache_entries=0, request_timeout=60))
+    service = LensService.start(config.Config.of(model=model_dir, backend="transformers", jlens="none",
+                                                 cache_entries=0, request_timeout=60))
     service.wait_ready(300)
     try:
         facts = {"cli": command_line(model), "api": api(service), "tab": tab(service)}

@@ -45,7 +45,7 @@ def _one_thread(one_thread):
 def model(tmp_path_factory, embedded_dir):
     """(the service with a BOS lens installed, the HF model in fp32, BOS, the prompt's own ids, the J)."""
     folder = tiny_model("bytelevel", tmp_path_factory.mktemp("bos"), embedded_dir)
-    s = LensService.start(config.Config(model=str(folder), backend="transformers", jlens="none", cache_entries=0))
+    s = LensService.start(config.Config.of(model=str(folder), backend="transformers", jlens="none", cache_entries=0))
     s.wait_ready(300)
     d = s.info.d_model
     J = random_jacobians(d, [J_LAYER])

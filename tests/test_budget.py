@@ -109,7 +109,7 @@ ROAD = [GenerateRequest(prompt=prompt(40), max_tokens=32, layers="all", lens="bo
 def test_the_heavy_examples_are_legal(service):
     for request in HEAVY:
         planned = service.check(request)
-        assert planned.units(service.token_weight) > service.cfg.max_work // 2, planned
+        assert planned.units(service.token_weight) > service.cfg.limits.max_work // 2, planned
 
 
 @settings(max_examples=8, deadline=None, derandomize=True, database=None,

@@ -75,14 +75,14 @@ def test_four_requests_at_once_cannot_spend_more_than_the_budget_a_minute():
     (max_work) at once every six seconds for ten minutes: at most the budget (and one burst), and most of it."""
     cfg = config.Config()
     now = [0.0]
-    limiter = RateLimiter.of(cfg)
+    limiter = RateLimiter.of(cfg.limits)
     limiter.clock = lambda: now[0]
     guard = Guard(limiter)
     minutes, spent = 10, 0
     while now[0] < 60 * minutes:
-        spent += four_at_once(guard, cfg.max_work)
+        spent += four_at_once(guard, cfg.limits.max_work)
         now[0] += 6.0
-    budget = cfg.work_per_minute * minutes
+    budget = cfg.limits.work_per_minute * minutes
     assert 0.9 * budget <= spent <= budget + limiter.work.capacity, spent / minutes     # was 240,000 a minute
     assert limiter.refused > 0
 

@@ -75,7 +75,7 @@ def family(request, make_component_model):
 
 @pytest.fixture(scope="module")
 def service(family):
-    service = LensService.start(config.Config(model=str(family[1]), backend="transformers", jlens="none",
+    service = LensService.start(config.Config.of(model=str(family[1]), backend="transformers", jlens="none",
                                               cache_entries=0))
     service.wait_ready(300)
     yield service
@@ -155,7 +155,7 @@ def test_the_pattern_is_bounded_by_the_work_budget(tiny_service, monkeypatch):
 
 def test_a_family_whose_blocks_are_unknown_is_refused_in_one_line(make_tiny_model):
     folder = make_tiny_model("olmo2", num_key_value_heads=1)
-    service = LensService.start(config.Config(model=str(folder), backend="transformers", jlens="none"),
+    service = LensService.start(config.Config.of(model=str(folder), backend="transformers", jlens="none"),
                                 start_engine=False)
     try:
         for ask in (lambda: service.check(ComponentsRequest(prompt=PROMPT, target="Paris")),

@@ -30,7 +30,7 @@ ASK = ComponentsRequest(prompt=PROMPT, target="Paris", foil="London", position=-
 
 
 def serve(folder, **settings) -> LensService:
-    service = LensService.start(config.Config(model=str(folder), jlens="none", cache_entries=0, request_timeout=300,
+    service = LensService.start(config.Config.of(model=str(folder), jlens="none", cache_entries=0, request_timeout=300,
                                               **settings))
     service.wait_ready(900)
     return service
@@ -41,7 +41,7 @@ def served(request, make_component_model):  # noqa: F811 - the fixture imported 
     """(model type, the references, the service's components and between-lens), the references read first."""
     model_type, folder = request.param, make_component_model(request.param)
     hf = load_eager(folder)
-    tokens = LensService.start(config.Config(model=str(folder), backend="transformers", jlens="none"),
+    tokens = LensService.start(config.Config.of(model=str(folder), backend="transformers", jlens="none"),
                                start_engine=False)
     try:
         ids = tokens.prompts.ids(PROMPT)

@@ -30,7 +30,7 @@ PROMPT = "The capital of France is"
 def built(tiny_service):
     from lensapp import ui
 
-    return ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+    return ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=0))
 
 
 def test_the_handler_answers_every_output_by_name(tiny_service):

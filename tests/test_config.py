@@ -1,9 +1,9 @@
-"""Settings: one frozen Config from flags and LENSAPP_* variables; the README's table is generated from it."""
+"""Settings: one frozen Config, nested by concern, from flags and LENSAPP_* variables; the README's table is
+generated from the same declarations."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import secrets
 from pathlib import Path
 
@@ -24,7 +24,8 @@ def test_flags_win_over_variables_which_win_over_defaults():
     config.add_arguments(parser)
     env = {"LENSAPP_MAX_BATCH": "4", "LENSAPP_RATE_LIMIT": "7", "GRADIO_SERVER_PORT": "8080"}
     cfg = config.from_args(parser.parse_args(["--max-batch", "2"]), env)
-    assert (cfg.max_batch, cfg.rate_limit, cfg.port, cfg.queue_size) == (2, 7, 8080, Config().queue_size)
+    assert (cfg.limits.max_batch, cfg.limits.rate_limit, cfg.web.port, cfg.limits.queue_size) == \
+        (2, 7, 8080, settings.LimitSettings().queue_size)
 
 
 @pytest.mark.parametrize("env, message", [
@@ -41,29 +42,37 @@ def test_bad_settings_name_themselves(env, message):
 
 
 def test_auth_pairs_and_a_space_cache():
-    assert Config(auth="alice:pw1, bob:pw2").auth_pairs == [("alice", "pw1"), ("bob", "pw2")]
-    assert Config().auth_pairs == []
-    assert config.resolve_cache_dir(Config(cache_dir="/tmp/x")) == Path("/tmp/x")
+    assert Config.of(auth="alice:pw1, bob:pw2").secrets.auth_pairs == [("alice", "pw1"), ("bob", "pw2")]
+    assert Config().secrets.auth_pairs == []
+    assert config.resolve_cache_dir(settings.EngineSettings(cache_dir="/tmp/x")) == Path("/tmp/x")
 
 
-def test_config_is_its_concerns_flat():
-    names = [f.name for f in dataclasses.fields(Config)]
+def test_config_holds_its_concerns_nested():
+    assert tuple(config.PARTS.values()) == settings.CONCERNS           # the table's order, each concern once
+    names = [f.name for f in config.SETTING_FIELDS]
     assert names == list(settings.names_of(*settings.CONCERNS))          # the table's order, each name once
     assert len(set(names)) == len(names)
-    for concern in settings.CONCERNS:                                   # the same defaults
-        assert {n: getattr(Config(), n) for n in settings.names_of(concern)} == dataclasses.asdict(concern())
+    for part, concern in config.PARTS.items():                           # the same defaults
+        assert getattr(Config(), part) == concern()
+    cfg = Config.of(max_batch=2, port=8080)                              # named flat, as flags name them
+    assert (cfg.limits.max_batch, cfg.web.port, config.value_of(cfg, "max_batch")) == (2, 8080, 2)
+    changed = config.replace(cfg, model="gpt2")
+    assert (changed.engine.model, changed.limits, changed.web) == ("gpt2", cfg.limits, cfg.web)
+    with pytest.raises(TypeError, match="no setting named 'modle'"):
+        Config.of(modle="gpt2")
     with pytest.raises(ConfigError, match="port must be in 1..65535"):
         settings.WebSettings(port=0)                                  # a concern checks its own fields
 
 
 def test_secrets_are_never_in_a_repr():
     key = secrets.token_urlsafe(32)
-    cfg = Config(auth="alice:pw-in-auth", health_token="token-in-health", engine_key=key)
-    for shown in (repr(cfg), str(cfg), repr(settings.Secrets(auth=cfg.auth, health_token=cfg.health_token))):
+    cfg = Config.of(auth="alice:pw-in-auth", health_token="token-in-health", engine_key=key)
+    for shown in (repr(cfg), str(cfg), repr(cfg.secrets),
+                  repr(settings.Secrets(auth=cfg.secrets.auth, health_token=cfg.secrets.health_token))):
         assert not [secret for secret in ("pw-in-auth", "token-in-health", key) if secret in shown], shown
     assert "model='embedded'" in repr(cfg)                           # the rest is shown
-    assert repr(Config(auth="u:p", health_token="x", engine_key="y" * 40)).count("y" * 40) == 0
-    assert {f.name for f in dataclasses.fields(Config) if not f.repr} == set(settings.names_of(settings.Secrets))
+    assert repr(Config.of(auth="u:p", health_token="x", engine_key="y" * 40)).count("y" * 40) == 0
+    assert {f.name for f in config.SETTING_FIELDS if not f.repr} == set(settings.names_of(settings.Secrets))
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:
@@ -71,7 +80,7 @@ def subcommand(name: str) -> argparse.ArgumentParser:
     return sub.choices[name]
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+FIELDS = {f.name: f for f in config.SETTING_FIELDS}
 # What a string setting is set to below (every one but those with choices, a bool or a number).
 SAMPLES = {"model": "some/model", "jlens": "none", "jlens_layers": "1,2", "cache_dir": "/tmp/x", "host": "0.0.0.0",
            "trusted_proxies": "2", "workshop": "w.yaml", "engine_url": "http://127.0.0.1:6677",
@@ -111,10 +120,10 @@ def test_every_flag_of_serve_is_a_setting_and_back(tmp_path):
         argv = [action.option_strings[0]] if isinstance(value, bool) else [action.option_strings[0], str(value)]
         env = {config.env_name("engine_key"): secrets.token_urlsafe(32)} if name == "engine_url" else {}
         cfg = config.from_args(parser.parse_args(argv), env)
-        changed = {n for n in FIELDS if getattr(cfg, n) != getattr(Config(), n)}
+        changed = {n for n in FIELDS if config.value_of(cfg, n) != config.value_of(Config(), n)}
         with_key = name in ("engine_url", "engine_key_file")        # (the key from the environment, or the file)
         assert changed == ({name, "engine_key"} if with_key else {name}), (name, changed)
-        assert getattr(cfg, name) == value
+        assert config.value_of(cfg, name) == value
 
 
 def test_the_other_commands_flags_are_settings_by_name():

@@ -25,7 +25,7 @@ VISITOR = "203.0.113.7"
 @pytest.fixture(scope="module")
 def cached_service(tiny_model_dir):
     """The tiny model with a result cache (the shared tiny service has none) and a small work budget."""
-    service = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none",
+    service = LensService.start(config.Config.of(model=str(tiny_model_dir), backend="transformers", jlens="none",
                                               max_work=4000, request_timeout=60))
     service.wait_ready(300)
     yield service
@@ -88,7 +88,7 @@ def test_distinct_heavy_requests_are_limited_by_cost_before_count(cached_service
     """Twenty distinct lenses of ~900 units each against a work budget of 2,000 a minute in bursts of 2,000 (twice
     a max_work of 1,000): the third or so is refused for its work, while the count (a burst of 12) would have
     taken twelve."""
-    limiter = RateLimiter.of(dataclasses.replace(cached_service.cfg, rate_limit=60, work_per_minute=2000,
+    limiter = RateLimiter.of(dataclasses.replace(cached_service.cfg.limits, rate_limit=60, work_per_minute=2000,
                                                  max_work=1000))
     limiter.clock = lambda: 0.0
     guard = Guard(limiter)

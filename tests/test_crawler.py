@@ -28,7 +28,7 @@ def app(tiny_service):
     from lensapp.server import make_app
 
     # A work budget of 3,000 units a minute in bursts of 4,000: each long link here costs ~750 units.
-    cfg = config.Config(trusted_proxies="1", cache_entries=64, work_per_minute=3000, max_work=2000, rate_limit=600)
+    cfg = config.Config.of(trusted_proxies="1", cache_entries=64, work_per_minute=3000, max_work=2000, rate_limit=600)
     built = make_app(tiny_service, cfg)
     prefetch = next(m.kwargs["prefetch"] for m in built.user_middleware if "prefetch" in m.kwargs)
     with served(built) as url:
@@ -86,7 +86,7 @@ def counted(tiny_service):
     """The app with the default count (60 requests a minute in bursts of 12) and work that never binds."""
     from lensapp.server import make_app
 
-    cfg = config.Config(trusted_proxies="1", cache_entries=64, work_per_minute=10**9)
+    cfg = config.Config.of(trusted_proxies="1", cache_entries=64, work_per_minute=10**9)
     built = make_app(tiny_service, cfg)
     prefetch = next(m.kwargs["prefetch"] for m in built.user_middleware if "prefetch" in m.kwargs)
     with served(built) as url:

@@ -151,7 +151,7 @@ def test_a_new_kind_is_a_command_and_an_endpoint(count_kind, tiny_service, tiny_
 
     from gradio_client import Client
 
-    with served(make_app(tiny_service, config.Config(rate_limit=0))) as url:
+    with served(make_app(tiny_service, config.Config.of(rate_limit=0))) as url:
         client = Client(url, verbose=False)
         endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/count"]
         assert [p["parameter_name"] for p in endpoint["parameters"]] == ["prompt", "chat"]

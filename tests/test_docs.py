@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 from pathlib import Path
@@ -146,7 +145,7 @@ def doc_problems(text: str) -> list[str]:
                     problems.append(f"`{' '.join(words)}`: the Makefile has no target {word}")
         elif words[0].startswith("--") and words[0] not in every_flag | set(FOREIGN_FLAGS):
             problems.append(f"`{' '.join(words)}`: no lensapp command has {words[0]}")
-    variables = {config.env_name(f.name) for f in dataclasses.fields(config.Config)}
+    variables = {config.env_name(f.name) for f in config.SETTING_FIELDS}
     problems += [f"{v}: not a setting" for v in set(re.findall(r"\bLENSAPP_[A-Z_]+\b", text)) - variables]
     endpoints = {e.name for e in endpoints()}
     for name in re.findall(r"api_name=\"/(\w+)\"", text) + re.findall(r"^\| `/(\w+)`", text, re.M):

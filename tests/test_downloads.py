@@ -37,7 +37,7 @@ def exported() -> set:
 def test_a_run_builds_no_file(tiny_service):
     from lensapp import ui
 
-    built = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+    built = ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=0))
     before = exported()
     out = built.tabs["logit"].run({"prompt": "The capital of France is", "layers": "all", "k": 5, "targets": "",
                                    "metric": "top1_prob", "chat": False, "raw": False, "start": None, "punct": False,
@@ -102,7 +102,7 @@ def test_a_download_is_rate_limited_and_refused_in_one_line(readout):
 def tiny_url(tiny_service):
     from lensapp.server import make_app
 
-    with served(make_app(tiny_service, config.Config(rate_limit=0))) as url:
+    with served(make_app(tiny_service, config.Config.of(rate_limit=0))) as url:
         yield url
 
 

@@ -21,7 +21,7 @@ TARGETS = [11, 500, 7042]
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
-    service = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none",
+    service = LensService.start(config.Config.of(model=str(tiny_model_dir), backend="transformers", jlens="none",
                                               cache_entries=0))
     service.wait_ready(300)
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

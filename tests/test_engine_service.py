@@ -187,7 +187,7 @@ def page(relay, lens_file):
     from lensapp import config
     from lensapp.service import LensService
 
-    service = LensService.start(config.Config(engine_url=relay.url, engine_key=KEY, jlens=str(lens_file),
+    service = LensService.start(config.Config.of(engine_url=relay.url, engine_key=KEY, jlens=str(lens_file),
                                               cache_entries=0, cache_dir=str(CACHE)))
     service.wait_ready(300)
     yield service

@@ -41,7 +41,7 @@ def read_everything(service: LensService) -> dict:
 
 
 def settings(llama, lens_file, **more) -> config.Config:
-    return config.Config(model=str(llama), jlens=str(lens_file), cache_entries=0, cache_dir=str(CACHE),
+    return config.Config.of(model=str(llama), jlens=str(lens_file), cache_entries=0, cache_dir=str(CACHE),
                          request_timeout=300, **more)
 
 

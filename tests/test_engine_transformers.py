@@ -106,14 +106,14 @@ def test_a_long_target_is_scored_by_its_first_token_and_says_so(tiny_engine):
 
 def test_a_default_lens_that_fails_to_load_leaves_the_logit_lens_serving(tiny_model_dir, monkeypatch):
     monkeypatch.setitem(config.KNOWN_JLENSES, str(tiny_model_dir), "/no/such/lens.pt")
-    service = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers"))
+    service = LensService.start(config.Config.of(model=str(tiny_model_dir), backend="transformers"))
     try:
         assert service.jlens is None and "no such file" in service.jlens_error
         assert service.lens(LensRequest(prompts=("x",), layers="0"))[0].layers == [0]
     finally:
         service.close()
     with pytest.raises(jlens.LensFileError, match="no such file"):     # asked for by name: an error
-        LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="/no/such/lens.pt"))
+        LensService.start(config.Config.of(model=str(tiny_model_dir), backend="transformers", jlens="/no/such/lens.pt"))
 
 
 def test_a_failing_request_fails_alone(tiny_engine, monkeypatch):

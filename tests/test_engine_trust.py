@@ -256,7 +256,7 @@ def test_a_page_on_a_malicious_engine_is_down_in_one_line_and_ran_nothing(fake_e
     from lensapp.engine.run.errors import EngineDown
     from lensapp.service import LensService
 
-    page = LensService.start(Config(model=str(tiny_model_dir), engine_url=fake_engine.url, engine_key=KEY,
+    page = LensService.start(Config.of(model=str(tiny_model_dir), engine_url=fake_engine.url, engine_key=KEY,
                                     jlens="none", cache_entries=0))
     try:
         down = raised(lambda: page.wait_ready(300))
@@ -280,13 +280,13 @@ TAKEN = {"token_urlsafe(32)": secrets.token_urlsafe(32), "token_hex(32)": secret
 @pytest.mark.parametrize("key", REFUSED.values(), ids=REFUSED)
 def test_a_short_empty_or_plain_key_is_refused_at_a_pages_start(key):
     with pytest.raises(ConfigError, match="secrets.token_urlsafe") as refused:
-        Config(engine_url=LOOPBACK, engine_key=key)
+        Config.of(engine_url=LOOPBACK, engine_key=key)
     assert "\n" not in str(refused.value) and (not key or key not in str(refused.value))
 
 
 @pytest.mark.parametrize("key", TAKEN.values(), ids=TAKEN)
 def test_a_key_of_32_random_bytes_is_taken(key):
-    assert Config(engine_url=LOOPBACK, engine_key=key).engine_key == key
+    assert Config.of(engine_url=LOOPBACK, engine_key=key).secrets.engine_key == key
 
 
 def test_the_engine_refuses_to_start_without_a_long_key(monkeypatch, capsys):
@@ -317,12 +317,12 @@ def test_the_key_from_a_file_or_the_environment_and_in_no_repr(tmp_path):
     config.add_arguments(parser, config.ENGINE_SETTINGS)
     from_file = config.from_args(parser.parse_args(["--engine-url", LOOPBACK, "--engine-key-file", str(path)]), {})
     from_env = config.from_args(parser.parse_args(["--engine-url", LOOPBACK]), {"LENSAPP_ENGINE_KEY": KEY})
-    assert from_file.engine_key == from_env.engine_key == KEY
-    assert config.replace(from_file, max_batch=2).engine_key == KEY          # a replace() reads the same file
+    assert from_file.secrets.engine_key == from_env.secrets.engine_key == KEY
+    assert config.replace(from_file, max_batch=2).secrets.engine_key == KEY          # a replace() reads the same file
     with pytest.raises(ConfigError, match="given twice"):
-        Config(engine_key_file=str(path), engine_key=secrets.token_urlsafe(32))
+        Config.of(engine_key_file=str(path), engine_key=secrets.token_urlsafe(32))
     with pytest.raises(ConfigError, match="engine_key_file .*no-such-file"):
-        Config(engine_key_file=str(tmp_path / "no-such-file"))
+        Config.of(engine_key_file=str(tmp_path / "no-such-file"))
     for shown in (repr(from_file), repr(from_env), str(from_env), repr(Wire(LOOPBACK, KEY))):
         assert KEY not in shown
     assert "engine_url" in repr(from_env) and LOOPBACK in repr(Wire(LOOPBACK, KEY))
@@ -336,10 +336,10 @@ def test_the_key_from_a_file_or_the_environment_and_in_no_repr(tmp_path):
 ])
 def test_a_plain_http_engine_beyond_this_machine_is_refused_unless_insecure(url, insecure, ok):
     if ok:
-        assert Config(engine_url=url, engine_key=KEY, insecure_engine=insecure).engine_url == url
+        assert Config.of(engine_url=url, engine_key=KEY, insecure_engine=insecure).remote.engine_url == url
     else:
         with pytest.raises(ConfigError, match="plain http beyond this machine.*--insecure-engine"):
-            Config(engine_url=url, engine_key=KEY, insecure_engine=insecure)
+            Config.of(engine_url=url, engine_key=KEY, insecure_engine=insecure)
 
 
 def test_insecure_engine_from_its_flag_or_variable(monkeypatch, capsys):
@@ -347,9 +347,9 @@ def test_insecure_engine_from_its_flag_or_variable(monkeypatch, capsys):
     config.add_arguments(parser, config.ENGINE_SETTINGS)
     remote = ["--engine-url", "http://gpu-box:6677"]
     assert config.from_args(parser.parse_args([*remote, "--insecure-engine"]), {"LENSAPP_ENGINE_KEY": KEY}) \
-        .insecure_engine
+        .remote.insecure_engine
     env = {"LENSAPP_ENGINE_KEY": KEY, "LENSAPP_INSECURE_ENGINE": "true"}
-    assert config.from_args(parser.parse_args(remote), env).insecure_engine
+    assert config.from_args(parser.parse_args(remote), env).remote.insecure_engine
     with pytest.raises(ConfigError, match="plain http"):
         config.from_args(parser.parse_args(remote), env | {"LENSAPP_INSECURE_ENGINE": "0"})
     with pytest.raises(ConfigError, match="LENSAPP_INSECURE_ENGINE"):

@@ -67,7 +67,7 @@ def lens_file(tmp_path_factory, tiny_llama):
 def service(tiny_llama, lens_file):
     from lensapp.service import LensService
 
-    s = LensService.start(config.Config(model=str(tiny_llama), backend="transformers", jlens=str(lens_file),
+    s = LensService.start(config.Config.of(model=str(tiny_llama), backend="transformers", jlens=str(lens_file),
                                         cache_entries=8, request_timeout=60))
     s.wait_ready(300)
     yield s
@@ -318,8 +318,7 @@ def test_a_shipped_evaluation_runs_in_the_hosts_turn_and_a_files_in_the_visitors
 
 
 def test_a_large_file_runs_in_batches_within_the_budget_and_reads_the_same(service, items_file, monkeypatch):
-    from dataclasses import replace
-
+    from lensapp.config import replace
     from lensapp.service import evaluating
 
     req = EvaluateRequest(items=str(items_file), split="all")
@@ -329,7 +328,7 @@ def test_a_large_file_runs_in_batches_within_the_budget_and_reads_the_same(servi
     monkeypatch.setattr(service, "cache", type(service.cache)(0, 0))
     p = evaluating.plan(service, req, files=True)
     assert len(p.batches) >= 3 and p.batches[0][0] == 0 and p.batches[-1][1] == 6
-    assert all(c.units(service.token_weight) <= service.cfg.max_work for c in p.batch_costs)
+    assert all(c.units(service.token_weight) <= service.cfg.limits.max_work for c in p.batch_costs)
     again = service.evaluate(req, files=True)
     assert again is not whole and json.dumps(again.to_json()) == json.dumps(whole.to_json())
     monkeypatch.setattr(service, "cfg", replace(service.cfg, max_work=10))
@@ -443,7 +442,7 @@ def test_the_panel_answers_as_the_page_calls_it_and_refuses_a_forged_split(servi
 def test_the_jacobian_tab_places_the_panel(tiny_service):
     from lensapp import ui
 
-    built = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+    built = ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=0))
     ids = {getattr(block, "elem_id", None) for block in built.demo.blocks.values()}
     assert {"jacobian-evaluation-box", "jacobian-evaluation-run", "jacobian-evaluation-plot"} <= ids
     assert "logit-evaluation-box" not in ids

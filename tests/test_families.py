@@ -74,7 +74,7 @@ def family(request, make_tiny_model):
 @pytest.fixture(scope="module")
 def service(family):
     _, folder, _ = family
-    service = LensService.start(config.Config(model=str(folder), backend="transformers", jlens="none",
+    service = LensService.start(config.Config.of(model=str(folder), backend="transformers", jlens="none",
                                               cache_entries=0))
     service.wait_ready(300)
     yield service

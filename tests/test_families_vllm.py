@@ -31,7 +31,7 @@ def gpt2(make_tiny_model):
 
 @pytest.fixture(scope="module")
 def service(gpt2):
-    service = LensService.start(config.Config(model=str(gpt2[0]), jlens="none", cache_entries=0))
+    service = LensService.start(config.Config.of(model=str(gpt2[0]), jlens="none", cache_entries=0))
     service.wait_ready(900)
     yield service
     service.close()

@@ -138,7 +138,7 @@ def test_the_cli_is_made_from_the_schema():
 def tiny_app(tiny_service):
     from lensapp import ui
 
-    return tiny_service, ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+    return tiny_service, ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=0))
 
 
 def test_the_tabs_open_on_the_schemas_defaults(tiny_app):

@@ -139,7 +139,7 @@ def test_a_new_run_cancels_the_whole_readout_in_flight(tiny_service):
     """The whole-readout step is wired to every state change and cancelled by each way of running the tab anew."""
     from lensapp import config, ui
 
-    built = ui.build_ui(tiny_service, config.Config(jlens="none"))
+    built = ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings())
     fns = built.demo.fns                                              # {id: BlockFunction}, named as `on` names them
     completing = {i for i, f in fns.items() if f.name == "complete"}
     assert len(completing) == 2                                       # the logit and the Jacobian tab

@@ -20,7 +20,7 @@ WIDTHS = {"desktop": (1400, 1000), "phone": (390, 844)}
 
 @pytest.fixture(scope="module")
 def tiny_url(tiny_service):
-    with served(make_app(tiny_service, Config(rate_limit=0), warm=False)) as url:
+    with served(make_app(tiny_service, Config.of(rate_limit=0), warm=False)) as url:
         yield url
 
 

@@ -4,6 +4,9 @@ each waiter's place, who may fit is the host's choice, and a fitter that dies is
 
 from __future__ import annotations
 
+import multiprocessing
+import pickle
+import secrets
 import threading
 import time
 
@@ -11,6 +14,7 @@ import pytest
 import torch
 
 from lensapp.config import Config
+from lensapp.fitting import worker
 from lensapp.fitting.steering import SteerConfig
 from lensapp.service.asks import Ask
 from lensapp.service.fields import RequestError
@@ -21,7 +25,8 @@ STEER = SteerConfig(objective="output", positions=(2, 5), max_steps=20, threshol
 
 
 def desk(tiny_model_dir, **settings) -> FitDesk:
-    return FitDesk(Config(model=str(tiny_model_dir), backend="transformers", jlens="none", **settings))
+    cfg = Config.of(model=str(tiny_model_dir), backend="transformers", jlens="none", **settings)
+    return FitDesk(cfg.fits, cfg.limits.fit_queue, cfg.engine, has_login=bool(cfg.secrets.auth_pairs))
 
 
 def test_identical_fits_at_once_are_fitted_once_in_another_process(tiny_model_dir):
@@ -68,6 +73,31 @@ def test_the_line_is_bounded_says_each_place_and_a_refusal_is_one_line(tiny_mode
         assert heard[0] == (-1, 0.0, 0.0)                                  # told its place: one fit ahead
     finally:
         d.close()
+
+
+def test_the_fitters_process_is_handed_the_models_settings_and_no_secret(tiny_model_dir, monkeypatch):
+    """The fitter's process loads the model, so it is sent the engine's settings: never the app's logins, /health's
+    token or the engine key (it was sent the whole Config, secrets and all, before settings were nested)."""
+    spawn, handed = multiprocessing.get_context("spawn"), []
+
+    class Recording:             # the spawn context, keeping what each process is handed (the pipe's end aside)
+        Pipe = staticmethod(spawn.Pipe)
+
+        def Process(self, target, args, **kwargs):  # noqa: N802 - multiprocessing's name
+            handed.append(args[:2])
+            return spawn.Process(target=target, args=args, **kwargs)
+
+    monkeypatch.setattr(worker.multiprocessing, "get_context", lambda method: Recording())
+    cfg = Config.of(model=str(tiny_model_dir), backend="transformers", jlens="none", auth="alice:pw-in-auth",
+                    health_token="token-in-health", engine_key=secrets.token_urlsafe(32))
+    d = FitDesk(cfg.fits, cfg.limits.fit_queue, cfg.engine, has_login=True)
+    try:
+        d.fit(IDS, 2, 42, SteerConfig(objective="output", positions=(2, 5), max_steps=2))
+    finally:
+        d.close()
+    assert handed == [(cfg.engine, cfg.fits.fit_threads)]
+    sent = pickle.dumps(handed)
+    assert not [s for s in ("pw-in-auth", "token-in-health", cfg.secrets.engine_key) if s.encode() in sent]
 
 
 def test_who_may_fit_is_the_hosts_choice(tiny_model_dir):

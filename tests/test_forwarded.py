@@ -105,7 +105,7 @@ def run_client(namespace: str, url: str, scenarios: list) -> dict:
 
 @pytest.mark.parametrize("trusted", [0, 1])
 def test_forged_forwarding_from_a_private_peer_is_limited_as_without_it(namespace, tiny_service, trusted):
-    app = make_app(tiny_service, config.Config(rate_limit=6, trusted_proxies=str(trusted), health_token="x"))
+    app = make_app(tiny_service, config.Config.of(rate_limit=6, trusted_proxies=str(trusted), health_token="x"))
     # With a trusted proxy, the last entry is what it saw: a client of its own per scenario.
     seen = [[f"198.51.100.{i}"] if trusted else [] for i in range(len(CLIENT_IPS))]
     kinds = ["none", "name", "random", "hops"]

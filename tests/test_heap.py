@@ -56,7 +56,7 @@ def app_threads(before: set) -> set[str]:
 
 def test_closing_the_app_stops_the_threads_it_started(tiny_service):
     before = set(threading.enumerate())
-    app = make_app(tiny_service, config.Config(rate_limit=0))
+    app = make_app(tiny_service, config.Config.of(rate_limit=0))
     assert app_threads(before) == set()                             # made, not served: none yet
     with TestClient(app) as visitor:
         assert visitor.get("/?v=1&tab=logit&prompt=The%20capital%20of%20France%20is").status_code == 200

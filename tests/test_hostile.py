@@ -155,7 +155,7 @@ def app(tiny):
     """The page's handlers as the app builds them (`ui.build_ui`)."""
     from lensapp import ui
 
-    return ui.build_ui(tiny, config.Config(jlens="none", rate_limit=0))
+    return ui.build_ui(tiny, config.WebSettings(), config.LimitSettings(rate_limit=0))
 
 
 LENS_TAB_FIELDS = (
@@ -314,10 +314,10 @@ def cli_starts(embedded_dir):
         starts.n += 1
         raise EngineStarted
 
-    def load_configured_jlens(cfg, model):
-        key = (config.resolve_jlens(cfg), cfg.jlens_layers)
+    def load_configured_jlens(engine, model):
+        key = (config.resolve_jlens(engine), engine.jlens_layers)
         if key not in lenses:
-            lenses[key] = real_lens(cfg, model)
+            lenses[key] = real_lens(engine, model)
         return lenses[key]
 
     with pytest.MonkeyPatch.context() as mp:

@@ -109,11 +109,11 @@ def test_a_48_cannot_outnumber_the_room():
 
 def test_trusted_proxies_is_1_on_a_space_and_0_elsewhere(monkeypatch):
     monkeypatch.delenv("SPACE_ID", raising=False)
-    assert config.resolve_trusted_proxies(config.Config()) == 0
+    assert config.resolve_trusted_proxies(config.WebSettings()) == 0
     monkeypatch.setenv("SPACE_ID", "someone/lens-explorer")
-    assert config.resolve_trusted_proxies(config.Config()) == 1
-    assert config.resolve_trusted_proxies(config.from_args(environ={"LENSAPP_TRUSTED_PROXIES": "2"})) == 2
-    assert config.resolve_trusted_proxies(config.Config(trusted_proxies="0")) == 0
+    assert config.resolve_trusted_proxies(config.WebSettings()) == 1
+    assert config.resolve_trusted_proxies(config.from_args(environ={"LENSAPP_TRUSTED_PROXIES": "2"}).web) == 2
+    assert config.resolve_trusted_proxies(config.WebSettings(trusted_proxies="0")) == 0
     for bad in ("-1", "many", "9", " 1"):
         with pytest.raises(config.ConfigError, match="trusted_proxies"):
-            config.Config(trusted_proxies=bad)
+            config.Config.of(trusted_proxies=bad)

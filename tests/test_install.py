@@ -255,7 +255,7 @@ def test_the_dockerfiles_python_runs_against_this_tree(monkeypatch):
     assert snippets
     for code in snippets:
         exec(compile(code, "Dockerfile", "exec"), {})
-    assert converted == [config.resolve_cache_dir(config.Config()) / "models"]
+    assert converted == [config.resolve_cache_dir(config.EngineSettings()) / "models"]
 
 
 # -- the package -----------------------------------------------------------------------------------------

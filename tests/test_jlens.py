@@ -174,7 +174,7 @@ def test_the_service_reads_a_bos_lens_with_bos_and_warns_when_a_prompt_differs(t
         assert r.input_ids[0] == bos and "fitted without a BOS" in r.jlens["warnings"][0]
         said = []                                   # the page says it too, as a warning beside the chart
         monkeypatch.setattr(lens_tab, "warn", said.append)
-        page = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0)).tabs["jacobian"]
+        page = ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=0)).tabs["jacobian"]
         page.run({"prompt": "Water boils", "layers": "all", "k": 1, "metric": "top1_prob", "chat": True})
         assert len(said) == 1 and "fitted without a BOS" in said[0]
     finally:
@@ -232,7 +232,7 @@ def test_the_json_and_the_page_say_when_a_lens_was_fitted_under_other_releases(t
         assert r.to_json()["jlens"]["warnings"] == [warning]
         said = []
         monkeypatch.setattr(lens_tab, "warn", said.append)
-        page = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+        page = ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=0))
         notes = [b.value for b in page.demo.blocks.values()
                  if "lens-warning" in (getattr(b, "elem_classes", None) or [])]
         assert notes == [f"**Note:** {lens_tab.md_text(warning)}."]

@@ -27,7 +27,7 @@ def tiny_pages(tiny_service):
     """The tiny app with a kept store of 1 MB, and its session store (to drop every session, as its bound would)."""
     from lensapp.server import make_app
 
-    app = make_app(tiny_service, config.Config(rate_limit=0, session_mb=1))
+    app = make_app(tiny_service, config.Config.of(rate_limit=0, session_mb=1))
     holder = next(r.app for r in app.routes if hasattr(r, "app") and hasattr(r.app, "state_holder")).state_holder
     with served(app) as url:
         yield url, holder

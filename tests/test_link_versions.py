@@ -31,7 +31,7 @@ PINNED = {
 @pytest.fixture(scope="module")
 def bos_service(tiny_model_dir):
     """The tiny Llama read as the shipped lens is: with a Jacobian lens fitted with BOS first (provenance bos)."""
-    s = LensService.start(config.Config(model=str(tiny_model_dir), backend="transformers", jlens="none",
+    s = LensService.start(config.Config.of(model=str(tiny_model_dir), backend="transformers", jlens="none",
                                         cache_entries=0, request_timeout=30))
     s.wait_ready(300)
     n, d = s.info.n_layers, s.info.d_model

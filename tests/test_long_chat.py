@@ -19,7 +19,7 @@ from lensapp.ui import branching, chat_tab
 def app(tiny_service):
     from lensapp import ui
 
-    return ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+    return ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=0))
 
 
 def conversation(n: int, system: bool = True) -> list[dict]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lensapp.config import Config, ConfigError
+from lensapp.config import Config, ConfigError, EngineSettings, LimitSettings
 from lensapp.engine.run.protocol import ModelInfo
 from lensapp.engine.start import host, memory
 
@@ -22,12 +22,13 @@ def test_the_kv_cache_is_sized_from_the_settings_not_the_machine():
     per_token = memory.kv_bytes_per_token(SMOLLM2, "float32")
     assert per_token == 2 * 30 * 3 * 64 * 4
     cfg = Config()
-    longest = cfg.max_prompt_tokens + 64                   # a prompt and a whole generation
-    assert memory.kv_cache_bytes(cfg, SMOLLM2, INFO) == cfg.max_batch * longest * per_token
+    longest = cfg.limits.max_prompt_tokens + 64            # a prompt and a whole generation
+    assert memory.kv_cache_bytes(cfg.engine, cfg.limits, SMOLLM2, INFO) == cfg.limits.max_batch * longest * per_token
     # one sequence must hold the whole context, or vLLM refuses to start
-    assert memory.kv_cache_bytes(Config(max_batch=1), SMOLLM2, INFO) == (2048 + 256) * per_token
-    assert memory.kv_cache_bytes(Config(kv_cache_mb=300), SMOLLM2, INFO) == 300 << 20     # the user's wins
-    assert memory.kv_cache_bytes(Config(max_batch=1024), SMOLLM2, INFO) <= memory.KV_CAP
+    engine = EngineSettings()
+    assert memory.kv_cache_bytes(engine, LimitSettings(max_batch=1), SMOLLM2, INFO) == (2048 + 256) * per_token
+    assert memory.kv_cache_bytes(EngineSettings(kv_cache_mb=300), cfg.limits, SMOLLM2, INFO) == 300 << 20  # the user's
+    assert memory.kv_cache_bytes(engine, LimitSettings(max_batch=1024), SMOLLM2, INFO) <= memory.KV_CAP
 
 
 def test_the_parameter_count_comes_from_the_safetensors_headers(embedded_dir):
@@ -55,7 +56,7 @@ def test_a_plan_that_does_not_fit_is_one_line_naming_each_part():
 
 
 def test_the_embedded_model_fits_a_4_gb_container():
-    budget = memory.plan(Config(max_fit_steps=0), INFO, SMOLLM2, "no/such/folder", 29,
+    budget = memory.plan(Config.of(max_fit_steps=0), INFO, SMOLLM2, "no/such/folder", 29,
                          host.MemoryLimit(4 << 30, "cgroup"))
     assert budget.fits and not budget.fitter, budget.describe()
 
@@ -68,7 +69,7 @@ def test_the_fitter_is_counted_and_left_out_where_it_does_not_fit():
     assert not small.fits and memory.without_fitter(small).fits
     roomy = memory.plan(Config(), INFO, SMOLLM2, "no/such/folder", 29, host.MemoryLimit(8 << 30, "cgroup"))
     assert roomy.fits and roomy.fitter
-    assert not memory.plan(Config(fitting="off"), INFO, SMOLLM2, "x", 29, host.MemoryLimit(8 << 30, "cgroup")).fitter
+    assert not memory.plan(Config.of(fitting="off"), INFO, SMOLLM2, "x", 29, host.MemoryLimit(8 << 30, "cgroup")).fitter
 
 
 def test_on_a_gpu_only_the_host_side_counts():

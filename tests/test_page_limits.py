@@ -33,7 +33,8 @@ def visitor(address: str = "203.0.113.5"):
 def app(tiny_service):
     from lensapp import ui
 
-    return ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=6))    # bursts of 5, then 1 per 10 s
+    # bursts of 5, then 1 per 10 s
+    return ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=6))
 
 
 def refused(fn, *args, **kwargs) -> str:
@@ -94,7 +95,7 @@ def tiny_url(tiny_service):
 
     from lensapp.server import make_app
 
-    with served(make_app(tiny_service, config.Config(rate_limit=0))) as url:
+    with served(make_app(tiny_service, config.Config.of(rate_limit=0))) as url:
         yield url
 
 

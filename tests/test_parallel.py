@@ -40,7 +40,7 @@ def llama(make_tiny_model):
 
 
 def serve(folder, tp: int, pp: int) -> LensService:
-    cfg = config.Config(model=str(folder), jlens="none", cache_entries=0, tensor_parallel_size=tp,
+    cfg = config.Config.of(model=str(folder), jlens="none", cache_entries=0, tensor_parallel_size=tp,
                         pipeline_parallel_size=pp, request_timeout=300)
     service = LensService.start(cfg)
     service.wait_ready(900)
@@ -157,7 +157,7 @@ def test_ray_pipeline_across_two_local_nodes_equals_one_worker(readouts, monkeyp
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
     try:
         ray.init(address=cluster.address)
-        cfg = config.Config(model=str(readouts.folder), jlens="none", cache_entries=0, pipeline_parallel_size=2,
+        cfg = config.Config.of(model=str(readouts.folder), jlens="none", cache_entries=0, pipeline_parallel_size=2,
                             distributed_executor_backend="ray", request_timeout=300)
         try:
             service = LensService.start(cfg)           # preflight refuses Ray where vLLM has no Ray device

@@ -143,7 +143,7 @@ def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls_would_get()
     one address: each prefetch takes a request as an API call does, so no more start than 40 API calls at the
     same moments are answered (the default limits: 60 a minute in bursts of 12). Loopback stays exempt."""
     def stopped_guard(now):
-        limiter = RateLimiter.of(config.Config())
+        limiter = RateLimiter.of(config.LimitSettings())
         limiter.clock = lambda: now[0]
         return Guard(limiter)
 

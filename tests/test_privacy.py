@@ -50,7 +50,7 @@ def assert_no_server_path(text: str, *extra) -> None:
 
 
 def test_health_shows_everyone_the_state_and_the_host_the_rest():
-    cfg = config.Config(auth="host:secret", health_token="t0ken")
+    cfg = config.Config.of(auth="host:secret", health_token="t0ken")
     with TestClient(make_app(stand_in(), cfg)) as visitor:
         seen = visitor.get("/health")
         assert seen.status_code == 503 and set(seen.json()) <= set(PUBLIC_HEALTH)
@@ -63,7 +63,7 @@ def test_health_shows_everyone_the_state_and_the_host_the_rest():
             assert visitor.get("/health", **allowed).json()["reason"] == SECRET_REASON
     with TestClient(make_app(stand_in(), config.Config()), client=("127.0.0.1", 50000)) as host:
         assert host.get("/health").json()["memory"]["plan"]["total_mb"] == 3000      # this machine is the host's
-    with TestClient(make_app(stand_in(), config.Config(trusted_proxies="1")), client=("10.0.0.5", 50000)) as proxied:
+    with TestClient(make_app(stand_in(), config.Config.of(trusted_proxies="1")), client=("10.0.0.5", 50000)) as proxied:
         assert "reason" not in proxied.get("/health", headers={"X-Forwarded-For": "127.0.0.1, 203.0.113.5"}).json()
 
 
@@ -86,7 +86,7 @@ def test_prompts_kept_for_a_workshop_need_its_login(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_url(tiny_service):
-    with served(make_app(tiny_service, config.Config(rate_limit=0))) as url:
+    with served(make_app(tiny_service, config.Config.of(rate_limit=0))) as url:
         yield url
 
 

@@ -61,7 +61,7 @@ def test_the_page_the_api_and_the_cli_show_the_same_cells(both, vllm_service, mo
 
     _, result = both
     expected = result.to_json()["lenses"]["logit"]
-    page = build_ui(vllm_service, config.Config(jlens="none", rate_limit=0)).tabs["logit"]
+    page = build_ui(vllm_service, config.WebSettings(), config.LimitSettings(rate_limit=0)).tabs["logit"]
     out = page.run({"prompt": PROMPT, "layers": "all", "k": 5, "targets": "", "metric": "top1_prob", "chat": False,
                     "raw": False, "start": None, "punct": True})
     assert value_of(out["state"]).to_json()["lenses"]["logit"]["display_tokens"] == expected["display_tokens"]

@@ -128,6 +128,6 @@ def test_thirty_people_behind_one_address_are_a_room_and_a_rotating_script_is_it
         assert outcomes[f"round {r}"] == {"answered": PEOPLE}, outcomes
     # The script shares the address's own requests: a burst of a fifth of the rate a minute, then the rate.
     rotating = outcomes["rotating"]
-    most = cfg.rate_limit // 5 + cfg.rate_limit / 60 * got["rotating_s"] + 1
+    most = cfg.limits.rate_limit // 5 + cfg.limits.rate_limit / 60 * got["rotating_s"] + 1
     assert rotating.get("answered", 0) <= most and sum(rotating.values()) == ROTATING_CALLS, (rotating, most)
     assert all(k == "answered" or k.startswith("refused: too many requests from your address") for k in rotating)

@@ -163,7 +163,7 @@ def test_a_login_guards_the_app_when_asked_for():
                               model=SimpleNamespace(path="stand-in", family=None),
                               health=lambda: {"state": "ready", "queue_depth": 0},
                               status=lambda: {"state": "ready", "reason": "", "queue_depth": 0})
-    with TestClient(make_app(service, Config(auth="alice:secret"))) as client:
+    with TestClient(make_app(service, Config.of(auth="alice:secret"))) as client:
         assert client.get("/config").status_code == 401                  # the app's config needs the login
         assert client.post("/login", data={"username": "alice", "password": "wrong"}).status_code >= 400
         assert client.post("/login", data={"username": "alice", "password": "secret"}).status_code == 200

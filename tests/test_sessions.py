@@ -156,7 +156,7 @@ def test_a_handler_reads_the_value_and_writes_a_handle_retiring_the_one_it_repla
 def tiny_app(tiny_service):
     from lensapp.server import make_app
 
-    app = make_app(tiny_service, config.Config(rate_limit=0, sessions=3, session_idle=60.0))
+    app = make_app(tiny_service, config.Config.of(rate_limit=0, sessions=3, session_idle=60.0))
     holder = next(r.app for r in app.routes if hasattr(r, "app") and hasattr(r.app, "state_holder")).state_holder
     return app, holder
 

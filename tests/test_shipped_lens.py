@@ -9,7 +9,7 @@ from lensapp.service import LensRequest
 
 
 def test_shipped_lens_is_the_default_and_fits_the_embedded_model(embedded_dir):
-    assert config.resolve_jlens(config.Config()) == str(config.SHIPPED_JLENS)
+    assert config.resolve_jlens(config.EngineSettings()) == str(config.SHIPPED_JLENS)
     hf = AutoConfig.from_pretrained(embedded_dir)
     from lensapp.engine.start.embedded import EMBEDDED_NAME
 

@@ -69,7 +69,7 @@ def hub(tmp_path_factory):
 
 def serve(folder, hub):
     """The service on `folder` (transformers backend, no cache) reading with the hub's lens."""
-    service = LensService.start(config.Config(model=str(folder), backend="transformers", jlens="none",
+    service = LensService.start(config.Config.of(model=str(folder), backend="transformers", jlens="none",
                                               cache_entries=0))
     service.wait_ready(300)
     lens = service.load_jlens(hub(service.info.d_model, service.info.n_layers))
@@ -114,7 +114,7 @@ def run_script(code: str, folder, monkeypatch) -> tuple[dict, str]:
 
 
 def folder_of(service) -> Path:
-    return Path(service.cfg.model)
+    return Path(service.cfg.engine.model)
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["text", "chat"])

@@ -36,7 +36,7 @@ RECORD = """() => {
 def tiny_url(tiny_service):
     from lensapp.server import make_app
 
-    with served(make_app(tiny_service, config.Config(rate_limit=0, cache_entries=0))) as url:
+    with served(make_app(tiny_service, config.Config.of(rate_limit=0, cache_entries=0))) as url:
         yield url
 
 

@@ -20,7 +20,7 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def tiny_url(tiny_service):
-    with served(make_app(tiny_service, config.Config(cache_entries=0))) as url:
+    with served(make_app(tiny_service, config.Config.of(cache_entries=0))) as url:
         yield url
 
 

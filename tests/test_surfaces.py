@@ -67,6 +67,6 @@ def test_every_endpoint_is_served_under_its_own_name(tiny_service):
     made before the API, once moved the API's /describe to /describe_1 (CI: `Cannot find ... /describe`)."""
     from lensapp import config, ui
 
-    demo = ui.build_app(tiny_service, config.Config(jlens="none", rate_limit=0))
+    demo = ui.build_app(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=0))
     served = {fn.api_name for fn in demo.fns.values() if fn.api_visibility != "private"}
     assert served == {e.name for e in endpoints()}, served

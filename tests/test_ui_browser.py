@@ -270,7 +270,7 @@ def test_app_without_a_jlens_says_how_to_load_one():
     import gradio as gr
 
     from lensapp import ui
-    from lensapp.config import Config
+    from lensapp.config import LimitSettings, WebSettings
     from lensapp.engine import ModelInfo
 
     service = SimpleNamespace(info=ModelInfo("stand-in", 4, 8, 100, "none", "cpu", "float32"), jlens=None,
@@ -279,7 +279,7 @@ def test_app_without_a_jlens_says_how_to_load_one():
                               prompts=None,             # no tokenizer: a link's positions are read as written
                               health=lambda: {"state": "ready"},
                               status=lambda: {"state": "ready", "reason": "", "queue_depth": 0})
-    demo = ui.build_app(service, Config(jlens="none"))
+    demo = ui.build_app(service, WebSettings(), LimitSettings())
     texts = [b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown) and isinstance(b.value, str)]
     assert any("No Jacobian lens is loaded" in t and "--jlens" in t for t in texts)
     radios = [b for b in demo.blocks.values() if isinstance(b, gr.Radio) and (b.elem_id or "").endswith("-lens")]

@@ -24,7 +24,7 @@ PROMPT = "The capital of France is"
 def app(tiny_service):
     from lensapp import ui
 
-    return ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+    return ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=0))
 
 
 def generate(app, branches: str = ""):

@@ -20,7 +20,7 @@ def tiny_url(tiny_service):
 
     from lensapp.server import make_app
 
-    with served(make_app(tiny_service, config.Config(rate_limit=0))) as url:
+    with served(make_app(tiny_service, config.Config.of(rate_limit=0))) as url:
         yield url
 
 

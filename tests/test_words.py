@@ -47,7 +47,7 @@ def _one_thread(one_thread):
 def kind(request, tmp_path_factory, embedded_dir):
     """(kind, folder, its tokenizer, the service on it: transformers backend, no lens, no cache)."""
     folder = tiny_model(request.param, tmp_path_factory.mktemp(request.param), embedded_dir)
-    service = LensService.start(config.Config(model=str(folder), backend="transformers", jlens="none",
+    service = LensService.start(config.Config.of(model=str(folder), backend="transformers", jlens="none",
                                               cache_entries=0))
     service.wait_ready(300)
     yield request.param, folder, AutoTokenizer.from_pretrained(folder), service

@@ -35,8 +35,9 @@ def test_settings_fill_what_the_flags_left_default(tmp_path):
     path.write_text("title: T\nsettings: {rate_limit: 5, request_timeout: 30, auth: 'host:pw'}\n"
                     "exercises: [{title: A, link: '?tab=logit&prompt=Hi', question: Q}]\n")
     w = workshop.load(path)
-    cfg = w.apply(config.Config(rate_limit=9))
-    assert (cfg.rate_limit, cfg.request_timeout, cfg.auth_pairs) == (9, 30.0, [("host", "pw")])   # the flag wins
+    cfg = w.apply(config.Config.of(rate_limit=9))
+    assert (cfg.limits.rate_limit, cfg.limits.request_timeout, cfg.secrets.auth_pairs) == (9, 30.0, [("host", "pw")])
+    # (the flag wins)
 
 
 BAD = """\
@@ -135,7 +136,7 @@ def test_the_front_pages_example_is_pinned_and_not_counted(tiny_service, monkeyp
     monkeypatch.setattr(tiny_service, "cache", ResultCache(0, 0))      # no bounded cache: pinned or nothing
     usage = Usage(tiny_service.info.n_layers, [])
     monkeypatch.setattr(tiny_service, "observer", usage.record)
-    built = ui.build_ui(tiny_service, config.Config(jlens="none", rate_limit=0))
+    built = ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings(rate_limit=0))
     FrontPage(tiny_service, [built.tabs["logit"]]).warm()
     stats = tiny_service.cache.stats()
     assert stats["pinned"] == stats["misses"] == 1 and stats["hits"] == 1       # the second pass: read, pinned
@@ -155,7 +156,7 @@ def test_the_counts_are_the_hosts_behind_the_login():
                               health=lambda: {"state": "ready", "queue_depth": 0},
                               status=lambda: {"state": "ready", "reason": "", "queue_depth": 0})
     plan = workshop.load(TEST_FILE)
-    with TestClient(make_app(service, config.Config(auth="host:secret,alice:pw"), plan)) as client:
+    with TestClient(make_app(service, config.Config.of(auth="host:secret,alice:pw"), plan)) as client:
         assert client.get("/workshop").status_code == 401
         assert client.get("/workshop", auth=("host", "wrong")).status_code == 401
         got = client.get("/workshop", auth=("host", "secret")).json()
@@ -192,7 +193,7 @@ def test_only_the_hosts_login_reads_what_was_run_and_participants_run_the_app(ti
 
     plan = workshop.Workshop("T", config.TABS, workshop.load(TEST_FILE).exercises, {}, record_prompts=True)
     host, alice = ("host", "h0st-pw"), ("alice", "al1ce-pw")
-    cfg = config.Config(auth=f"{':'.join(host)},{':'.join(alice)}", rate_limit=0)
+    cfg = config.Config.of(auth=f"{':'.join(host)},{':'.join(alice)}", rate_limit=0)
     with served(make_app(tiny_service, cfg, plan)) as url:
         read = Client(url, auth=alice, verbose=False).predict("alice's own question", "logit", "all", 3,
                                                               api_name="/lens")

@@ -1,7 +1,7 @@
 """The real app (`server.make_app`: the page, the API, /health) over the tiny service, served by uvicorn on a
 thread of the test process: seconds to start, where `app_url` (vLLM) takes minutes.
 
-    with served(make_app(tiny_service, Config(...)), "127.0.0.1") as url:
+    with served(make_app(tiny_service, Config.of(...)), "127.0.0.1") as url:
         ...
 
 The address must be loopback or one on a network namespace the test made (never another).

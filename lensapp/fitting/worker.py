@@ -44,11 +44,11 @@ class FitJob:
 
 
 class FitWorker:
-    """One child process that fits steering vectors for `cfg`'s model, one job at a time (not thread-safe:
-    its caller holds a lock)."""
+    """One child process that fits steering vectors for the model `engine` (config.EngineSettings) names, one job
+    at a time (not thread-safe: its caller holds a lock)."""
 
-    def __init__(self, cfg, threads: int = 1):
-        self.cfg, self.threads = cfg, threads
+    def __init__(self, engine, threads: int = 1):
+        self.engine, self.threads = engine, threads
         self._process = None
         self._conn = None
         self._jobs = 0                   # jobs sent: each message names its job by this number
@@ -111,7 +111,7 @@ class FitWorker:
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        self._process = context.Process(target=serve, args=(self.cfg, self.threads, child), daemon=True,
+        self._process = context.Process(target=serve, args=(self.engine, self.threads, child), daemon=True,
                                         name="lensapp-fitter")
         self._process.start()
         child.close()
@@ -119,7 +119,7 @@ class FitWorker:
         log.info("started the steering fitter's process (pid %s)", self._process.pid)
 
 
-def serve(cfg, threads: int, conn) -> None:
+def serve(engine, threads: int, conn) -> None:
     """The child: load the model once, then fit each (number, job) sent, sending (number, "progress", step, p, norm)
     messages and one (number, "done", SteeringVector) or (number, "error", message)."""
     from .. import config
@@ -133,7 +133,7 @@ def serve(cfg, threads: int, conn) -> None:
     from .estimator import FitError
     from .steering import fit_steering
 
-    model, resolved = load_hf_model(cfg, device="cpu")
+    model, resolved = load_hf_model(engine, device="cpu")
     layout = resolved.family.hf
     while True:
         try:

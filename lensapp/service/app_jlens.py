@@ -12,7 +12,7 @@ import torch
 
 from .. import jlens as jlens_files
 from .. import provenance
-from ..config import Config, resolve_cache_dir, resolve_jlens
+from ..config import EngineSettings, resolve_cache_dir, resolve_jlens
 from ..engine.run.protocol import JStack
 from ..engine.start.backend_kinds import kind_of
 from ..engine.start.loading import ResolvedModel
@@ -20,29 +20,30 @@ from ..engine.start.loading import ResolvedModel
 log = logging.getLogger(__name__)
 
 
-def load_configured_jlens(cfg: Config, model: ResolvedModel) -> tuple[jlens_files.JacobianLens | None, str | None]:
+def load_configured_jlens(engine: EngineSettings,
+                          model: ResolvedModel) -> tuple[jlens_files.JacobianLens | None, str | None]:
     """The lens the settings ask for, checked against the model. A lens asked for by name that does not
     load is an error (LensFileError); the model's default lens that does not load (a hub lens while
     offline) leaves the app on the logit lens, with the reason."""
-    spec = resolve_jlens(cfg)
+    spec = resolve_jlens(engine)
     if not spec:
         return None, None
     try:
-        return load_jlens(spec, model, cfg), None
+        return load_jlens(spec, model, engine), None
     except jlens_files.LensFileError as e:
-        if cfg.jlens != "default":
+        if engine.jlens != "default":
             raise
         log.warning("serving without a Jacobian lens: %s", e)
         return None, str(e)
 
 
-def load_jlens(spec: str, model: ResolvedModel, cfg: Config) -> jlens_files.JacobianLens:
+def load_jlens(spec: str, model: ResolvedModel, engine: EngineSettings) -> jlens_files.JacobianLens:
     info = model.info
     fingerprint = provenance.model_unembedding_fingerprint(model.path, model.family.weights)
     # The releases this process reads the lens under: those its backend kind runs on.
     libraries = list(kind_of(info).libraries)
-    lens = jlens_files.load(spec, d_model=info.d_model, n_layers=info.n_layers, layers=cfg.jlens_layer_list,
-                            dtype=torch.bfloat16, cache_dir=resolve_cache_dir(cfg) / "hub", model_name=info.name,
+    lens = jlens_files.load(spec, d_model=info.d_model, n_layers=info.n_layers, layers=engine.jlens_layer_list,
+                            dtype=torch.bfloat16, cache_dir=resolve_cache_dir(engine) / "hub", model_name=info.name,
                             unembedding=fingerprint, versions=provenance.library_versions(libraries),
                             revision=getattr(model.hf_config, "_commit_hash", None))
     for warning in lens.warnings:

@@ -45,7 +45,8 @@ def model_shape(hf_config) -> tuple[int, int]:
 def unavailable(service) -> str | None:
     """Why this service's model cannot have its components read (one line), or None when it can."""
     model_type = getattr(getattr(service.model, "hf_config", None), "model_type", None)
-    return refusal(str(model_type), getattr(getattr(service, "cfg", None), "pipeline_parallel_size", 1))
+    engine = getattr(getattr(service, "cfg", None), "engine", None)
+    return refusal(str(model_type), getattr(engine, "pipeline_parallel_size", 1))
 
 
 def plan(service, req: ComponentsRequest) -> ComponentsPlan:

@@ -92,7 +92,8 @@ def plan(service, req: EvaluateRequest, files: bool = False) -> Plan:
         for g in groups:
             spec = planning.lens_spec(ids[i], list(g.layers), 1, g.lenses, n, jlens_layers, target_ids=scored)
             per_item.append(dataclasses.replace(spec, read_from=len(ids[i]) - 1))
-            work = work + cost.last_positions([len(ids[i])], len(g.layers), len(g.lenses), service.cfg.part_cells)
+            work = work + cost.last_positions([len(ids[i])], len(g.layers), len(g.lenses),
+                                              service.cfg.limits.part_cells)
         specs.append(tuple(per_item))
         counts.append(len(first[i]))
         controls.append(len(control))
@@ -117,7 +118,7 @@ def control_of(first: list[list[int]], target: list[int], i: int) -> list[int]:
 
 def _batches(service, costs: list[cost.Cost]) -> tuple[tuple[tuple[int, int], ...], tuple[cost.Cost, ...]]:
     """Consecutive items in batches that each fit the work budget (an item that alone does not: RequestError)."""
-    budget = service.cfg.max_work
+    budget = service.cfg.limits.max_work
     weight = service.token_weight
     batches, totals, start, total = [], [], 0, cost.NOTHING
     for i, c in enumerate(costs):

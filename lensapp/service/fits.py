@@ -17,6 +17,7 @@ from typing import Callable
 
 from cachetools import LRUCache
 
+from ..config import EngineSettings, SteeringFitSettings
 from ..fitting.worker import FitJob, FitStopped, FitWorker
 from .asks import HOST, Ask
 from .field import RequestError
@@ -28,9 +29,13 @@ Progress = Callable[[int, float, float], None]
 
 
 class FitDesk:
-    def __init__(self, cfg, off_reason: str | None = None):
-        self.cfg, self.off_reason = cfg, off_reason
-        self._worker = FitWorker(cfg, threads=cfg.fit_threads)
+    """`settings`: the desk's own; `fit_queue`: the limits' fits that may wait; `engine`: the model its worker
+    loads; `has_login`: whether the app asks for a login (the host's, when `fitting` is `host`)."""
+
+    def __init__(self, settings: SteeringFitSettings, fit_queue: int, engine: EngineSettings, has_login: bool,
+                 off_reason: str | None = None):
+        self.settings, self.fit_queue, self.has_login, self.off_reason = settings, fit_queue, has_login, off_reason
+        self._worker = FitWorker(engine, threads=settings.fit_threads)
         self._cache = LRUCache(FITS_KEPT)      # the latest fits asked for, the least recently asked out first
         self._cache_lock = threading.Lock()
         self._desk = threading.Lock()            # the fitter: one job at a time
@@ -41,12 +46,12 @@ class FitDesk:
     def check_allowed(self, client: str | None = None) -> None:
         """RequestError, one line, when `client` (an ask's: None, the host) may not fit here (before any work is
         planned)."""
-        cfg = self.cfg
-        if cfg.max_fit_steps == 0 or cfg.fitting == "off":
+        settings = self.settings
+        if settings.max_fit_steps == 0 or settings.fitting == "off":
             raise RequestError("fitting steering vectors is turned off here")
         if self.off_reason:
             raise RequestError(f"fitting steering vectors is off here: {self.off_reason}")
-        if cfg.fitting == "host" and client is not None and not cfg.auth_pairs:
+        if settings.fitting == "host" and client is not None and not self.has_login:
             raise RequestError("fitting steering vectors is for the host here (a logged-in visitor); use a "
                                "logit or jacobian direction")
 
@@ -61,7 +66,7 @@ class FitDesk:
         with self._line:
             pending = self._pending.get(key)
             if pending is None:                  # not under way: take a place in line, or be told to come back
-                if self._waiting >= self.cfg.fit_queue + 1:
+                if self._waiting >= self.fit_queue + 1:
                     raise RequestError(f"{self._waiting} steering fits are running or waiting (the most this "
                                        "app takes); try again in a minute")
                 pending = self._pending[key] = Future()
@@ -90,7 +95,7 @@ class FitDesk:
     def _fit(self, key, progress: Progress | None):
         ids, layer, target_id, steer = key
         try:
-            fit = self._worker.fit(FitJob(ids, layer, target_id, steer), self.cfg.max_fit_seconds, progress)
+            fit = self._worker.fit(FitJob(ids, layer, target_id, steer), self.settings.max_fit_seconds, progress)
         except FitStopped as e:
             raise RequestError(str(e)) from None
         with self._cache_lock:

@@ -70,7 +70,7 @@ class Generator:
         # The top-5 decision strip (results/decided.py) needs five of each cell's top tokens, whatever k shows.
         k = max(req.k, DECIDED_WIDTH)
         spec = planning.lens_spec(ids, layers, k, names, s.info.n_layers, s.jlens_layers, raw=req.raw)
-        work = cost.generation(spec, req.max_tokens, s.cfg.part_cells)
+        work = cost.generation(spec, req.max_tokens, s.cfg.limits.part_cells)
         s.check_cost(work, "this generation")
         return planning.Plan(names, layers, [ids], [spec], work)
 

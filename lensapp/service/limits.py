@@ -115,10 +115,10 @@ class RateLimiter:
         self.refused = 0
 
     @classmethod
-    def of(cls, cfg) -> RateLimiter:
-        """The limits a `config.Config` sets: `rate_limit` requests and `work_per_minute` units a minute, work in
-        bursts of twice the heaviest request (`max_work`)."""
-        return cls(cfg.rate_limit, work_per_minute=cfg.work_per_minute, work_burst=2 * cfg.max_work)
+    def of(cls, limits) -> RateLimiter:
+        """The limits `limits` (`config.LimitSettings`) sets: `rate_limit` requests and `work_per_minute` units a
+        minute, work in bursts of twice the heaviest request (`max_work`)."""
+        return cls(limits.rate_limit, work_per_minute=limits.work_per_minute, work_burst=2 * limits.max_work)
 
     def check(self, client: Asker | str | None) -> None:
         """Take one request for `client` (an IP address, or an `identity.Asker`: a person behind one; anything

@@ -36,8 +36,8 @@ class Reader:
         if read_from and not (len(ids) == 1 and 0 < read_from < len(ids[0])):
             raise ValueError(f"read_from {read_from} is not a position of one prompt ({[len(i) for i in ids]} tokens)")
         work = sum((cost.readout(len(i), len(layers), len(names) + bool(between),
-                                 [len(t) for t in tids if 1 < len(t) <= MAX_CONTINUATION_TOKENS], s.cfg.part_cells,
-                                 read_positions=len(i) - read_from)
+                                 [len(t) for t in tids if 1 < len(t) <= MAX_CONTINUATION_TOKENS],
+                                 s.cfg.limits.part_cells, read_positions=len(i) - read_from)
                     for i, tids in zip(ids, target_ids)), cost.NOTHING)
         s.check_cost(work, "this request")
         # Skipping punctuation widens the top-k the worker reads (bounded) so a word can be found in it.

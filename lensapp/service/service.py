@@ -58,10 +58,11 @@ class LensService:
         self.jlens, self.jlens_error = jlens, jlens_error
         self._jlens_key = lens_key(jlens)
         prompts.bos = _reads_with_bos(jlens)
-        self.cache = ResultCache(cfg.cache_entries, cfg.cache_mb << 20)
+        self.cache = ResultCache(cfg.web.cache_entries, cfg.web.cache_mb << 20)
         self.budget: Budget | None = None        # the memory plan checked at start (engine/start/memory.py)
         self.token_weight = cost.token_weight(model.info.n_layers, model.info.d_model, model.info.vocab_size)
-        self.fits = FitDesk(cfg)                 # fitted steering vectors: one at a time, in their own process
+        # fitted steering vectors: one at a time, in their own process
+        self.fits = FitDesk(cfg.fits, cfg.limits.fit_queue, cfg.engine, has_login=bool(cfg.secrets.auth_pairs))
         self.intervener = Intervener(engine, model.path, model.family)
         self.reader = Reader(self)               # lens readouts
         self.generator = Generator(self)         # generations and chat replies
@@ -76,20 +77,22 @@ class LensService:
         """Read the model's config, load its tokenizer and Jacobian lens, and start the engine (in the
         background: `wait_ready` or any request waits for it). Bad settings fail here, before any engine.
         With start_engine=False the engine starts at the first request (the CLI checks its input first)."""
-        model = describe_model(cfg)
+        model = describe_model(cfg.engine, cfg.limits, cfg.remote)
         prompts = Prompts(load_tokenizer(model.path), model.max_prompt_tokens)
-        lens, error = load_configured_jlens(cfg, model)
+        lens, error = load_configured_jlens(cfg.engine, model)
         budget = preflight(cfg, model, 0 if lens is None else len(lens.layers))
-        engine = Engine(backend_factory(model, cfg), model.info,
+        limits = cfg.limits
+        engine = Engine(backend_factory(model, cfg.engine, limits, cfg.remote, cfg.secrets.engine_key), model.info,
                         warm_up=functools.partial(warm_up, prompts, model.info), jlens=engine_stack(lens, model),
-                        max_batch=cfg.max_batch, queue_size=cfg.queue_size, request_timeout=cfg.request_timeout,
-                        stall_timeout=cfg.stall_timeout, per_client=cfg.client_requests,
-                        parts_per_client=cfg.client_parts, max_part_cells=cfg.part_cells)
+                        max_batch=limits.max_batch, queue_size=limits.queue_size,
+                        request_timeout=limits.request_timeout, stall_timeout=limits.stall_timeout,
+                        per_client=limits.client_requests, parts_per_client=limits.client_parts,
+                        max_part_cells=limits.part_cells)
         if start_engine:
             engine.start()
         service = cls(model, engine, prompts, cfg, lens, error)
         service.budget = budget
-        if fitting_on(cfg) and not budget.fitter:        # preflight took the fitter out of a plan it did not fit
+        if fitting_on(cfg.fits) and not budget.fitter:        # preflight took the fitter out of a plan it did not fit
             service.fits.off_reason = ("this machine's memory holds the app but not also the fitter's copy of the "
                                        "model")
         return service
@@ -102,7 +105,7 @@ class LensService:
 
     def load_jlens(self, spec: str) -> jlens_files.JacobianLens:
         """Load a lens file (path or HUB_REPO:FILE), check it against the model and use it from now on."""
-        lens = load_jlens(spec, self.model, self.cfg)
+        lens = load_jlens(spec, self.model, self.cfg.engine)
         self.install_jlens(lens)
         return lens
 
@@ -197,9 +200,9 @@ class LensService:
 
     def intervention_inputs(self, ask: Ask = HOST) -> Inputs:
         """What `ask`'s intervention is planned against, as this service stands (its Jacobian lens may change)."""
-        cfg, info = self.cfg, self.info
-        limits = Limits(cfg.part_cells, self.token_weight, cfg.max_work, cfg.request_timeout, cfg.max_fit_steps,
-                        cfg.max_fit_seconds)
+        request, fits, info = self.cfg.limits, self.cfg.fits, self.info
+        limits = Limits(request.part_cells, self.token_weight, request.max_work, request.request_timeout,
+                        fits.max_fit_steps, fits.max_fit_seconds)
         jacobians = Jacobians(self.jlens, self.jlens_layers, info.n_layers, info.d_model)
         return Inputs(info, self.prompts, jacobians, limits, self.fits, ask)
 
@@ -213,7 +216,7 @@ class LensService:
 
     def check_cost(self, work: cost.Cost, what: str, advice: str = cost.ADVICE) -> None:
         """RequestError when `work` passes the budget (`max_work`), in one line saying what to reduce."""
-        cost.check(work, self.token_weight, self.cfg.max_work, what, advice)
+        cost.check(work, self.token_weight, self.cfg.limits.max_work, what, advice)
 
     def admit(self, work: cost.Cost, ask: Ask) -> None:
         """Engine work of this cost starts now: whoever asked for it pays for it (`ask.pay`). Called where each
@@ -222,7 +225,8 @@ class LensService:
 
     def deadline(self, work: cost.Cost) -> float:
         """The seconds a request of this cost may take before the engine cancels it."""
-        return cost.deadline(work, self.token_weight, self.cfg.max_work, self.cfg.request_timeout)
+        limits = self.cfg.limits
+        return cost.deadline(work, self.token_weight, limits.max_work, limits.request_timeout)
 
     def cached(self, kind: str, parts: tuple, compute: Callable[[], T], pin: bool = False) -> T:
         """`compute()`, or what it gave for the same request before: kind and parts (what decides the answer) are

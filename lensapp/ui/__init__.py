@@ -1,6 +1,6 @@
 """The Gradio app: logit lens, Jacobian lens, generation, comparison and intervention tabs over one `LensService`.
 
-`build_app(service, cfg)` builds the Blocks (nothing is built at import); the server mounts it with
+`build_app(service, web, limits)` builds the Blocks (nothing is built at import); the server mounts it with
 `CSS` and `HEAD`. Each tab lives in its own module and hands back `TabParts` (its inputs and outputs by
 name); this module wires what spans tabs, by those names: the share-this-view link (kept in the URL as
 inputs change), restoring a view from a link on page load (or, without one, drawing every tab's example:
@@ -15,7 +15,7 @@ from typing import Callable
 
 import gradio as gr
 
-from ..config import resolve_trusted_proxies
+from ..config import LimitSettings, WebSettings, resolve_trusted_proxies
 from ..lens_kinds import LOGIT
 from ..service.limits import RateLimiter
 from ..service.usage import Usage
@@ -95,15 +95,17 @@ class UI:
     kept: KeptResults
 
 
-def build_app(service, cfg, workshop: Workshop | None = None) -> gr.Blocks:
-    return build_ui(service, cfg, workshop).demo
+def build_app(service, web: WebSettings, limits: LimitSettings, workshop: Workshop | None = None) -> gr.Blocks:
+    return build_ui(service, web, limits, workshop).demo
 
 
-def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None = None) -> UI:
-    """The app; with a workshop, its title, only its tabs and its Exercises panel (openings counted in `usage`)."""
-    guard = Guard(RateLimiter.of(cfg), resolve_trusted_proxies(cfg))
+def build_ui(service, web: WebSettings, limits: LimitSettings, workshop: Workshop | None = None,
+             usage: Usage | None = None) -> UI:
+    """The app; with a workshop, its title, only its tabs and its Exercises panel (openings counted in `usage`).
+    `web`: what the pages keep and who their visitors are; `limits`: the guard's rate limits."""
+    guard = Guard(RateLimiter.of(limits), resolve_trusted_proxies(web))
     downloads = Downloads(guard)
-    kept_results = KeptResults(cfg.session_mb << 20)
+    kept_results = KeptResults(web.session_mb << 20)
     shown = workshop.tabs if workshop is not None else permalinks.TABS
     page_title = f"{workshop.title} · Lens Explorer" if workshop is not None else "Lens Explorer"
     with gr.Blocks(title=page_title, delete_cache=(Downloads.KEEP_SECONDS, Downloads.KEEP_SECONDS)) as demo:
@@ -122,7 +124,7 @@ def build_ui(service, cfg, workshop: Workshop | None = None, usage: Usage | None
         for tab in page["tabs"].children:
             tab.visible = tab.id in shown
         page.update(_link_row(page["title"], page["note"]))
-        register_api(service, guard, cfg)
+        register_api(service, guard, web)
         status.wire(service, page["banner"], parts)
         _wire_links(parts, page)
 

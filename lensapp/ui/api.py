@@ -55,9 +55,10 @@ def endpoints() -> tuple[Kind, ...]:
     return tuple(KINDS.values())
 
 
-def register_api(service, guard, cfg) -> AnswerMemo:
-    """Add the endpoints to the Blocks being built (call inside `with gr.Blocks()`); their answers' memo."""
-    memo = AnswerMemo((cfg.cache_mb << 20) // MEMO_SHARE if cfg.cache_entries else 0)
+def register_api(service, guard, web) -> AnswerMemo:
+    """Add the endpoints to the Blocks being built (call inside `with gr.Blocks()`); their answers' memo, a share
+    of the result cache that `web` (`config.WebSettings`) sizes."""
+    memo = AnswerMemo((web.cache_mb << 20) // MEMO_SHARE if web.cache_entries else 0)
     for kind in endpoints():
         gr.api(endpoint_function(kind, service, guard, memo), api_name=kind.name)
     return memo

@@ -157,7 +157,7 @@ def summary(result) -> str:
 
 def code_for(service, result, chat: bool = False) -> str:
     """The view as a runnable nnsight script (snippets/components.py), its prompt in the chat template when `chat`."""
-    model, note = model_reference(service.cfg.model, service.info.name)
+    model, note = model_reference(service.cfg.engine.model, service.info.name)
     return components_snippet(family=service.model.family, anatomy=anatomy_of(service.model.hf_config.model_type),
                               model=model, prompt=result.prompt, target=result.target.text,
                               foil=None if result.foil is None else result.foil.text, position=result.position,

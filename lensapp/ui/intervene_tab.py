@@ -165,7 +165,7 @@ def run(view: TabView, service, guard, values: dict, request: gr.Request = None,
         if step < 0:                                  # waiting its turn at the fitting desk (service/fits.py)
             progress(0.0, desc=f"waiting for the fitter: {-step} fit{'s' if step < -1 else ''} ahead")
             return
-        progress(min(1.0, step / max(1, service.cfg.max_fit_steps)),
+        progress(min(1.0, step / max(1, service.cfg.fits.max_fit_steps)),
                  desc=f"fitting the steering vector: step {step}, P(word) {p:.2f}")
     return guard.ui(request, readout, view, service, values, heard)
 
@@ -236,7 +236,7 @@ def code_for(service, result, chat: bool = False) -> str:
     jacobian = isinstance(result.intervention, (SteerDone, AblateDone)) and result.intervention.direction == "jacobian"
     if jacobian and service.jlens is None:
         return ""
-    model, note = model_reference(service.cfg.model, service.info.name)
+    model, note = model_reference(service.cfg.engine.model, service.info.name)
     return intervention_snippet(family=service.model.family, model=model, prompt=result.before.prompt,
                                 intervention=result.intervention, model_note=note, bos=service.prompts.bos, chat=chat,
                                 jlens=service.jlens.describe()["source"] if service.jlens is not None else None)

@@ -377,7 +377,7 @@ def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
     """The view of `result` as a runnable nnsight script (snippets/lens.py), in the form picked: `lens_snippet`
     writes vLLM's for "vllm" and TransformersModel's for any other value, so a form sent by hand reads as the
     default (which form is which is a published link value, named there only: tests/test_layout.py)."""
-    model, note = model_reference(service.cfg.model, service.info.name)
+    model, note = model_reference(service.cfg.engine.model, service.info.name)
     return lens_snippet(family=service.model.family, model=model, prompt=result.prompt,
                         layers=result.layers, k=result.lenses[next(iter(result.lenses))].top_ids.shape[-1], lens=lens,
                         jlens=service.jlens.describe()["source"] if service.jlens is not None else None,

@@ -18,8 +18,10 @@ from ...config import (
     DEFAULT_MAX_MODEL_LEN,
     EMBEDDED,
     MAX_GENERATE_TOKENS,
-    Config,
     ConfigError,
+    EngineSettings,
+    LimitSettings,
+    RemoteEngineSettings,
     resolve_cache_dir,
     resolve_device,
     resolve_dtype,
@@ -46,48 +48,49 @@ class ResolvedModel:
     max_prompt_tokens: int   # the configured limit, or less where the model's context is shorter
 
 
-def resolve_model(cfg: Config) -> tuple[str, str]:
+def resolve_model(engine: EngineSettings) -> tuple[str, str]:
     """(path or hub id vLLM/transformers can load, display name)."""
-    if cfg.model == EMBEDDED:
+    if engine.model == EMBEDDED:
         from .embedded import EMBEDDED_NAME, EmbeddedModelError, embedded_model_dir
 
         try:
-            return str(embedded_model_dir(resolve_cache_dir(cfg) / "models")), EMBEDDED_NAME
+            return str(embedded_model_dir(resolve_cache_dir(engine) / "models")), EMBEDDED_NAME
         except EmbeddedModelError as e:       # neither the package nor PyPI: one line, exit 2
             raise ModelError(str(e)) from None
     # A local folder is named by its last part: the server's folders are nobody's business (redact.py).
-    local = Path(cfg.model).expanduser()
-    return cfg.model, (local.resolve().name or cfg.model) if local.is_dir() else cfg.model
+    local = Path(engine.model).expanduser()
+    return engine.model, (local.resolve().name or engine.model) if local.is_dir() else engine.model
 
 
-def describe_model(cfg: Config) -> ResolvedModel:
-    """Resolve and read the model's config (no weights); ModelError / UnknownFamily name what is wrong."""
+def describe_model(engine: EngineSettings, limits: LimitSettings, remote: RemoteEngineSettings) -> ResolvedModel:
+    """Resolve and read the model's config (no weights); ModelError / UnknownFamily name what is wrong. `limits`:
+    the prompt limit it serves under; `remote`: whether an engine service runs it."""
     from transformers import AutoConfig
 
-    path, name = resolve_model(cfg)
+    path, name = resolve_model(engine)
     try:
         hf = AutoConfig.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - not a folder, not on the hub, offline: all mean "cannot load"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"model {cfg.model!r}: cannot read its config ({first})") from None
+        raise ModelError(f"model {engine.model!r}: cannot read its config ({first})") from None
     # By the checkpoint's own type: a multimodal wrapper (Gemma 3 4B's gemma3) keeps its text model elsewhere
     # than the text-only type (gemma3_text) does, so it is not that type's family.
     family = detect(hf)
     if not hasattr(hf, "num_hidden_layers") and hasattr(hf, "text_config"):    # a multimodal wrapper
         hf = hf.text_config
     limit = _context_limit(hf)
-    max_len = cfg.max_model_len or min(limit or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
+    max_len = engine.max_model_len or min(limit or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     if limit and max_len > limit:
         raise ConfigError(f"max_model_len {max_len} is longer than the model's own limit ({limit} positions)")
     # The prompt limit follows the context: a prompt and a whole generation must fit in it.
-    prompt_limit = min(cfg.max_prompt_tokens, max_len - MAX_GENERATE_TOKENS)
+    prompt_limit = min(limits.max_prompt_tokens, max_len - MAX_GENERATE_TOKENS)
     if prompt_limit < 1:
         raise ConfigError(f"the context ({max_len} positions) leaves no room for a prompt and {MAX_GENERATE_TOKENS} "
                           "generated tokens")
-    device = ELSEWHERE if cfg.engine_url else resolve_device(cfg)
-    kind = kind_for(cfg.backend, device, cfg.engine_url)
+    device = ELSEWHERE if remote.engine_url else resolve_device(engine)
+    kind = kind_for(engine.backend, device, remote.engine_url)
     info = ModelInfo(name=name, n_layers=int(hf.num_hidden_layers), d_model=int(hf.hidden_size),
-                     vocab_size=int(hf.vocab_size), backend=kind.name, device=device, dtype=resolve_dtype(cfg),
+                     vocab_size=int(hf.vocab_size), backend=kind.name, device=device, dtype=resolve_dtype(engine),
                      family=family.name, max_model_len=max_len)
     kind.layout(family)                          # raises when this family cannot run on this backend
     return ResolvedModel(path=path, name=name, info=info, family=family, hf_config=hf, max_prompt_tokens=prompt_limit)
@@ -101,13 +104,15 @@ def _context_limit(hf) -> int | None:
     return None
 
 
-def backend_factory(model: ResolvedModel, cfg: Config) -> Callable[[], Backend]:
-    """A function that starts a fresh backend for `model` (the engine calls it again after a crash)."""
+def backend_factory(model: ResolvedModel, engine: EngineSettings, limits: LimitSettings, remote: RemoteEngineSettings,
+                    engine_key: str) -> Callable[[], Backend]:
+    """A function that starts a fresh backend for `model` (the engine calls it again after a crash). `limits` size
+    vLLM's KV cache on CPU; `remote` and `engine_key` reach an engine service."""
     if not kind_of(model.info).holds_model:      # an engine service's (`--engine-url`)
         from ..run.remote_backend import served_backend_factory
         from ..run.served import Wire
 
-        return served_backend_factory(model.path, model.info, model.family, Wire(cfg.engine_url, cfg.engine_key))
+        return served_backend_factory(model.path, model.info, model.family, Wire(remote.engine_url, engine_key))
 
     def start() -> Backend:
         if not kind_of(model.info).ranks:            # one process, no vLLM
@@ -119,14 +124,14 @@ def backend_factory(model: ResolvedModel, cfg: Config) -> Callable[[], Backend]:
 
         cpu = model.info.device == "cpu"
         # On CPU the KV cache is sized from the settings, unless the user asked for vLLM's share instead.
-        sized = cfg.kv_cache_mb or (cpu and not cfg.gpu_memory_utilization)
-        kv_bytes = kv_cache_bytes(cfg, model.hf_config, model.info) if sized else 0
-        vllm = vllm_class(cpu, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
+        sized = engine.kv_cache_mb or (cpu and not engine.gpu_memory_utilization)
+        kv_bytes = kv_cache_bytes(engine, limits, model.hf_config, model.info) if sized else 0
+        vllm = vllm_class(cpu, engine.tensor_parallel_size, engine.pipeline_parallel_size)
         return VLLMBackend(model.path, model.info, model.family, vllm=vllm, max_model_len=model.info.max_model_len,
-                           gpu_memory_utilization=cfg.gpu_memory_utilization, kv_cache_bytes=kv_bytes,
-                           tensor_parallel_size=cfg.tensor_parallel_size,
-                           pipeline_parallel_size=cfg.pipeline_parallel_size,
-                           distributed_executor_backend=cfg.distributed_executor_backend)
+                           gpu_memory_utilization=engine.gpu_memory_utilization, kv_cache_bytes=kv_bytes,
+                           tensor_parallel_size=engine.tensor_parallel_size,
+                           pipeline_parallel_size=engine.pipeline_parallel_size,
+                           distributed_executor_backend=engine.distributed_executor_backend)
     return start
 
 
@@ -148,16 +153,17 @@ def vllm_class(cpu: bool, tensor_parallel_size: int, pipeline_parallel_size: int
     return GPUVLLM if pipeline_parallel_size > 1 else StreamingVLLM
 
 
-def load_hf_model(cfg: Config, device: str | None = None, dtype: str = "float32"):
+def load_hf_model(engine: EngineSettings, device: str | None = None, dtype: str = "float32"):
     """(nnsight TransformersModel, ResolvedModel) for the lens fitter and the quality bench: the engine's own
-    resolution (the embedded model's converted folder is shared with it), loaded now."""
+    resolution (the embedded model's converted folder is shared with it), loaded now, in this process (so no
+    engine service's, and no request's limits: the defaults)."""
     import torch
 
     from ..run.hf_backend import load_transformers_model
 
-    model = describe_model(cfg)
+    model = describe_model(engine, LimitSettings(), RemoteEngineSettings())
     try:
-        hf = load_transformers_model(model.path, device=device or resolve_device(cfg), dtype=getattr(torch, dtype))
+        hf = load_transformers_model(model.path, device=device or resolve_device(engine), dtype=getattr(torch, dtype))
     except (OSError, ValueError) as e:
-        raise ModelError(f"model {cfg.model!r}: cannot load ({one_line(e)})") from e
+        raise ModelError(f"model {engine.model!r}: cannot load ({one_line(e)})") from e
     return hf, model

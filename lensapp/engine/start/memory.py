@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ...config import MAX_GENERATE_TOKENS, Config, ConfigError
+from ...config import MAX_GENERATE_TOKENS, Config, ConfigError, EngineSettings, LimitSettings, SteeringFitSettings
 from .backend_kinds import kind_of
 
 GiB = 1 << 30
@@ -90,26 +90,27 @@ class Budget:
 
 
 def plan(cfg: Config, info, hf_config, path: str, jlens_layers: int, limit) -> Budget:
-    """The memory budget of serving `info` (a ModelInfo) with `cfg`, against `limit` (host.MemoryLimit)."""
+    """The memory budget of serving `info` (a ModelInfo) with `cfg`, against `limit` (host.MemoryLimit): the whole
+    app's, so every concern's settings."""
     dtype_bytes = DTYPE_BYTES[info.dtype]
-    longest = min(info.max_model_len, max_prompt_tokens(cfg, info) + MAX_GENERATE_TOKENS)
+    longest = min(info.max_model_len, max_prompt_tokens(cfg.limits, info) + MAX_GENERATE_TOKENS)
     jlens_copies = 1 if info.device != "cpu" else 2        # the web process's; on CPU the worker's too
     kind = kind_of(info)
     here = kind.holds_model                                # else weights, KV cache and readouts are the service's
     return Budget(
         weights=param_count(hf_config, path) * dtype_bytes if here else 0,
-        kv_cache=kv_cache_bytes(cfg, hf_config, info) if kind.kv_cache else 0,
+        kv_cache=kv_cache_bytes(cfg.engine, cfg.limits, hf_config, info) if kind.kv_cache else 0,
         jlens=jlens_layers * info.d_model ** 2 * 2 * jlens_copies,
         readout=readout_bytes(info.vocab_size, longest, dtype_bytes) if here else 0,
-        result_cache=cfg.cache_mb * MiB * 5 // 4 if cfg.cache_entries else 0,     # and its answers' JSON (ui/api)
+        result_cache=cfg.web.cache_mb * MiB * 5 // 4 if cfg.web.cache_entries else 0,   # and its answers' JSON (ui/api)
         runtime=kind.runtime_bytes,
-        sessions=cfg.session_mb * MiB + cfg.sessions * SESSION_BYTES,
+        sessions=cfg.web.session_mb * MiB + cfg.web.sessions * SESSION_BYTES,
         limit=limit.bytes, limit_source=limit.source, device=info.device,
-        fitter=fitter_bytes(param_count(hf_config, path)) if fitting_on(cfg) else 0)
+        fitter=fitter_bytes(param_count(hf_config, path)) if fitting_on(cfg.fits) else 0)
 
 
-def fitting_on(cfg: Config) -> bool:
-    return cfg.max_fit_steps > 0 and cfg.fitting != "off"
+def fitting_on(fits: SteeringFitSettings) -> bool:
+    return fits.max_fit_steps > 0 and fits.fitting != "off"
 
 
 def fitter_bytes(params: int) -> int:
@@ -131,8 +132,8 @@ def check(budget: Budget) -> None:
                       "--kv-cache-mb")
 
 
-def max_prompt_tokens(cfg: Config, info) -> int:
-    return min(cfg.max_prompt_tokens, info.max_model_len - MAX_GENERATE_TOKENS)
+def max_prompt_tokens(limits: LimitSettings, info) -> int:
+    return min(limits.max_prompt_tokens, info.max_model_len - MAX_GENERATE_TOKENS)
 
 
 def kv_bytes_per_token(hf_config, dtype: str) -> int:
@@ -143,14 +144,14 @@ def kv_bytes_per_token(hf_config, dtype: str) -> int:
     return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
-def kv_cache_bytes(cfg: Config, hf_config, info) -> int:
+def kv_cache_bytes(engine: EngineSettings, limits: LimitSettings, hf_config, info) -> int:
     """The KV cache vLLM gets: the user's `kv_cache_mb`, else `max_batch` of the longest request's
     sequences, at least one full context (and a block to spare), at most KV_CAP."""
-    if cfg.kv_cache_mb:
-        return cfg.kv_cache_mb * MiB
+    if engine.kv_cache_mb:
+        return engine.kv_cache_mb * MiB
     per_token = kv_bytes_per_token(hf_config, info.dtype)
-    longest = min(info.max_model_len, max_prompt_tokens(cfg, info) + MAX_GENERATE_TOKENS)
-    need = cfg.max_batch * longest * per_token
+    longest = min(info.max_model_len, max_prompt_tokens(limits, info) + MAX_GENERATE_TOKENS)
+    need = limits.max_batch * longest * per_token
     floor = (info.max_model_len + 256) * per_token
     return min(max(need, floor), KV_CAP)
 

@@ -26,19 +26,20 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def preflight(cfg: Config, model: ResolvedModel, jlens_layers: int) -> memory.Budget:
-    """The memory plan, or ConfigError naming what cannot work on this machine with these settings."""
+    """The memory plan (the whole app's: every concern's settings), or ConfigError naming what cannot work on this
+    machine with these settings."""
     budget = memory.plan(cfg, model.info, model.hf_config, model.path, jlens_layers, host.memory_limit())
     if budget.fitter and not budget.fits and memory.without_fitter(budget).fits:
         log.warning("steering fits are off: the machine holds the app but not also the fitter's copy of the model "
                     "(%s)", budget.describe())
         budget = memory.without_fitter(budget)
     memory.check(budget)
-    info = model.info
-    ranks = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
+    info, engine = model.info, cfg.engine
+    ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size
     kind = kind_of(info)
     if kind.ranks:
-        problem = (parallel_problem(model.hf_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
-                   or executor_problem(cfg.distributed_executor_backend))
+        problem = (parallel_problem(model.hf_config, engine.tensor_parallel_size, engine.pipeline_parallel_size)
+                   or executor_problem(engine.distributed_executor_backend))
         if kind.cpu_workers:
             problem = (problem or cpu_kernel_problem(head_dim(model.hf_config), host.cpu_isa())
                        or cpu_cores_problem(ranks, len(host.allowed_cores()))
