@@ -40,14 +40,23 @@ def load_page(demo: gr.Blocks, query: gr.Textbox, restore: Callable, restored: l
         return {**(held or {}), later: None}
 
     def landing_examples(asked: str, request: gr.Request = None) -> dict:
-        out = other_examples(runnable[1:], service, asked, request)
-        return {c: out.get(c, gr.skip()) for c in examples}          # Gradio reads {} as one value
+        return {drawn: other_examples(runnable[1:], service, asked, request)}
+
+    def landing_shown(values: dict, request: gr.Request = None) -> dict:
+        out = shown_examples(runnable[1:], values.pop(drawn) or {}, values, request)
+        return {drawn: None, **{c: out.get(c, gr.skip()) for c in examples}}      # Gradio reads {} as one value
 
     outputs = list(dict.fromkeys(c for p in runnable for c in p.outputs.values()))
     first = demo.load(landing_readout, query, [pending, later, *outputs], js=js, show_progress="hidden", **PRIVATE)
     rest = first.then(landing_rest, later, [later, *outputs], show_progress="hidden", **PRIVATE)
+    # The other examples are made, then shown in a step of their own that reads the tabs' kept states as the page
+    # has them then: a tab the visitor ran meanwhile keeps what it showed (the examples' one step took seconds,
+    # and its answer wrote a tab's example over the generation its visitor had just asked for).
+    drawn = gr.State(None)                      # the other examples made, by tab, until the next step shows them
     examples = list(dict.fromkeys(c for p in runnable[1:] for c in p.outputs.values()))
-    rest.then(landing_examples, pending, examples, show_progress="hidden", **PRIVATE)
+    states = {c for p in runnable[1:] for c in p.outputs.values() if kept.is_kept(c)}
+    made = rest.then(landing_examples, pending, drawn, show_progress="hidden", **PRIVATE)
+    made.then(landing_shown, {drawn, *states}, [drawn, *examples], show_progress="hidden", **PRIVATE)
 
 
 # What a readout's first answer carries: the tab's first chart (`FIRST_CHART`) and the lines above it. Its other
@@ -78,16 +87,26 @@ def first_readout(restore: Callable, pending: gr.State, later: gr.State, runnabl
             later: {c: v for c, v in out.items() if c not in first}}
 
 
-def other_examples(runnable: list[TabParts], service, asked: str, request: gr.Request = None) -> dict:
-    """After the landing tab's, the front page's other examples, in one step (nothing for a link); an example
-    that fails is said in a line and leaves the others drawn."""
+def other_examples(runnable: list[TabParts], service, asked: str, request: gr.Request = None) -> dict[str, dict]:
+    """After the landing tab's, the front page's other examples, by tab name, in one step (nothing for a link); an
+    example that fails is said in a line and leaves the others drawn."""
     out = {}
     for p in runnable if asked == FRONT else []:
         values = {name: c.value for name, c in {**p.inputs, **p.reads}.items()}
         try:
-            out.update(written(p, run_pending(p, service, {"pending": FRONT, **values}, request), request))
+            out[p.name] = run_pending(p, service, {"pending": FRONT, **values}, request)
         except gr.Error as e:
             gr.Warning(f"The {p.name} tab's example: {e.message}")
+    return out
+
+
+def shown_examples(runnable: list[TabParts], made: dict[str, dict], states: dict, request=None) -> dict:
+    """The updates that show the examples `made` (by tab name) on the tabs of `runnable` that show nothing yet:
+    none of their kept states holds a value on the page (`states`: kept state -> its page value)."""
+    out = {}
+    for p in runnable:
+        if p.name in made and not any(states.get(c) for c in p.outputs.values() if kept.is_kept(c)):
+            out.update(written(p, made[p.name], request))
     return out
 
 
