@@ -377,8 +377,11 @@ def code_for(service, result, lens: str, form: str, chat: bool = False) -> str:
     """The view of `result` as a runnable nnsight script (snippets/lens.py), in the form picked: `lens_snippet`
     writes vLLM's for "vllm" and TransformersModel's for any other value, so a form sent by hand reads as the
     default (which form is which is a published link value, named there only: tests/test_layout.py)."""
+    source = service.jlens.describe()["source"] if service.jlens is not None else None
+    if reads_jlens(read_by(lens)) and not source:        # a lens made in this process (a test's, a fit's) has none
+        return ("# No script for this lens here: this app's Jacobian lens was made in memory, not loaded from a "
+                "file,\n# and a script loads its lens from one (lensapp serve --jlens PATH serves a saved lens).\n")
     model, note = model_reference(service.cfg.engine.model, service.info.name)
     return lens_snippet(family=service.model.family, model=model, prompt=result.prompt,
                         layers=result.layers, k=result.lenses[next(iter(result.lenses))].top_ids.shape[-1], lens=lens,
-                        jlens=service.jlens.describe()["source"] if service.jlens is not None else None,
-                        chat=chat, form=form, model_note=note, bos=service.prompts.bos)
+                        jlens=source, chat=chat, form=form, model_note=note, bos=service.prompts.bos)
