@@ -204,8 +204,9 @@ def test_chat_reply_carries_a_readout(page, app_url):
     field(page, "chat-message").press("Enter")
     page.get_by_text(re.compile(r"J-lens at layer \d+: its top-1 under each token")).wait_for(timeout=RUN_TIMEOUT)
     cells = page.locator("#chat .lens-readout details.lens-tok")
-    cells.first.wait_for(state="visible", timeout=30_000)             # each generated token over its top-1
-    assert cells.count() >= 2
+    cells.first.wait_for(state="visible", timeout=30_000)             # each generated token over its top-1 ...
+    page.wait_for_function("() => document.querySelectorAll('#chat .lens-readout details.lens-tok').length >= 2",
+                           timeout=30_000)                            # ... written as the reply is (it streams)
     assert "%" in cells.first.get_attribute("title")                    # the top-3 on hover ...
     cells.first.locator("summary").click()                              # ... and on tap
     assert "%" in cells.first.locator(".topk").inner_text()
