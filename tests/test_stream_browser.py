@@ -162,30 +162,48 @@ def test_a_chat_reply_and_its_readout_grow_as_the_model_writes(browser, tiny_url
     assert pg.locator("#chat .lens-readout").count() == 1
 
 
-def test_a_generation_asked_while_the_page_draws_its_examples_is_not_written_over(browser, tiny_url, slow_model):
-    """The front page draws its other tabs' examples after the first one, slowly here: a generation the visitor
+@pytest.fixture
+def slow_examples(monkeypatch):
+    """The front page's other examples take 3 s more to make (a second visit finds them in the answer memo at once):
+    the event is set once they are made."""
+    import threading
+
+    from lensapp.ui import landing
+
+    made, make = threading.Event(), landing.other_examples
+
+    def slow(*args, **kwargs):
+        time.sleep(3)
+        try:
+            return make(*args, **kwargs)
+        finally:
+            made.set()
+    monkeypatch.setattr(landing, "other_examples", slow)
+    return made
+
+
+def test_a_generation_asked_while_the_page_draws_its_examples_is_not_written_over(browser, tiny_url, slow_examples):
+    """The front page makes its other tabs' examples after the first one (slowly here): a generation the visitor
     asks meanwhile, and sees written, stays on the page (the Generation tab's example came after it and wrote
     itself over it)."""
     pg = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
     pg.goto(tiny_url)
-    pg.locator("[role=tab]").first.wait_for(timeout=RUN_TIMEOUT)
-    settled(tiny_url)
     pg.get_by_role("tab", name="Generation").first.click()
     pg.wait_for_function("() => document.querySelector('#generate-text textarea')?.value", timeout=RUN_TIMEOUT)
     example = pg.locator("#generate-text textarea").input_value()    # the tab's example, as every visit draws it
 
+    slow_examples.clear()
     pg = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
     pg.goto(tiny_url)
-    pg.locator("[role=tab]").first.wait_for(timeout=RUN_TIMEOUT)
     pg.get_by_role("tab", name="Generation").first.click()
     pg.evaluate(RECORD)
     tokens_box = pg.locator("#generate-max-tokens input[type=number]")
     tokens_box.fill("2")
     tokens_box.press("Enter")
-    making = health(tiny_url)
-    assert making["admitted"] or making["in_flight"], "the page's examples were made before the click: no race"
     pg.locator("#generate-run").click()
     pg.wait_for_function(f"() => window.__texts.some(t => t && t !== {json.dumps(example)})", timeout=RUN_TIMEOUT)
+    assert not slow_examples.is_set(), "the page's examples were made before the generation was written: no race"
+    assert slow_examples.wait(60)
     settled(tiny_url)
     time.sleep(1.5)
     texts = pg.evaluate("window.__texts")
