@@ -14,7 +14,7 @@ import altair as alt
 import numpy as np
 
 from ..results import ComponentsResult
-from .grid import DisplaySettings, finish, finite
+from .grid import DisplaySettings, Rows, finish, finite
 from .tokens import clip, column_labels, show_token
 
 PARTS = {"attention": "#0072b2", "MLP": "#e69f00"}       # blue and orange: apart under every colour vision
@@ -67,7 +67,7 @@ def head_heatmap(result: ComponentsResult, settings: DisplaySettings = DisplaySe
                         title=f"direct effect on {result.what}",
                         legend=alt.Legend(orient="top", direction="horizontal", gradientLength=220, titleLimit=500)))
     text = base.mark_text(fontSize=settings.font_size).encode(text="text:N")
-    chart = alt.layer(rect, text, data=alt.Data(values=rows)).properties(
+    chart = alt.layer(rect, text, data=alt.Data(values=Rows(rows))).properties(
         width=alt.Step(max(28, settings.cell_height + 14)), height=alt.Step(settings.cell_height),
         title=f"Each head's direct effect on {result.what} {_where(result)}")
     return finish(chart, settings, "components-by-head")
@@ -94,7 +94,7 @@ def pattern_row(result: ComponentsResult, settings: DisplaySettings = DisplaySet
     rect = base.mark_rect(stroke="white", strokeWidth=0.5).encode(
         color=alt.Color("weight:Q", scale=alt.Scale(scheme=settings.scheme, domain=[0, 1]), title="attention weight",
                         legend=alt.Legend(orient="top", direction="horizontal", gradientLength=220)))
-    chart = alt.layer(rect, data=alt.Data(values=rows)).properties(
+    chart = alt.layer(rect, data=alt.Data(values=Rows(rows))).properties(
         width=alt.Step(min(settings.cell_width, 40)), height=alt.Step(settings.cell_height),
         title=f"Layer {result.patterns_layer}: where each head looks from {_where(result)}")
     return finish(chart, settings, f"attention-layer-{result.patterns_layer}")
@@ -111,7 +111,7 @@ def pattern_grid(result: ComponentsResult, settings: DisplaySettings = DisplaySe
              "weight": finite(pattern[h, q, k])}
             for h in range(pattern.shape[0]) for q in range(first, P) for k in range(first, q + 1)]
     span = f" (positions {first}-{P - 1} of 0-{P - 1})" if first else ""
-    chart = alt.Chart(alt.Data(values=rows)).mark_rect().encode(
+    chart = alt.Chart(alt.Data(values=Rows(rows))).mark_rect().encode(
         x=alt.X("key:O", title="key position"), y=alt.Y("query:O", title="query position"),
         color=alt.Color("weight:Q", scale=alt.Scale(scheme=settings.scheme, domain=[0, 1]), title="weight"),
         tooltip=["head:N", "query:O", alt.Tooltip("q_token:N", title="query token"), "key:O",

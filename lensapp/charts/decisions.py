@@ -12,7 +12,7 @@ import altair as alt
 from ..results import GenerationResult, LensResult
 from ..results.branching import changed_layers, parting
 from ..results.decided import RULE_TITLES
-from .grid import LENS_TITLES, DisplaySettings, finish, window_of
+from .grid import LENS_TITLES, DisplaySettings, Rows, finish, window_of
 from .tokens import column_labels, show_token
 
 
@@ -57,7 +57,7 @@ def decision_strip(result: LensResult | GenerationResult, rule: str = "top1",
     text = base.mark_text(fontSize=settings.font_size).encode(
         text="text:N", color=alt.condition("datum.ink === 'white'", alt.value("white"), alt.value("black")))
     what = "the token it predicts" if kind == "position" else "the token generated"
-    chart = alt.layer(never, cells, text, data=alt.Data(values=rows)).properties(
+    chart = alt.layer(never, cells, text, data=alt.Data(values=Rows(rows))).properties(
         width=alt.Step(settings.cell_width), height=alt.Step(settings.cell_height),
         title=f"Decided at: the layer from which {what} is {RULE_TITLES[rule]} up to the last layer (– never)")
     return finish(chart, settings, f"decided-{rule}")
@@ -79,7 +79,7 @@ def branch_divergence(a: GenerationResult, b: GenerationResult, lens: str = "log
             rows.append({"column": column, "step": change["step"], "layer": int(layer),
                          "differs": "differs" if layer in change["layers"] else "same top-1"})
     order = list(dict.fromkeys(r["column"] for r in rows))
-    chart = alt.Chart(alt.Data(values=rows)).mark_rect(stroke="white", strokeWidth=0.5).encode(
+    chart = alt.Chart(alt.Data(values=Rows(rows))).mark_rect(stroke="white", strokeWidth=0.5).encode(
         x=alt.X("column:N", sort=order, title="step: this branch's token / the other's",
                 axis=alt.Axis(labelAngle=-40, labelAlign="right", labelLimit=160)),
         y=alt.Y("layer:O", sort="descending", title="layer", axis=alt.Axis(labelFontSize=9)),

@@ -24,6 +24,23 @@ PAD = "\u2063"      # an invisible separator: padding columns' labels (unique by
 LENS_TITLES = titles()      # each declared lens's title (lens_kinds.py), by name
 
 
+class Rows:
+    """A chart's cells as its inline data (`alt.Data(values=Rows(rows))`), handed to Altair by reference. Altair's
+    schema objects deep-copy their inline values at every layer and concatenation and walk them again to write
+    them out: a streamed generation's pair of heatmaps (64 steps x 30 layers) took 0.8-2.8 s of the web process a
+    redraw, most of it copying rows (bench/RESULTS.md, 2026-12-06). The rows are plain JSON already, and Altair
+    writes an object that has a JSON schema type and `to_dict` (its `SchemaLike`) as that method returns it: the
+    chart's JSON is the same."""
+
+    _schema = {"type": "array"}
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def to_dict(self, *args, **kwargs) -> list[dict]:
+        return self.rows
+
+
 @dataclass(frozen=True)
 class DisplaySettings:
     scheme: str = "viridis"              # colour-blind-safe sequential scheme for every metric
@@ -263,7 +280,7 @@ def heatmap(grid: Grid, metric: str, target: int, s: DisplaySettings, title: str
         # White under black: an outline that shows on both ends of the colour scale.
         marks += [base.mark_rect(filled=False, stroke=colour, strokeWidth=width).transform_filter("datum.noted")
                   for colour, width in (("white", 5), ("black", 2.5))]
-    return alt.layer(*marks, data=alt.Data(values=rows)).properties(
+    return alt.layer(*marks, data=alt.Data(values=Rows(rows))).properties(
         width=alt.Step(s.cell_width), height=alt.Step(s.cell_height), title=title)
 
 

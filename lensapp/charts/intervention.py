@@ -7,7 +7,7 @@ import altair as alt
 import numpy as np
 
 from ..results import InterventionResult
-from .grid import LENS_TITLES, METRICS, DisplaySettings, Grid, domain_of, finish, finite, heatmap, window_of
+from .grid import LENS_TITLES, METRICS, DisplaySettings, Grid, Rows, domain_of, finish, finite, heatmap, window_of
 from .lens import curves, target_rows
 from .tokens import clip, column_labels, show_token
 
@@ -54,7 +54,7 @@ def difference(result: InterventionResult, index: int, lens: str = "logit",
                         title=f"change in {what} (after − before)",
                         legend=alt.Legend(orient="top", direction="horizontal", gradientLength=220, titleLimit=500)))
     text = base.mark_text(fontSize=settings.font_size, limit=settings.cell_width - 4).encode(text="top1:N")
-    chart = alt.layer(rect, text, data=alt.Data(values=rows)).properties(
+    chart = alt.layer(rect, text, data=alt.Data(values=Rows(rows))).properties(
         width=alt.Step(settings.cell_width), height=alt.Step(settings.cell_height),
         title=f"{LENS_TITLES[lens]}: the difference {result.labels[index]} makes (* = the top-1 changed)")
     return finish(chart, settings, f"{lens}-difference")
@@ -82,7 +82,7 @@ def dose_response(result: InterventionResult, settings: DisplaySettings = Displa
             for c, v, p, k in table.iloc[1:].itertuples(index=False)]
     before = float(table.iloc[0]["prob"])
     x = alt.X("value:Q", title=swept)
-    line = alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
+    line = alt.Chart(alt.Data(values=Rows(rows))).mark_line(point=True).encode(
         x=x, y=alt.Y("prob:Q", title=f"P({show_token(result.word)}) at the output", scale=alt.Scale(domain=[0, 1])),
         tooltip=["change:N", alt.Tooltip("prob:Q", format=".4f"), "rank:Q"])
     rule = alt.Chart(alt.Data(values=[{"prob": before}])).mark_rule(strokeDash=[4, 4], color="gray").encode(

@@ -23,6 +23,7 @@ from .grid import (
     DisplaySettings,
     Grid,
     Highlight,
+    Rows,
     domain_of,
     finish,
     finite,
@@ -104,7 +105,7 @@ def lens_diff(result: LensResult, settings: DisplaySettings = DisplaySettings(),
                         legend=alt.Legend(orient="top", direction="horizontal", gradientLength=220, titleLimit=600)),
     ).transform_filter("datum.delta !== null")
     text = base.mark_text(fontSize=settings.font_size, limit=settings.cell_width - 4).encode(text="top1:N")
-    chart = alt.layer(agree, differ, text, data=alt.Data(values=rows)).properties(
+    chart = alt.layer(agree, differ, text, data=alt.Data(values=Rows(rows))).properties(
         width=alt.Step(settings.cell_width), height=alt.Step(settings.cell_height),
         title="Where the lenses disagree: the J-lens top-1 is shown; empty grey cells agree"
               + _range(cols, len(result.input_ids)))
@@ -185,8 +186,8 @@ def curves(rows: list[dict], color: str, dash: str, title: str, detail: str | No
     rank = base.mark_line(point=True).encode(
         y=alt.Y("rank:Q", title="rank (1 = top, log)", scale=alt.Scale(type="log", reverse=True)))
     return alt.hconcat(
-        alt.layer(prob, data=alt.Data(values=rows)).properties(width=320, height=200, title=title),
-        alt.layer(rank, data=alt.Data(values=rows)).properties(width=320, height=200,
+        alt.layer(prob, data=alt.Data(values=Rows(rows))).properties(width=320, height=200, title=title),
+        alt.layer(rank, data=alt.Data(values=Rows(rows))).properties(width=320, height=200,
                                                                title="rank of the target's first token"))
 
 
@@ -251,7 +252,7 @@ def _with_overview(chart, grid: Grid, metric: str, target: int, cols: range, s: 
             rows.append({"position": pos, "band": label, "value": finite(mean[pos]),
                          "shown": cols.start <= pos < cols.stop})
     scale = alt.Scale(scheme=s.scheme, domain=list(dom), type="log" if m.log else "linear", reverse=m.log)
-    overview = alt.Chart(alt.Data(values=rows)).mark_rect().encode(
+    overview = alt.Chart(alt.Data(values=Rows(rows))).mark_rect().encode(
         x=alt.X("position:O", title=f"all {n} positions (the window is the bright part; move it with the slider)",
                 axis=alt.Axis(values=list(range(0, n, 25)), labelAngle=0),
                 scale=alt.Scale(domain=list(range(n)))),        # every position, read yet or not (blank)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..lens_kinds import LOGIT
 from ..results import LensResult
-from .grid import METRICS, DisplaySettings, Grid, cell_rows, domain_of, finish, shade, window_of
+from .grid import METRICS, DisplaySettings, Grid, Rows, cell_rows, domain_of, finish, shade, window_of
 from .tokens import column_labels
 
 
@@ -61,7 +61,7 @@ def sublayer_heatmap(result: LensResult, metric: str = "top1_prob", target: int 
     text = base.mark_text(fontSize=settings.font_size, limit=settings.cell_width - 4).encode(
         text="top1:N", color=alt.condition("datum.ink === 'white'", alt.value("white"), alt.value("black")))
     shown = f" (positions {cols.start}-{cols.stop - 1})" if len(cols) < len(result.input_ids) else ""
-    chart = alt.layer(rect, text, data=alt.Data(values=rows)).properties(
+    chart = alt.layer(rect, text, data=alt.Data(values=Rows(rows))).properties(
         width=alt.Step(settings.cell_width), height=alt.Step(settings.cell_height),
         title=f"logit lens inside each layer: L.attn after the attention, L.mlp after the MLP{shown}")
     return finish(chart, settings, "logit-lens-sublayers")

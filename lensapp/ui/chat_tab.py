@@ -27,7 +27,7 @@ from ..service.prompts import recent_turns
 from . import branching
 from .examples import CHAT_EXAMPLES
 from .form import Form, asked
-from .tabs import PRIVATE, REDRAW_SECONDS, how_to, new_seed, on, warn
+from .tabs import PRIVATE, Pace, how_to, new_seed, on, warn
 from .views import TabView
 
 CHAT = TabView("chat", "chat", omits=("messages", "k", "force"))
@@ -112,14 +112,15 @@ def reply_to(view: TabView, service, values: dict) -> Iterator[dict]:
     req = asked(view, service, values, messages=messages)
     if req.seed is None and req.sampled:
         req = replace(req, seed=new_seed())
-    drawn_at, reply = None, None
+    pace, reply = Pace(), None
     for item in KINDS[view.kind].stream(service, req):
         if not isinstance(item, Partial):
             reply = item
-        elif drawn_at is None or time.monotonic() - drawn_at >= REDRAW_SECONDS:
+        elif pace.charts_due():
             # the reply so far, and no branch box: one on a reply still being written would branch the last one
+            started = time.monotonic()
             yield {"message": "", "chatbot": shown + turn(text, item.so_far(), req), **branching.chat_steps(None)}
-            drawn_at = time.monotonic()
+            pace.drawn(started)
     if cut + reply.dropped_turns:
         warn(f"The conversation outgrew what the model reads at once; the {cut + reply.dropped_turns} oldest "
              "messages were left out.")

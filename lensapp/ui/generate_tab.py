@@ -26,7 +26,7 @@ from .examples import generate_examples
 from .first_view import FIRST_CHART, PHONE_LATER
 from .form import Form, asked, single_lenses
 from .kept import Kept, kept_state, recipe
-from .tabs import PRIVATE, REDRAW_SECONDS, Components, TabParts, build_chart, how_to, int_or, new_seed, on
+from .tabs import PRIVATE, Components, Pace, TabParts, build_chart, how_to, int_or, new_seed, on
 from .views import TAB_VIEWS, TabView
 
 HOW_TO = """
@@ -146,19 +146,23 @@ def run_fresh(view: TabView, service, guard, values: dict, request: gr.Request =
 
 def run_streamed(view: TabView, service, guard, values: dict, request: gr.Request = None) -> Iterator[dict]:
     """The page's own Generate (no branches), written as the model writes: the text, the heatmap's columns, the strip
-    and the step table as they come, redrawn at most every REDRAW_SECONDS; the whole page at the end."""
+    and the step table as they come, redrawn as `Pace` affords; the whole page at the end."""
     return guard.ui_stream(request, growing, view, service, {**values, "branches": ""})
 
 
 def growing(view: TabView, service, values: dict) -> Iterator[dict]:
     req = asked_generation(view, service, values)
-    drawn_at = None
+    pace = Pace()
     for item in KINDS[view.kind].stream(service, req):
         if not isinstance(item, Partial):
             yield drawn(view, service, values, req, item)
-        elif drawn_at is None or time.monotonic() - drawn_at >= REDRAW_SECONDS:
+        elif pace.charts_due():
+            started = time.monotonic()
             yield drawn_so_far(req, item.so_far(), values)
-            drawn_at = time.monotonic()         # the time between redraws, not counting the drawing
+            pace.drawn(started)
+        elif pace.text_due():                   # between the charts' redraws, the text alone (it costs nothing)
+            yield {"text": item.text}
+            pace.texted()
 
 
 def drawn_so_far(req, gen, values: dict) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import random
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -26,7 +27,34 @@ PRIVATE = {"api_visibility": "private"}          # UI events are not API endpoin
 # While the model writes (a streamed generation or chat reply), a page is redrawn at most this often, counted
 # between draws: a redraw costs the web process a chart's making and the browser its drawing, so not one per token.
 REDRAW_SECONDS = 0.5
+# ... and its charts no more than this share of the time: a generation's pair of heatmaps took 0.2 s to make alone
+# and 0.7-0.9 s beside the engine on two cores, so redrawn every half second they took half of what the engine had.
+REDRAW_SHARE = 0.25
 Components = dict[str, gr.components.Component]
+
+
+class Pace:
+    """When a page being written is redrawn: its text at most every REDRAW_SECONDS, its charts at most that often
+    and so that their making (timed from the making to the page's next ask: the kept value written, Gradio's
+    sending) takes no more than REDRAW_SHARE of the time."""
+
+    def __init__(self):
+        self.text_at = self.charts_at = 0.0          # monotonic times from which each is due again
+
+    def charts_due(self) -> bool:
+        return time.monotonic() >= self.charts_at
+
+    def text_due(self) -> bool:
+        return time.monotonic() >= self.text_at
+
+    def drawn(self, started: float) -> None:
+        """The charts (and the text) were drawn from `started` until now."""
+        now = time.monotonic()
+        self.charts_at = now + max(REDRAW_SECONDS, (now - started) * (1 / REDRAW_SHARE - 1))
+        self.text_at = now + REDRAW_SECONDS
+
+    def texted(self) -> None:
+        self.text_at = time.monotonic() + REDRAW_SECONDS
 
 
 def plot(chart: alt.TopLevelMixin | None) -> PlotData | None:
