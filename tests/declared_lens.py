@@ -68,8 +68,9 @@ def tab(service) -> dict:
 
     guard = Guard(RateLimiter(0))
     view = views.TAB_VIEWS["generate"]
-    with gr.Blocks(), kept.building(kept.KeptResults(1 << 20)):
+    with gr.Blocks() as page:
         parts = generate_tab.build_generate_tab(service, guard, Downloads(guard), view)
+    kept.keep_in(page, kept.KeptResults(1 << 20))
     values = view.values_of(views.View(tab="generate", prompt=PROMPT, lens=NEGATED.name, max_tokens=1))
     generation = value_of(parts.run(values)["state"])
     return {"choices": [list(c) for c in parts.inputs["lens"].choices],
