@@ -59,7 +59,7 @@ def _serve(args, stopping: Stopping) -> int:
             ui.check_links(plan)
         service = LensService.start(cfg, start_engine=plan is None)
         if plan is not None:          # its words as this model's tokenizer reads them, before the engine starts
-            workshops.check_words(plan, service)
+            ui.check_words(plan, service)
             service.engine.start()
     except ValueError as e:          # a lens, model, setting or link that cannot work: one line each, exit 2
         if service is not None:

@@ -12,8 +12,8 @@
 
 `load(path)` reads and checks it before anything heavy starts: every mistake is one line of the
 `WorkshopError`, and `serve` exits 2 with them. A link's fields are checked later, with the same
-decoder the page uses (`ui/exercises.py`), and the words it asks for once the model's tokenizer is read
-(`check_words`). Settings given by a flag or a variable win over the file's. `auth`'s first login is the
+decoder the page uses, and the words it asks for once the model's tokenizer is read (`ui/exercises.py`:
+`check_links`, `check_words`). Settings given by a flag or a variable win over the file's. `auth`'s first login is the
 host's, the only one that reads /workshop (server.py); a file with a login is never published to a Space
 (space.py refuses it).
 Nothing here stores anything: counting what was run is `service/usage.py`'s.
@@ -184,51 +184,6 @@ def _exercise(i: int, ex, tabs: tuple[str, ...], mistakes: list[str]) -> Exercis
         mistakes.append(f"{where}: its link opens the {exercise.tab!r} tab, which the workshop does not show "
                         f"(tabs: {', '.join(tabs)})")
     return exercise
-
-
-def check_words(workshop: Workshop, service) -> None:
-    """Every exercise opened in the service, as its link opens it (the page's decoder, the service's tokenizer): each
-    word it asks the app to read, resolved after its prompt as the app resolves it (service/prompts.py). A word the
-    app could read only by a first token that is a bare space or line break cannot mean what the exercise says: one
-    line each (WorkshopError). A lens's target is read whole then (results.readout.bare_first), unless it is too
-    long to; a steering or ablation word and a components target or foil are read by their first token alone."""
-    from .service.field import RequestError
-    from .ui import permalinks
-
-    mistakes = []
-    for i, ex in enumerate(workshop.exercises, 1):
-        view = permalinks.decode(ex.query, prompts=service.prompts).view
-        try:
-            for word, why in _unreadable_words(view, service.prompts):
-                mistakes.append(f"exercise {i} ({ex.title}) asks for {word!r}, {why}, which cannot mean {word!r}")
-        except RequestError as e:
-            mistakes.append(f"exercise {i} ({ex.title}): {e}")
-    if mistakes:
-        raise WorkshopError("\n".join(f"workshop file: {m}" for m in mistakes))
-
-
-def _unreadable_words(view, prompts) -> list[tuple[str, str]]:
-    """(word, what the app would read of it) for each word of `view` that the app cannot read as the word."""
-    from .results.readout import bare_first
-    from .service.selection import index
-
-    def bare(words, after) -> list:
-        return [t for t in prompts.words(words, after) if bare_first(prompts.decode.sequence(list(t.token_ids)))]
-
-    first_only = "whose first token is only whitespace"
-    out = []
-    for text in view.prompts if view.tab == "compare" else (view.prompt,):
-        ids = prompts.ids(text, view.chat)
-        if view.tab in ("logit", "jacobian", "compare", "intervene") and view.targets:
-            out += [(t.text, f"{first_only} and too long to read whole ({len(t.token_ids)} tokens)")
-                    for t in bare(view.targets, ids) if len(t.token_ids) > config.MAX_CONTINUATION_TOKENS]
-        if view.tab == "intervene" and view.intervention in ("steer", "ablate"):
-            words = [view.word, view.from_word if view.intervention == "steer" else ""]
-            out += [(t.text, first_only) for t in bare([w for w in words if w.strip()], ids)]
-        if view.tab == "components":
-            after = ids[:index(view.position, len(ids), f"position {view.position} is outside the prompt") + 1]
-            out += [(t.text, first_only) for t in bare([w for w in (view.target, view.foil) if w.strip()], after)]
-    return out
 
 
 def link_query(link: str) -> str | None:

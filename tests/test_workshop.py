@@ -230,17 +230,19 @@ exercises:
 def test_an_exercise_asking_for_a_word_that_cannot_mean_itself_is_one_line_at_start(tmp_path, tiny_service):
     """Opened in the service with the embedded tokenizer: a components target or a steering word read by a bare
     space, and a target too long to read whole, are named; a target read whole and a word are not."""
+    from lensapp import ui
+
     path = tmp_path / "w.yaml"
     path.write_text(ASKS)
     with pytest.raises(workshop.WorkshopError) as e:
-        workshop.check_words(workshop.load(path), tiny_service)
+        ui.check_words(workshop.load(path), tiny_service)
     lines = str(e.value).splitlines()
     assert [line.split(" asks for ")[0] for line in lines] == [
         "workshop file: exercise 2 (Who wrote 19)", "workshop file: exercise 3 (Steer to 20)",
         "workshop file: exercise 4 (A long number)"]
     assert "'19', whose first token is only whitespace, which cannot mean '19'" in lines[0]
     assert "too long to read whole (20 tokens)" in lines[2]
-    workshop.check_words(workshop.load(SHIPPED), tiny_service)          # the shipped file asks only for words
+    ui.check_words(workshop.load(SHIPPED), tiny_service)          # the shipped file asks only for words
 
 
 def test_serve_stops_on_such_an_exercise_before_the_engine_starts(tmp_path, tiny_model_dir, capsys):

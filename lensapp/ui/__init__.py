@@ -25,7 +25,7 @@ from .api import register_api
 from .compare_tab import build_compare_tab
 from .components_tab import build_components_tab
 from .downloads import Downloads
-from .exercises import build_exercise_panel, check_links, question_outputs
+from .exercises import build_exercise_panel, check_links, check_words, question_outputs
 from .form import has_lens
 from .front import FRONT, FrontPage
 from .generate_tab import build_generate_tab
@@ -262,4 +262,4 @@ def _header(service) -> str:
             f"{md_text(info.backend)} ({info.dtype}) · {lens}")
 
 
-__all__ = ["CSS", "HEAD", "UI", "LinkPrefetch", "build_app", "build_ui", "check_links", "sessions"]
+__all__ = ["CSS", "HEAD", "UI", "LinkPrefetch", "build_app", "build_ui", "check_links", "check_words", "sessions"]
