@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 from conftest import _page
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from tiny_app import served
 
 from lensapp import config
@@ -47,8 +48,16 @@ def chat(page, message: str, replies: int) -> None:
                            timeout=RUN_TIMEOUT)
 
 
-def page_recipes(page) -> str:
-    """What the page's kept states hold (their handles and recipes), as their hidden components' text."""
+def page_recipes(page, *awaited: str) -> str:
+    """What the page's kept states hold (their handles and recipes), as their hidden components' text, once it
+    names each of `awaited` or RUN_TIMEOUT has passed: a streamed reply shows its readouts before its last step
+    writes the recipe."""
+    try:
+        page.wait_for_function("texts => { const kept = [...document.querySelectorAll('.kept-state')]"
+                               ".map(e => e.textContent).join(' '); return texts.every(t => kept.includes(t)); }",
+                               arg=list(awaited), timeout=RUN_TIMEOUT)
+    except PlaywrightTimeout:           # the caller's assert says what is missing
+        pass
     return " ".join(page.locator(".kept-state").all_text_contents())
 
 
@@ -83,7 +92,7 @@ def test_a_heavy_link_and_dropped_sessions_take_nothing_a_page_kept(browser, tin
     assert kept_stats(url)["handles"] == 0
 
     chat(reader, "What is my name?", 2)                               # the conversation came from the page
-    recipes = page_recipes(reader)
+    recipes = page_recipes(reader, "My name is Ada.", "What is my name?")
     assert "My name is Ada." in recipes and "What is my name?" in recipes
     reader.get_by_role("tab", name="Logit lens").first.click()
     assert download_rows(reader) == rows                              # its result, made again from its recipe
