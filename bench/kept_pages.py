@@ -45,8 +45,9 @@ def chat(page, message: str, replies: int) -> None:
     box = page.locator("#chat-message textarea")
     box.fill(message)
     box.press("Enter")
-    page.wait_for_function(f"document.querySelectorAll('#chat .lens-readout').length >= {replies}",
-                           timeout=RUN_TIMEOUT)
+    page.wait_for_function(f"document.querySelectorAll('#chat .lens-readout').length >= {replies}"
+                           " && document.querySelector('#chat-message [data-testid=submit-button]')",
+                           timeout=RUN_TIMEOUT)       # the reply written whole: Send is back in place of Stop
 
 
 def rows(page) -> list[str]:

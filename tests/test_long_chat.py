@@ -89,3 +89,18 @@ def test_the_page_says_which_token_a_word_put(app, tiny_service, monkeypatch):
     assert branch.forced == [(0, want[0])] and tok.convert_ids_to_tokens(want) == ["Ġpatience"]
     assert said == [f"Put ␣patience (#{want[0]}) at step 0."]
     assert branching.branch_label(gen, branch, 0).endswith(f"→ ␣patience (#{want[0]})")
+
+
+def test_the_message_box_says_stop_while_the_reply_is_written_and_is_emptied_by_its_first_step(app, tiny_service,
+                                                                                              monkeypatch):
+    """What one types while a reply is written stays in the box (one step empties it, the first), and the box's
+    button is Stop until the reply ends (a message sent meanwhile would be dropped: one submit runs at a time)."""
+    values = {**chat_tab.CHAT.initial(), "lens": "logit", "layer": None, "max_tokens": 6, "chatbot": [],
+              "message": "Tell me a story."}
+    steps = list(chat_tab.send_streamed(chat_tab.CHAT, tiny_service, app.guard, values))
+    boxes = [step["message"].constructor_args for step in steps if "message" in step]
+    assert len(steps) >= 2 and len(boxes) == 2, [sorted(step) for step in steps]
+    assert boxes == [{"value": "", **chat_tab.WRITING}, chat_tab.READY]
+    monkeypatch.setattr(chat_tab.Pace, "charts_due", lambda self: False)      # a reply drawn only whole ...
+    (whole,) = chat_tab.send_streamed(chat_tab.CHAT, tiny_service, app.guard, values)
+    assert whole["message"].constructor_args == {"value": "", **chat_tab.READY}    # ... empties the box too

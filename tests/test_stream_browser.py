@@ -143,10 +143,13 @@ def test_a_chat_reply_and_its_readout_grow_as_the_model_writes(browser, tiny_url
     pg.get_by_role("tab", name="Generation").first.click()
     pg.get_by_role("tab", name="Chat").first.click()
     pg.evaluate("""() => {
-      window.__cells = [];
+      window.__cells = []; window.__buttons = [];
       setInterval(() => {
         const n = document.querySelectorAll('#chat .lens-readout .lens-tok').length, c = window.__cells;
         if (!c.length || c[c.length - 1] !== n) c.push(n);
+        const b = [...document.querySelectorAll('#chat-message button')].map(e => e.dataset.testid).join(),
+              s = window.__buttons;
+        if (!s.length || s[s.length - 1] !== b) s.push(b);
       }, 20);
     }""")
     box = pg.locator("#chat-message textarea")
@@ -160,6 +163,8 @@ def test_a_chat_reply_and_its_readout_grow_as_the_model_writes(browser, tiny_url
     cells = pg.evaluate("window.__cells")
     assert len([n for n in cells if n]) >= 3 and cells == sorted(cells), cells     # the readout line grew
     assert pg.locator("#chat .lens-readout").count() == 1
+    # the box's button: Send, Stop while the reply is written, Send again
+    assert pg.evaluate("window.__buttons") == ["submit-button", "stop-button", "submit-button"]
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ server forgets can make the model answer without the context the visitor sees.""
 from __future__ import annotations
 
 import html
+import operator
 import time
-from collections import deque
 from dataclasses import replace
-from functools import partial
+from functools import partial, reduce
 from typing import Iterator
 
 import gradio as gr
@@ -42,6 +42,10 @@ seed makes a reply reproducible.
 """
 
 
+# The message box's buttons: Send at rest, Stop while a reply is written.
+READY, WRITING = {"submit_btn": True, "stop_btn": False}, {"submit_btn": False, "stop_btn": True}
+
+
 def build_chat(service, guard, view: TabView = CHAT) -> dict:
     """The chat's layout and events (inside the Generation tab); its components by name."""
     has_j = service.jlens is not None
@@ -61,14 +65,19 @@ def build_chat(service, guard, view: TabView = CHAT) -> dict:
                                                "appear under each reply.")}
     with gr.Row():
         parts["message"] = gr.Textbox(placeholder="Message", show_label=False, scale=5, elem_id="chat-message",
-                                      submit_btn=True, stop_btn=True)
+                                      submit_btn=True, stop_btn=False)
         clear = gr.Button("Clear", scale=1)
     gr.Examples([[m] for m in CHAT_EXAMPLES], inputs=[parts["message"]], label="Try", api_visibility="private")
     parts.update(branching.build_chat_branch())
-    # the reply is written as the model writes it; the stop button ends it there, keeping what was written
+    # the reply is written as the model writes it; the stop button ends it there, keeping what was written. While
+    # a reply is written its box shows Stop in place of Send (a message sent then would be dropped: Gradio runs one
+    # submit at a time); the reply's first step empties the box, so what one types meanwhile stays. Send is back
+    # when the reply ends, is stopped or fails
     sent = on(parts["message"].submit, partial(send_streamed, view, service, guard), parts,
               [*form.inputs, "message", "chatbot"], ["message", "chatbot", *branching.CHAT_UPDATED], stream=True)
-    parts["message"].stop(None, None, None, cancels=[sent], queue=False, **PRIVATE)
+    sent.then(lambda: gr.Textbox(**READY), None, parts["message"], queue=False, **PRIVATE)
+    parts["message"].stop(lambda: gr.Textbox(**READY), None, parts["message"], cancels=[sent], queue=False,
+                          **PRIVATE)
     on(parts["lens"].input, partial(layers_for, service), parts, ["lens"], ["layer"])
     on(clear.click, forget, parts, [], ["chatbot", *branching.CHAT_UPDATED])
     _wire_branch(service, guard, parts)
@@ -89,7 +98,7 @@ def _wire_branch(service, guard, parts: dict) -> None:
 def send(view: TabView, service, guard, values: dict, request: gr.Request = None) -> dict:
     """The model's reply to the message, with its readout (a blank message: nothing), through the guard: the page
     as `send_streamed` leaves it."""
-    return deque(send_streamed(view, service, guard, values, request), maxlen=1)[0]
+    return reduce(operator.or_, send_streamed(view, service, guard, values, request), {})
 
 
 def send_streamed(view: TabView, service, guard, values: dict, request: gr.Request = None) -> Iterator[dict]:
@@ -112,19 +121,22 @@ def reply_to(view: TabView, service, values: dict) -> Iterator[dict]:
     req = asked(view, service, values, messages=messages)
     if req.seed is None and req.sampled:
         req = replace(req, seed=new_seed())
-    pace, reply = Pace(), None
+    pace, reply, emptied = Pace(), None, False               # the box is emptied once, by the first step
     for item in KINDS[view.kind].stream(service, req):
         if not isinstance(item, Partial):
             reply = item
         elif pace.charts_due():
             # the reply so far, and no branch box: one on a reply still being written would branch the last one
             started = time.monotonic()
-            yield {"message": "", "chatbot": shown + turn(text, item.so_far(), req), **branching.chat_steps(None)}
+            box = {} if emptied else {"message": gr.Textbox("", **WRITING)}
+            yield {**box, "chatbot": shown + turn(text, item.so_far(), req), **branching.chat_steps(None)}
             pace.drawn(started)
+            emptied = True
     if cut + reply.dropped_turns:
         warn(f"The conversation outgrew what the model reads at once; the {cut + reply.dropped_turns} oldest "
              "messages were left out.")
-    yield {"message": "", "chatbot": shown + turn(text, reply, req), **branching.chat_steps((req, reply))}
+    box = gr.Textbox(**READY) if emptied else gr.Textbox("", **READY)
+    yield {"message": box, "chatbot": shown + turn(text, reply, req), **branching.chat_steps((req, reply))}
 
 
 def turn(text: str, reply, req) -> list[dict]:
