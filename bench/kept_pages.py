@@ -58,6 +58,7 @@ def rows(page) -> list[str]:
 
 def open_page(browser, url: str, i: int) -> dict:
     page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page.set_default_timeout(RUN_TIMEOUT)       # thirty pages in one browser on two cores: a click waits long
     page.goto(url + "?" + urllib.parse.urlencode({"v": 2, "tab": "logit", "prompt": prompt(i, 8)}))
     page.wait_for_selector("#logit-heatmap svg.marks", timeout=RUN_TIMEOUT)
     before = rows(page)
