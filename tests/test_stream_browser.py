@@ -169,22 +169,23 @@ def test_a_chat_reply_and_its_readout_grow_as_the_model_writes(browser, tiny_url
 
 @pytest.fixture
 def slow_examples(monkeypatch):
-    """The front page's other examples take 3 s more to make (a second visit finds them in the answer memo at once):
-    the event is set once they are made."""
+    """The front page's other examples wait to be made until the test lets them (`release`; a second visit would
+    find them in the answer memo at once): `made` is set once they are."""
     import threading
 
     from lensapp.ui import landing
 
-    made, make = threading.Event(), landing.other_examples
+    release, made, make = threading.Event(), threading.Event(), landing.other_examples
+    release.set()
 
     def slow(*args, **kwargs):
-        time.sleep(3)
+        release.wait(120)
         try:
             return make(*args, **kwargs)
         finally:
             made.set()
     monkeypatch.setattr(landing, "other_examples", slow)
-    return made
+    return release, made
 
 
 def test_a_generation_asked_while_the_page_draws_its_examples_is_not_written_over(browser, tiny_url, slow_examples):
@@ -197,7 +198,9 @@ def test_a_generation_asked_while_the_page_draws_its_examples_is_not_written_ove
     pg.wait_for_function("() => document.querySelector('#generate-text textarea')?.value", timeout=RUN_TIMEOUT)
     example = pg.locator("#generate-text textarea").input_value()    # the tab's example, as every visit draws it
 
-    slow_examples.clear()
+    release, made = slow_examples
+    release.clear()
+    made.clear()
     pg = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
     pg.goto(tiny_url)
     pg.get_by_role("tab", name="Generation").first.click()
@@ -207,8 +210,9 @@ def test_a_generation_asked_while_the_page_draws_its_examples_is_not_written_ove
     tokens_box.press("Enter")
     pg.locator("#generate-run").click()
     pg.wait_for_function(f"() => window.__texts.some(t => t && t !== {json.dumps(example)})", timeout=RUN_TIMEOUT)
-    assert not slow_examples.is_set(), "the page's examples were made before the generation was written: no race"
-    assert slow_examples.wait(60)
+    assert not made.is_set(), "the page's examples were made before the generation was written: no race"
+    release.set()                                                     # now they are made, after the generation
+    assert made.wait(60)
     settled(tiny_url)
     time.sleep(1.5)
     texts = pg.evaluate("window.__texts")
