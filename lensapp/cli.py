@@ -103,6 +103,14 @@ def add_request_arguments(parser: argparse.ArgumentParser, request: type) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .engine_service import OLD_KEY_FLAG
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        config.refuse_secret_flags(argv, aliases=(OLD_KEY_FLAG,))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     args = build_parser().parse_args(argv)
     config.prepare_process_environment()         # before nnsight is imported, for every command
     if args.command == "serve":

@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import itertools
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -262,6 +263,23 @@ def add_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] | None
             parser.add_argument(flag, type=kind, default=None, choices=list(f.metadata["choices"]) or None, help=help)
 
 
+def refuse_secret_flags(argv: list[str], aliases: tuple[tuple[str, str], ...] = ()) -> None:
+    """Refuse a secret's flag (`--engine-key`, or an `aliases` flag naming a setting) before argparse reads argv:
+    a key that starts with '-' (1 in 64 of secrets.token_urlsafe's) is not a value to argparse, which would say
+    "expected one argument" and not why. from_args refuses the same flags again once they are parsed."""
+    flags = {f"--{f.name.replace('_', '-')}": f.name for f in SETTING_FIELDS if not f.metadata["argv"]}
+    flags.update(aliases)
+    for arg in itertools.takewhile(lambda a: a != "--", argv):
+        if (name := flags.get(arg.split("=", 1)[0])) is not None:
+            raise _not_on_command_line(name)
+
+
+def _not_on_command_line(name: str) -> ConfigError:
+    return ConfigError(f"the {name.replace('_', ' ')} is not taken on the command line, where `ps` shows it to "
+                       f"everyone on this machine: set {env_name(name)}, or put it in a file named by "
+                       f"--{name.replace('_', '-')}-file")
+
+
 def from_args(args: argparse.Namespace | None = None, environ: dict | None = None) -> Config:
     """Build the one Config: flags, then LENSAPP_* variables, then defaults."""
     env = os.environ if environ is None else environ
@@ -269,9 +287,7 @@ def from_args(args: argparse.Namespace | None = None, environ: dict | None = Non
     for f in SETTING_FIELDS:
         flag = getattr(args, f.name, None) if args is not None else None
         if flag is not None and not f.metadata["argv"]:
-            raise ConfigError(f"the {f.name.replace('_', ' ')} is not taken on the command line, where `ps` shows it "
-                              f"to everyone on this machine: set {env_name(f.name)}, or put it in a file named by "
-                              f"--{f.name.replace('_', '-')}-file")
+            raise _not_on_command_line(f.name)
         if flag is not None:
             values[f.name] = flag
             continue
@@ -314,5 +330,5 @@ def prepare_process_environment() -> None:
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "EMBEDDED", "Config", "ConfigError", "EngineSettings", "LimitSettings",
            "RemoteEngineSettings", "Secrets", "SteeringFitSettings", "WebSettings", "WorkshopSettings",
-           "add_arguments", "check_engine_key", "env_name", "from_args", "prepare_process_environment", "replace",
-           "value_of"]
+           "add_arguments", "check_engine_key", "env_name", "from_args", "prepare_process_environment",
+           "refuse_secret_flags", "replace", "value_of"]

@@ -55,11 +55,14 @@ ENGINE_FLAGS = checked_names(*(n for n in config.ENGINE_SETTINGS if n not in ("e
                                                                               "backend")), "max_batch", "host", "port")
 
 
+OLD_KEY_FLAG = ("--key", "engine_key")
+
+
 def add_engine_arguments(parser) -> None:
     """`lensapp engine`'s flags: the engine's settings, where to listen, and the key's file."""
     config.add_arguments(parser, ENGINE_FLAGS)
     # This command's old flag for the key: taken, to be refused in one line (config.from_args), never used.
-    parser.add_argument("--key", dest="engine_key", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(OLD_KEY_FLAG[0], dest="engine_key", default=None, help=argparse.SUPPRESS)
     parser.set_defaults(port=DEFAULT_PORT)
 
 
