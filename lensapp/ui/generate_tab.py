@@ -66,10 +66,12 @@ def build_generate_tab(service, guard, downloads: Downloads, view: TabView = TAB
     run_fn = partial(run, view, service, guard)
     written = [name for name in outputs if name != "rule"]
     reseed.click(new_seed, None, form.inputs["seed"], queue=False, **PRIVATE)
-    # the page's own Generate writes as the model writes; Stop ends it there, keeping what was written
+    # the page's own Generate writes as the model writes; Stop ends it there, keeping what was written. Its
+    # progress is the text growing and a timer: Gradio's full progress animates a spinner over every output for
+    # the whole generation, which kept a headless Chromium at 45-60% of the app's two cores (bench/RESULTS.md).
+    triggers = ([run_button.click, form.inputs["prompt"].submit], examples.load_input_event.then)
     runs = [on(trigger, partial(run_streamed, view, service, guard), parts, [*form.inputs, "rule"], written,
-               stream=True) for trigger in ([run_button.click, form.inputs["prompt"].submit],
-                                            examples.load_input_event.then)]
+               stream=True, show_progress="minimal") for trigger in triggers]
     stop_button.click(None, None, None, cancels=runs, queue=False, **PRIVATE)
     on([parts["step"].input, parts["table_lens"].input], partial(pick_step, guard), parts,
        ["state", "step", "table_lens"], ["table"])
@@ -152,14 +154,15 @@ def run_streamed(view: TabView, service, guard, values: dict, request: gr.Reques
 
 def growing(view: TabView, service, values: dict) -> Iterator[dict]:
     req = asked_generation(view, service, values)
-    pace = Pace()
+    pace = Pace(text_first=True)
     for item in KINDS[view.kind].stream(service, req):
         if not isinstance(item, Partial):
             yield drawn(view, service, values, req, item)
         elif pace.charts_due():
             started = time.monotonic()
-            yield drawn_so_far(req, item.so_far(), values)
-            pace.drawn(started)
+            page = drawn_so_far(req, item.so_far(), values)
+            yield page
+            pace.drawn(started, len(getattr(page["heatmap"], "plot", "")))
         elif pace.text_due():                   # between the charts' redraws, the text alone (it costs nothing)
             yield {"text": item.text}
             pace.texted()

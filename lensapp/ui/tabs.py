@@ -10,6 +10,7 @@ another, and a test calls a handler as the page does.
 from __future__ import annotations
 
 import html
+import math
 import random
 import re
 import time
@@ -30,16 +31,24 @@ REDRAW_SECONDS = 0.5
 # ... and its charts no more than this share of the time: a generation's pair of heatmaps took 0.2 s to make alone
 # and 0.7-0.9 s beside the engine on two cores, so redrawn every half second they took half of what the engine had.
 REDRAW_SHARE = 0.25
+# ... counting the browser's drawing too, which the server does not see: Chromium drew a 64-step generation's pair
+# of heatmaps (1.2 MB of chart JSON, ~7,700 SVG marks) in 0.6-0.7 s on the app's two cores (bench/stream.py), and
+# a phone is no faster.
+DRAWN_BYTES_PER_SECOND = 2_000_000
 Components = dict[str, gr.components.Component]
 
 
 class Pace:
     """When a page being written is redrawn: its text at most every REDRAW_SECONDS, its charts at most that often
     and so that their making (timed from the making to the page's next ask: the kept value written, Gradio's
-    sending) takes no more than REDRAW_SHARE of the time."""
+    sending) and the browser's drawing of them (estimated from their bytes) take no more than REDRAW_SHARE of the
+    time."""
 
-    def __init__(self):
-        self.text_at = self.charts_at = 0.0          # monotonic times from which each is due again
+    def __init__(self, text_first: bool = False):
+        # monotonic times from which each is due again. `text_first`: the first step's text goes out alone (a
+        # token's worth of bytes, on the page at once) and the charts wait their turn after it, as after a redraw.
+        self.text_at = 0.0
+        self.charts_at = math.inf if text_first else 0.0
 
     def charts_due(self) -> bool:
         return time.monotonic() >= self.charts_at
@@ -47,14 +56,16 @@ class Pace:
     def text_due(self) -> bool:
         return time.monotonic() >= self.text_at
 
-    def drawn(self, started: float) -> None:
-        """The charts (and the text) were drawn from `started` until now."""
+    def drawn(self, started: float, sent_bytes: int = 0) -> None:
+        """The charts (and the text) were made from `started` until now, `sent_bytes` of charts for the browser."""
         now = time.monotonic()
-        self.charts_at = now + max(REDRAW_SECONDS, (now - started) * (1 / REDRAW_SHARE - 1))
+        cost = now - started + sent_bytes / DRAWN_BYTES_PER_SECOND
+        self.charts_at = now + max(REDRAW_SECONDS, cost * (1 / REDRAW_SHARE - 1))
         self.text_at = now + REDRAW_SECONDS
 
     def texted(self) -> None:
         self.text_at = time.monotonic() + REDRAW_SECONDS
+        self.charts_at = min(self.charts_at, self.text_at)
 
 
 def plot(chart: alt.TopLevelMixin | None) -> PlotData | None:
