@@ -8,7 +8,7 @@ opened on its last columns, and on a phone the picture before the form's setting
   (a phone's 390 px, or a long prompt's window) opens scrolled so that the first heatmap's last column is in
   view (`SCROLL_TO_LAST_COLUMN`): the side-by-side pair shows the Jacobian lens's, the logit lens a swipe on.
 - On a narrow screen a tab's settings and examples (`PHONE_LATER`) come after its first chart (`FIRST_CHART`),
-  so the picture starts within the first screen and a half (tests/test_phone_view.py).
+  so the picture starts within the first screen and a half (tests/test_first_view.py).
 """
 
 from __future__ import annotations
