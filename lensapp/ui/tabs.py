@@ -65,7 +65,8 @@ class Pace:
 
     def texted(self) -> None:
         self.text_at = time.monotonic() + REDRAW_SECONDS
-        self.charts_at = min(self.charts_at, self.text_at)
+        if self.charts_at == math.inf:          # the first text went out alone: the charts' turn comes after it
+            self.charts_at = self.text_at
 
 
 def plot(chart: alt.TopLevelMixin | None) -> PlotData | None:
