@@ -90,18 +90,21 @@ def test_the_page_draws_a_long_prompts_window_first_then_reads_it_whole(tiny_ser
     assert not first["window"].visible and not any(b.visible for b in _downloads(first))
     assert [c[1] for c in first["position"].choices] == list(range(n - 48, n))
     assert "Reading the rest" in first["summary"]
-    rest = lens_tab.complete(tab, tiny_service, guard, {**VALUES, "state": brief})
+    assert lens_tab.complete(tab, tiny_service, guard, {**VALUES, "unread": None}) == {}          # no mark: nothing
+    rest = lens_tab.complete(tab, tiny_service, guard, {**VALUES, "unread": first["unread"]})
     whole = value_of(rest["state"])
     assert whole.read_from == 0 and rest["window"].visible and all(b.visible for b in _downloads(rest))
     assert len(rest["position"].choices) == n and "Reading the rest" not in rest["summary"]
     # The same picture: the window's cells as the table a screen reader reads, the top-k table, the strip.
     assert first["grid_table"] == rest["grid_table"] and first["table"].equals(rest["table"])
-    assert lens_tab.complete(tab, tiny_service, guard, {**VALUES, "state": whole}) == {}      # whole: nothing
-    one_a_minute = Guard(RateLimiter(1, burst=1))                 # and not a request of the visitor's rate either
+    assert "unread" not in rest and "unread" not in lens_tab.readout(tab, tiny_service, {**VALUES, "prompt": "Hi"})
+    again = lens_tab.readout(tab, tiny_service, {**VALUES, "k": 4})        # another first look of the same prompt
+    assert again["unread"] != first["unread"]                               # marks it anew: its change is sent
+    one_a_minute = Guard(RateLimiter(1, burst=1))                 # no mark: not a request of the visitor's rate
     visitor = SimpleNamespace(client=SimpleNamespace(host="203.0.113.9"), headers={})
-    for _ in range(3):
-        assert lens_tab.complete(tab, tiny_service, one_a_minute, {**VALUES, "state": whole}, request=visitor) == {}
-    edited = {**VALUES, "prompt": LONG + "more", "state": brief}
+    for mark in (None, "", "not a mark", "[1]", '{"prompt": 3}'):            # what a hand-made request may send
+        assert lens_tab.complete(tab, tiny_service, one_a_minute, {**VALUES, "unread": mark}, request=visitor) == {}
+    edited = {**VALUES, "prompt": LONG + "more", "unread": first["unread"]}
     assert lens_tab.complete(tab, tiny_service, guard, edited) == {}                           # edited since
 
 
@@ -136,7 +139,7 @@ def test_a_first_look_takes_the_whole_readout_once_it_is_done(tiny_service, monk
 
 
 def test_a_new_run_cancels_the_whole_readout_in_flight(tiny_service):
-    """The whole-readout step is wired to every state change and cancelled by each way of running the tab anew."""
+    """The whole-readout step is wired to a first look's mark and cancelled by each way of running the tab anew."""
     from lensapp import config, ui
 
     built = ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings())
@@ -147,3 +150,19 @@ def test_a_new_run_cancels_the_whole_readout_in_flight(tiny_service):
     cancelling = [f for f in fns.values() if f.is_cancel_function and set(f.cancels or []) & completing]
     runs = {tuple(f.targets) for f in fns.values() if f.name == "run"}
     assert len(cancelling) == 2 * 2 and {tuple(f.targets) for f in cancelling} <= runs   # Run or Enter; an example
+
+
+def test_no_event_a_kept_states_change_starts_writes_that_state(tiny_service):
+    """Gradio's JSON sends a change again after an event its change started answers it: the heavy link's page sent
+    complete and show_code every ~0.6 s while it stayed open (tests/test_ui_browser.py measures a page's quiet)."""
+    from lensapp import config, ui
+    from lensapp.ui import kept
+
+    demo = ui.build_ui(tiny_service, config.WebSettings(), config.LimitSettings()).demo
+    watched = 0
+    for f in demo.fns.values():
+        started_by = {demo.blocks[i] for i, event in f.targets if event == "change" and i in demo.blocks}
+        for state in (s for s in started_by if kept.is_kept(s)):
+            watched += 1
+            assert state not in f.outputs, f"{f.name} writes the kept state whose change starts it"
+    assert watched >= 3                                  # show_code on the lens tabs and the components tab at least

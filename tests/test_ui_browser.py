@@ -10,7 +10,9 @@ Screenshots of each tab land in artifacts/screenshots/ (git-ignored).
 from __future__ import annotations
 
 import csv
+import random
 import re
+import urllib.parse
 
 import pytest
 from conftest import APP_LOG, J_LAYERS, REPO
@@ -351,6 +353,25 @@ def test_a_long_prompt_shows_a_window_and_the_code(page, app_url, embedded_dir):
     page.wait_for_function("() => document.querySelector('#logit-code')?.innerText.includes('TransformersModel')",
                            timeout=30_000)
     shot(page, "long-prompt")
+    assert not page.errors
+
+
+
+def test_a_heavy_links_page_is_quiet_once_it_is_read_whole(page, app_url):
+    """A long link's first look is its window, then the rest (`lens_tab.complete`); after that the page sends
+    nothing. On a 290-word link at k 100 over every layer its complete and show_code once fired every ~0.6 s for as
+    long as it stayed open (8 loads in 9): complete was started by a change of the state it writes, and Gradio's
+    JSON sent that change again after its answers."""
+    words = random.Random(7).choices(["harbour", "stone", "window", "river", "school", "morning", "city"], k=290)
+    joins = []
+    page.on("request", lambda r: joins.append(r.url) if "/queue/join" in r.url else None)
+    open_app(page, app_url, urllib.parse.urlencode({"v": 2, "tab": "logit", "prompt": "He wrote: " + " ".join(words),
+                                                    "layers": "all", "k": 100}))
+    page.wait_for_selector("#logit-window", state="visible", timeout=180_000)    # the slider: read whole
+    page.wait_for_timeout(3_000)                                     # its code and the landing's last steps
+    settled = len(joins)
+    page.wait_for_timeout(5_000)
+    assert len(joins) == settled, joins[settled:]
     assert not page.errors
 
 

@@ -11,6 +11,8 @@ short nnsight script, in the form the visitor picks: below) and, on the Jacobian
 
 from __future__ import annotations
 
+import json
+import uuid
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -168,9 +170,12 @@ def build_lens_tab(tab: LensTab, service, guard, downloads: Downloads, note: gr.
     parts = {**form.inputs, **outputs, **more, **reads}
     run_fn = partial(run, tab, service, guard)
     # A long prompt's first look is its drawn window (`readout`); the rest follows, without a veil over the picture,
-    # and a new Run cancels it (else the old prompt's whole readout could land over the new one's first look).
-    completing = on(parts["state"].change, partial(complete, tab, service, guard), parts,
-                    ["state", *form.inputs, *reads], outputs, show_progress="hidden")
+    # and a new Run cancels it (else the old prompt's whole readout could land over the new one's first look). Its
+    # trigger is the first look's own mark, not the state it writes: Gradio's JSON sends a change again after an
+    # event that its change started answers it, and a heavy link's page sent complete and show_code every ~0.6 s.
+    completing = on(parts["unread"].change, partial(complete, tab, service, guard), parts,
+                    ["unread", *form.inputs, *reads], [name for name in outputs if name != "unread"],
+                    show_progress="hidden")
     for trigger in ([run_button.click, form.inputs["prompt"].submit], examples.load_input_event.then):
         on(trigger, run_fn, parts, [*form.inputs, *reads], outputs, cancels=[completing])
     on(parts["position"].input, partial(pick_position, tab, guard), parts, ["state", "position"], ["table", "curves"])
@@ -230,6 +235,9 @@ def _outputs(tab: LensTab, downloads: Downloads) -> Components:
                                 wrap=True, elem_id=f"{tab.name}-table")
     out["curves"] = gr.Plot(visible=False, elem_classes=["lens-plot"], show_label=False, elem_id=f"{tab.name}-curves")
     out["state"] = kept_state()
+    # A first look's mark, new for each: its change reads the rest (`complete`); hidden, not unrendered (an
+    # unrendered component sends no change).
+    out["unread"] = gr.Textbox(visible="hidden", show_label=False, elem_classes=["unread"])
     out.update(downloads.buttons(f"{tab.name}-lens", out["state"]))
     return out
 
@@ -277,6 +285,7 @@ def readout(tab: LensTab, service, values: dict, first_look: bool = True) -> dic
         **(Downloads.shown() if whole else Downloads.hidden()),
         "grid_table": grid_tables(result, tab.shown, cols.start),
         "rule": gr.Radio(value="top1"), **strip_of(result, "top1", cols.start),
+        **({} if whole else {"unread": first_look_mark(req)}),
     }
 
 
@@ -293,19 +302,35 @@ def first_read(service, req, start: int | None) -> int:
 
 
 def complete(tab: LensTab, service, guard, values: dict, request: gr.Request = None) -> dict:
-    """After a first look (a result with `read_from`), the whole readout of the same request, not counted twice
-    in a workshop's usage; nothing for a whole result (not even a request of the visitor's rate: every state
-    change calls this), or when the prompt was edited since (its Run reads it)."""
-    result = values["state"]
-    if result is None or not result.read_from:
+    """After a first look (its mark `unread`, `first_look_mark`, calls this), the whole readout of the same
+    request, not counted twice in a workshop's usage; nothing when the prompt was edited since (its Run reads it).
+    It reads the mark, not the state: a change event sends the page's values as they are when it fires, and the
+    state written in the same answer as the mark was now and then not there yet."""
+    looked_at = _looked_at(values["unread"])
+    if looked_at is None:
         return {}
 
     def whole():
-        if lens_request(tab, service, values)[0].prompts[0] != result.prompt:
+        if lens_request(tab, service, values)[0].prompts[0] != looked_at:
             return {}
         with asking(counted=False):
             return readout(tab, service, values, first_look=False)
     return guard.ui(request, whole)
+
+
+def first_look_mark(req) -> str:
+    """The mark a first look of `req` leaves for `complete`: what it read, and new for each first look (a change
+    of the same text sends no event)."""
+    return json.dumps({"prompt": req.prompts[0], "look": uuid.uuid4().hex})
+
+
+def _looked_at(mark) -> str | None:
+    """The prompt a first look's mark names (None: no mark, or not one: a page sends what it is sent)."""
+    try:
+        prompt = json.loads(mark).get("prompt") if mark else None
+    except (ValueError, AttributeError):
+        return None
+    return prompt if isinstance(prompt, str) else None
 
 
 def draw(tab: LensTab, result, metric: str, first, note=None, chat=False) -> tuple:
