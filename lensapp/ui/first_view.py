@@ -29,25 +29,38 @@ CSS = f"""
 
 # Once per drawing (Vega replaces the SVG when a chart is drawn again): the box scrolled so that the rightmost cell
 # over positions (or a generation's steps) of the first chart from the left is in view. Cells are Vega's rect marks;
-# their aria-label lists their tooltip's fields, and only cells over positions or steps name one.
+# their aria-label lists their tooltip's fields, and only cells over positions or steps name one; a mark's cells are
+# measured together, as their group (one box, not one per cell: 1,920 in a generation's heatmap). Looked for once a
+# frame, not at each change of the page, and each drawing measured once: a box's width read at every change made
+# the browser lay the page out again at each of a generation's steps (0.33 s of its main thread in a 64-token one).
 SCROLL_TO_LAST_COLUMN = """<script>
 (() => {
   const overColumns = /(^|; )(position|step): /;
+  const cell = "path[aria-roledescription='rect mark']";
   function toLastColumn(box) {
     const svg = box.querySelector("svg.marks");
-    if (!svg || svg.dataset.lensScrolled || box.scrollWidth <= box.clientWidth + 1) { return; }
+    // not drawn yet, or in a tab not shown: looked at again at a later change
+    if (!svg || svg.dataset.lensSeen || !svg.querySelector(cell) || !box.clientWidth) { return; }
+    svg.dataset.lensSeen = "1";
+    if (box.scrollWidth <= box.clientWidth + 1) { return; }
     const first = svg.querySelector("g.concat_0_group"), second = svg.querySelector("g.concat_1_group");
     const sideBySide = first && second &&
       second.getBoundingClientRect().left >= first.getBoundingClientRect().right - 1;
-    const cells = [...(sideBySide ? first : svg).querySelectorAll("path[aria-roledescription='rect mark']")]
-      .filter((cell) => overColumns.test(cell.getAttribute("aria-label") || ""));
-    if (!cells.length) { return; }
-    svg.dataset.lensScrolled = "1";
-    const right = Math.max(...cells.map((cell) => cell.getBoundingClientRect().right));
+    const marks = [...(sideBySide ? first : svg).querySelectorAll("g.role-mark")]     // a mark's cells, together
+      .filter((g) => overColumns.test(g.querySelector(`:scope > ${cell}`)?.getAttribute("aria-label") || ""));
+    if (!marks.length) { return; }
+    const right = Math.max(...marks.map((g) => g.getBoundingClientRect().right));
     box.scrollLeft += Math.max(0, right - box.getBoundingClientRect().right + 8);
   }
-  new MutationObserver(() => document.querySelectorAll(".lens-plot .altair").forEach(toLastColumn))
-    .observe(document, { childList: true, subtree: true });
+  let due = false;
+  new MutationObserver(() => {
+    if (due) { return; }
+    due = true;
+    requestAnimationFrame(() => {
+      due = false;
+      document.querySelectorAll(".lens-plot .altair").forEach(toLastColumn);
+    });
+  }).observe(document, { childList: true, subtree: true });
 })();
 </script>"""
 
