@@ -102,7 +102,7 @@ def test_the_page_draws_a_long_prompts_window_first_then_reads_it_whole(tiny_ser
     assert again["unread"] != first["unread"]                               # marks it anew: its change is sent
     one_a_minute = Guard(RateLimiter(1, burst=1))                 # no mark: not a request of the visitor's rate
     visitor = SimpleNamespace(client=SimpleNamespace(host="203.0.113.9"), headers={})
-    for mark in (None, "", "not a mark", "[1]", '{"prompt": 3}'):            # what a hand-made request may send
+    for mark in (None, "", "not a mark", "[1]", '{"prompt": 3}', 5):         # what a hand-made request may send
         assert lens_tab.complete(tab, tiny_service, one_a_minute, {**VALUES, "unread": mark}, request=visitor) == {}
     edited = {**VALUES, "prompt": LONG + "more", "unread": first["unread"]}
     assert lens_tab.complete(tab, tiny_service, guard, edited) == {}                           # edited since

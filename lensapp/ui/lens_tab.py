@@ -328,7 +328,7 @@ def _looked_at(mark) -> str | None:
     """The prompt a first look's mark names (None: no mark, or not one: a page sends what it is sent)."""
     try:
         prompt = json.loads(mark).get("prompt") if mark else None
-    except (ValueError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         return None
     return prompt if isinstance(prompt, str) else None
 
