@@ -119,6 +119,26 @@ def test_page_loads(page, app_url):
     assert not page.errors
 
 
+
+def test_a_page_opened_while_the_model_serves_says_nothing_of_its_loading(page, app_url):
+    """The status line comes with the page's first answer. The page's own was built with the app, while the model
+    loaded, and said "The model is loading" to every visitor until the first poll, 2 s in (and the page moved up
+    when it went)."""
+    page.add_init_script("""
+      window.lensBanner = [];
+      const look = () => {
+        const line = document.querySelector('#engine-status');
+        if (line && line.offsetParent !== null && line.innerText.trim()) { window.lensBanner.push(line.innerText); }
+        requestAnimationFrame(look);
+      };
+      requestAnimationFrame(look);
+    """)
+    open_app(page, app_url)
+    wait_plot(page, "logit-heatmap")                  # the workshop's first tab, its example
+    page.wait_for_timeout(2_500)                      # past the first poll
+    assert page.evaluate("window.lensBanner") == []
+    assert not page.errors
+
 def test_example_draws_heatmap_with_tooltips(page, app_url, model_dims, embedded_dir):
     open_app(page, app_url)
     page.get_by_text("The capital of France is → Paris").first.click()

@@ -134,7 +134,7 @@ def build_ui(service, web: WebSettings, limits: LimitSettings, workshop: Worksho
         # The tab the page lands on draws its example first (front.py).
         runnable = sorted((p for p in parts.values() if p.run is not None and p.name in shown),
                           key=lambda p: p.name != landing_tab(service, shown, workshop))
-        restores = ["tabs", "pending", "notice", "title", "note", "note_view"]
+        restores = ["banner", "tabs", "pending", "notice", "title", "note", "note_view"]
         load_page(demo, page["query"], restore, [page[name] for name in restores] + _all_inputs(parts),
                   page["pending"], runnable, service, JS_OPENED_WITH)
         for i, button in enumerate(panel.buttons if panel is not None else []):
@@ -172,8 +172,8 @@ def _top(service, workshop: Workshop | None) -> Components:
         lede = LEDE_BOTH if landing_tab(service, permalinks.TABS, None) == JACOBIAN_TAB.name else LEDE_LOGIT
         gr.Markdown(f"# Lens Explorer\n{lede}", elem_id="header")
         gr.Markdown(_header(service), elem_id="model-line", elem_classes=["model-line"])
-    line = status.status_line(service.status())
-    return {"banner": gr.Markdown(line, visible=bool(line), elem_id="engine-status"), "pending": gr.State("")}
+    # Empty in the page's config: the page's first answer says how the engine is then (`restored`).
+    return {"banner": gr.Markdown("", visible=False, elem_id="engine-status"), "pending": gr.State("")}
 
 
 def _link_row(title: gr.Textbox, note: gr.Textbox) -> Components:
@@ -215,9 +215,11 @@ def link_of(p: TabParts, values: dict, request: gr.Request = None) -> dict:
 
 
 def restored(page: Components, parts: dict[str, TabParts], service, shown, opened_with: str | None) -> dict:
-    """The page as the link it was opened with shows it (without one: every tab's example, `front.py`)."""
+    """The page as the link it was opened with shows it (without one: every tab's example, `front.py`), and the
+    engine's status line as it is now."""
+    now = {page["banner"]: status.banner(service)}
     if not (opened_with or "").lstrip("?"):
-        return {page["pending"]: FRONT}
+        return {**now, page["pending"]: FRONT}
     view, notices = permalinks.decode(opened_with, **permalinks.as_read_by(service))
     if view.tab not in shown:
         notices.append(f"This workshop does not show the {view.tab} tab; showing its first one instead.")
@@ -228,7 +230,7 @@ def restored(page: Components, parts: dict[str, TabParts], service, shown, opene
     if not has_lens(service, view.lens):                # a generation link reading the J-lens
         notices.append("This app has no Jacobian lens loaded; reading the logit lens instead.")
         view = view.replace(lens=LOGIT.name)
-    return {page["tabs"]: gr.Tabs(selected=view.tab), page["pending"]: view.tab, **parts[view.tab].values(view),
+    return {**now, page["tabs"]: gr.Tabs(selected=view.tab), page["pending"]: view.tab, **parts[view.tab].values(view),
             page["notice"]: gr.Markdown("\n".join(f"- {md_text(n)}" for n in notices), visible=bool(notices)),
             page["title"]: view.title, page["note"]: view.note, page["note_view"]: notes.shown(view.title, view.note)}
 

@@ -35,7 +35,15 @@ def is_ready(health: dict) -> bool:
     return health.get("state") == "ready"
 
 
-def wire(service, banner: gr.Markdown, parts: dict[str, TabParts]) -> None:
+def banner(service) -> gr.Markdown:
+    """The status line as the engine's state has it now: a page's first answer carries it (`ui.restored`), since
+    the page's own, built once with the app (often while the model loaded), would say so to every visitor until
+    the first poll."""
+    line = status_line(service.status())
+    return gr.Markdown(line, visible=bool(line))
+
+
+def wire(service, line_box: gr.Markdown, parts: dict[str, TabParts]) -> None:
     """The status line, and every run button enabled only while the engine can serve. Each open page asks every
     POLL_SECONDS; while its line stays the same nothing is sent back (no redraw in the visitor's browser), and
     what it reads is two counters (`LensService.status`)."""
@@ -47,11 +55,11 @@ def wire(service, banner: gr.Markdown, parts: dict[str, TabParts]) -> None:
         h = service.status()
         line = status_line(h)
         if was_synced and line == (shown or ""):
-            return {banner: gr.skip(), synced: gr.skip(), **{b: gr.skip() for b in buttons}}
-        return {banner: gr.Markdown(line, visible=bool(line)), synced: True,
+            return {line_box: gr.skip(), synced: gr.skip(), **{b: gr.skip() for b in buttons}}
+        return {line_box: gr.Markdown(line, visible=bool(line)), synced: True,
                 **{b: gr.Button(interactive=is_ready(h)) for b in buttons}}
 
     # No progress shown: each tick would otherwise set every output's loading state, a walk of the page's whole
     # component tree in the visitor's browser every POLL_SECONDS.
-    gr.Timer(POLL_SECONDS).tick(poll, [banner, synced], [banner, synced, *buttons], queue=False,
+    gr.Timer(POLL_SECONDS).tick(poll, [line_box, synced], [line_box, synced, *buttons], queue=False,
                                 show_progress="hidden", **PRIVATE)
