@@ -39,7 +39,11 @@ def banner(service) -> gr.Markdown:
     """The status line as the engine's state has it now: a page's first answer carries it (`ui.restored`), since
     the page's own, built once with the app (often while the model loaded), would say so to every visitor until
     the first poll."""
-    line = status_line(service.status())
+    return shown_line(status_line(service.status()))
+
+
+def shown_line(line: str) -> gr.Markdown:
+    """The status line's component as `line` shows it: hidden when all is well."""
     return gr.Markdown(line, visible=bool(line))
 
 
@@ -56,7 +60,7 @@ def wire(service, line_box: gr.Markdown, parts: dict[str, TabParts]) -> None:
         line = status_line(h)
         if was_synced and line == (shown or ""):
             return {line_box: gr.skip(), synced: gr.skip(), **{b: gr.skip() for b in buttons}}
-        return {line_box: gr.Markdown(line, visible=bool(line)), synced: True,
+        return {line_box: shown_line(line), synced: True,
                 **{b: gr.Button(interactive=is_ready(h)) for b in buttons}}
 
     # No progress shown: each tick would otherwise set every output's loading state, a walk of the page's whole
