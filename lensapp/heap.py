@@ -6,8 +6,10 @@ spread over one arena per thread, and returns little of it: twenty-four visitors
 link grew the web process by 738 MB, of which `malloc_trim(0)` handed 613 MB back at once (bench/RESULTS.md). What
 the app holds on purpose is bounded elsewhere (the result cache, the pages' kept results, the sessions); this is the
 rest. `Trimmer` is a daemon thread that trims when the process has grown by `GROWTH` since it last did, looking
-every `SECONDS` (a trim takes a few milliseconds per GB of heap); the app starts it as it serves and stops it as
-it closes (`server.running`). Not glibc (musl, macOS): it does nothing.
+every `SECONDS` (a trim takes a few milliseconds per GB of heap), and also when the process has settled (it did not
+move between two looks) having grown by more than `SETTLED`: a quiet app gives back all it freed, not all but the
+last `GROWTH`. The app starts it as it serves and stops it as it closes (`server.running`). Not glibc (musl,
+macOS): it does nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 
 SECONDS = 10.0
 GROWTH = 64 << 20
+SETTLED = 4 << 20
 
 
 def _libc():
@@ -56,12 +59,13 @@ def trim() -> int:
 
 
 class Trimmer:
-    """Trim whenever the process has grown by `growth` bytes since the last trim, looking every `seconds`."""
+    """Trim whenever the process has grown by `growth` bytes since the last trim, or by `settled` bytes and then
+    stayed put between two looks, looking every `seconds`."""
 
-    def __init__(self, seconds: float = SECONDS, growth: int = GROWTH):
-        self.seconds, self.growth = seconds, growth
+    def __init__(self, seconds: float = SECONDS, growth: int = GROWTH, settled: int = SETTLED):
+        self.seconds, self.growth, self.settled = seconds, growth, settled
         self.trims, self.returned = 0, 0
-        self._floor = resident_bytes()
+        self._floor = self._last = resident_bytes()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -78,13 +82,17 @@ class Trimmer:
             self._thread.join()
 
     def look(self) -> None:
-        """Trim if the process has grown enough since the last trim (what the thread does every `seconds`)."""
-        if resident_bytes() - self._floor < self.growth:
+        """Trim if the process has grown enough since the last trim, or grown a little and settled (what the
+        thread does every `seconds`)."""
+        now = resident_bytes()
+        grown, settled = now - self._floor, abs(now - self._last) < self.settled
+        self._last = now
+        if grown < self.growth and not (settled and grown >= self.settled):
             return
         t = time.perf_counter()
         freed = trim()
         self.trims, self.returned = self.trims + 1, self.returned + freed
-        self._floor = resident_bytes()
+        self._floor = self._last = resident_bytes()
         log.info("gave %d MB of freed memory back to the system in %.0f ms", freed >> 20,
                  (time.perf_counter() - t) * 1000)
 

@@ -35,6 +35,24 @@ MEASURE = textwrap.dedent("""
     print(grown, kept, trimmed, trimmer.trims, trimmer.returned, len(survivors))
 """)
 
+# Grown by less than the threshold: no trim while the process moves, one once it has settled (two looks alike).
+SETTLE = textwrap.dedent("""
+    import gc
+    from lensapp import heap
+
+    trimmer = heap.Trimmer(seconds=3600, growth=256 << 20, settled=4 << 20)
+    pieces = [bytearray(64 << 10) for _ in range(1000)]            # 64 MB: under the threshold
+    survivors = pieces[::16] + [pieces[-1]]
+    del pieces
+    gc.collect()
+    trimmer.look()                                                  # moved since the last look: not settled
+    moving = trimmer.trims
+    trimmer.look()                                                  # settled, grown: trim
+    settled = trimmer.trims
+    trimmer.look()                                                  # settled, not grown since: no trim
+    print(moving, settled, trimmer.trims, trimmer.returned, len(survivors))
+""")
+
 
 @pytest.mark.skipif(heap._LIBC is None, reason="not glibc: nothing to trim")
 def test_freed_memory_goes_back_once_the_process_has_grown():
@@ -43,6 +61,14 @@ def test_freed_memory_goes_back_once_the_process_has_grown():
     assert kept > grown - (32 << 20)                                # freed, but glibc keeps it
     assert trims == 1 and returned >= 64 << 20                      # one trim, and only one: not grown since
     assert trimmed < grown - (64 << 20) and survivors == 126
+
+
+@pytest.mark.skipif(heap._LIBC is None, reason="not glibc: nothing to trim")
+def test_a_settled_process_gives_back_what_it_freed_under_the_threshold():
+    out = subprocess.run([sys.executable, "-c", SETTLE], capture_output=True, text=True, check=True, timeout=120)
+    moving, settled, trims, returned, survivors = map(int, out.stdout.split())
+    assert (moving, settled, trims) == (0, 1, 1)
+    assert returned >= 32 << 20 and survivors == 64
 
 
 APP_THREADS = ("lens-heap-trim", "lens-prefetch")
