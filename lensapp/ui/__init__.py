@@ -35,7 +35,7 @@ from .kept import KeptResults
 from .landing import load_page, run_pending
 from .lens_tab import JACOBIAN_TAB, LOGIT_TAB, build_lens_tab
 from .prefetch import LinkPrefetch
-from .tabs import PRIVATE, Components, TabParts, md_text, on
+from .tabs import PRIVATE, Components, TabParts, md_text, on, show_progress_on_pictures
 from .views import View
 
 CSS = """
@@ -142,6 +142,7 @@ def build_ui(service, web: WebSettings, limits: LimitSettings, workshop: Worksho
                                   [page[name] for name in restores] + _all_inputs(parts) + panel.outputs, **PRIVATE)
             _then_run(opened, page["pending"], runnable, service)
     kept.keep_in(demo, kept_results, kept.remaker(service, guard))
+    show_progress_on_pictures(demo)
     return UI(demo, parts, restore, FrontPage(service, runnable), guard, kept_results)
 
 

@@ -161,6 +161,20 @@ def on(triggers, fn: Callable[..., dict], parts: Components, reads: Iterable[str
     return triggers(handler, inputs, outputs, **event)       # one listener: `button.click`, `event.then`
 
 
+def show_progress_on_pictures(demo: gr.Blocks) -> None:
+    """Every event of the page shows its progress on its charts and chat in view (a tab's picture), and an event
+    that shows none sets none (`show_progress="hidden"` only hides it). Gradio's page keeps a loading state for
+    every component any event has shown progress on and, at every message of every event, sets each one again by a
+    walk of the page's whole component tree: a fresh link's load events (the restore writes every tab's inputs,
+    the readout every tab's outputs) cost its first chart ~0.5 s of Chromium's time, and every status poll after
+    it paid again for all the outputs the page had ever had (bench/RESULTS.md). A spinner over each table, code
+    box and hidden state said nothing the picture's did not. Call once the page is built, before it is served."""
+    for f in demo.fns.values():
+        if f.show_progress_on is None:
+            f.show_progress_on = [] if f.show_progress == "hidden" else [
+                c for c in f.outputs if isinstance(c, (gr.Plot, gr.Chatbot)) and c.visible is True]
+
+
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
 
 
