@@ -1,20 +1,25 @@
 """Which links start their readout when their page is asked for (`ui.prefetch`), on a stand-in service:
-lens links, into an idle engine, one at a time, as the visitor asking (one of its requests, its turn, its budget,
-not counted); nothing else."""
+every tab's link but a generation's (and a fitted vector's), the request its page will send, into an idle engine,
+one at a time, as the visitor asking (one of its requests, its turn, its budget, not counted); nothing else.
+tests/test_ui_browser.py checks on the engine that the page's own request finds the prefetch's in the cache."""
 
 import threading
 from types import SimpleNamespace
 from urllib.parse import quote
 
 import gradio as gr
+import pytest
 
 from lensapp import config
 from lensapp.engine import ModelInfo
 from lensapp.service.asks import asked
 from lensapp.service.limits import RateLimiter
+from lensapp.ui import permalinks
+from lensapp.ui.form import asked as asked_of
 from lensapp.ui.guard import Guard
 from lensapp.ui.lens_tab import LOGIT_TAB, lens_request
 from lensapp.ui.prefetch import LinkPrefetch
+from lensapp.ui.views import TAB_VIEWS, View
 
 
 class Words:
@@ -35,6 +40,7 @@ class StandIn:
         self.ready = state == "ready" and not in_flight and not queue_depth
         self.asked, self.release, self.turns, self.counted = [], threading.Event(), [], []
         self.cost = cost
+        self.entries = []                       # the service's entries called other than `lens`
 
     def idle(self):
         return self.ready
@@ -50,6 +56,18 @@ class StandIn:
         ask.pay(self.cost)                      # as the service does where engine work starts
         self.release.wait(10)
         return []
+
+    def compare(self, req, ask=None):
+        self.entries.append("compare")
+        return self.lens(req, ask=ask)
+
+    def intervene(self, req, progress=None, ask=None):
+        self.entries.append("intervene")
+        return self.lens(req, ask=ask)
+
+    def components(self, req, ask=None):
+        self.entries.append("components")
+        return self.lens(req, ask=ask)
 
 
 def link(**fields) -> str:
@@ -112,8 +130,8 @@ def test_only_into_an_idle_engine_and_one_at_a_time():
 def test_other_links_start_nothing_and_a_bad_field_falls_back_as_on_the_page():
     service = StandIn()
     prefetch = LinkPrefetch(service)
-    for query in ["", link(tab="generate", prompt="x"), link(tab="compare", prompt1="a", prompt2="b"),
-                  link(tab="jacobian", prompt="x")]:                 # this app has no Jacobian lens
+    for query in ["", link(tab="generate", prompt="x"), link(tab="jacobian", prompt="x"),   # no Jacobian lens here
+                  link(tab="intervene", prompt="x", word="Rome", layer=2, direction="fitted")]:
         assert not prefetch(query), query
     assert not LinkPrefetch(service, enabled=False)(link(tab="logit", prompt="x"))
     assert prefetch(link(tab="logit", prompt="x", k="many", layers="\x00"))   # the page uses k=5, all layers
@@ -171,3 +189,19 @@ def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls_would_get()
     for i in range(40):                                          # the host's own scripts: never limited
         assert host(link(tab="logit", prompt=f"host {i}"), "127.0.0.1")
         host._runner.submit(lambda: None).result()
+
+
+@pytest.mark.parametrize("view", [
+    View(tab="compare", prompts=("The capital of France is", "The capital of Italy is"), k=3, targets=("Paris",)),
+    View(tab="intervene", prompt="The capital of France is", word="Rome", layer="1-2", alphas=(2.0, 4.0)),
+    View(tab="intervene", intervention="ablate", prompt="The capital of France is", layer="2"),
+    View(tab="components", prompt="The capital of France is", target="Paris", foil="Rome", position=-1),
+])
+def test_the_other_tabs_links_prefetch_the_request_their_page_will_send(view):
+    service = StandIn()
+    prefetch = LinkPrefetch(service)
+    assert prefetch(permalinks.query_string(view))
+    service.release.set()
+    prefetch._runner.shutdown(wait=True)
+    tab = TAB_VIEWS[view.tab]
+    assert service.asked == [asked_of(tab, service, tab.values_of(view))] and service.entries == [view.tab]

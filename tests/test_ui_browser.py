@@ -434,3 +434,46 @@ def test_a_patch_link_restores_runs_once_and_draws_before_after_and_difference(p
     assert page.locator("#intervene-source-table").count() == 1
     shot(page, "intervene-patch")
     assert not page.errors and not page.dialogs
+
+
+def cache_counts(url: str) -> dict:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url + "health", timeout=30) as r:      # loopback: the host's view
+        cache = json.loads(r.read())["cache"]
+    return {"computed": cache["misses"], "found": cache["hits"] + cache["shared_in_flight"]}
+
+
+@pytest.mark.parametrize("tab, chart", [("compare", "compare-heatmaps"), ("intervene", "intervene-pair"),
+                                        ("components", "components-by-layer")])
+def test_a_links_page_finds_the_readout_its_get_started(page, app_url, tab, chart):
+    """A link's GET starts its readout (`ui/prefetch.py`); the page's own request, built from its inputs as the page
+    restored them, is that same request: it finds it in the result cache, done or in flight, and the engine reads
+    the link once: the page's visit computes what the same request through the API computes, not twice that."""
+    from gradio_client import Client
+
+    from lensapp.ui import permalinks
+    from lensapp.ui.views import TAB_VIEWS, View
+
+    def view(n: int) -> View:
+        prompt = f"On day {n} of the trip, the capital of France is"
+        if tab == "compare":
+            return View(tab=tab, prompts=(prompt, prompt.replace("France", "Italy")))
+        return View(tab=tab, prompt=prompt)
+
+    day = random.randrange(10_000)
+    before = cache_counts(app_url)
+    open_app(page, app_url, permalinks.query_string(view(day)))
+    wait_plot(page, chart)
+    page.wait_for_timeout(1_500)                                      # the link's last steps
+    visit = cache_counts(app_url)
+    tab_view = TAB_VIEWS[tab]
+    values = tab_view.values_of(view(day + 1))
+    raw = {field.name: tab_view.read(name, values) for name, field in tab_view.request_fields().items()}
+    Client(app_url, verbose=False).predict(**{k: list(v) if isinstance(v, tuple) else v for k, v in raw.items()},
+                                           api_name=f"/{tab_view.kind}")
+    api = cache_counts(app_url)
+    assert visit["found"] > before["found"]                           # the page found what its GET started
+    assert visit["computed"] - before["computed"] == api["computed"] - visit["computed"] > 0, (before, visit, api)
+    assert not page.errors

@@ -29,15 +29,25 @@ import dataclasses
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Callable
 
-from ..service.asks import HOST
+from ..service.asks import HOST, Ask
 from ..service.limits import RateLimited
 from . import permalinks
-from .form import has_lens
+from .form import asked, has_lens
 from .lens_tab import LENS_TABS, first_read, lens_request
-from .views import START
+from .views import START, TAB_VIEWS
 
 log = logging.getLogger(__name__)
+
+# The other tabs whose page asks its readout once (`run` of compare_tab, intervene_tab, components_tab): the
+# request built as the page builds it (`form.asked`), the service's entry it calls.
+ONE_SHOT = {
+    "compare": lambda service, req, ask: service.compare(req, ask=ask),
+    "intervene": lambda service, req, ask: service.intervene(req, ask=ask),
+    "components": lambda service, req, ask: service.components(req, ask=ask),
+}
 
 
 class LinkPrefetch:
@@ -56,33 +66,50 @@ class LinkPrefetch:
 
     def __call__(self, query: str, client: str | None = None) -> bool:
         """Start the readout `query` (a page URL's query) links to, for `client` (its address, as the guard
-        derives it), if it is a lens link, the engine is idle and the client's budget allows. Never raises;
+        derives it), if its page asks one (`_job`), the engine is idle and the client's budget allows. Never raises;
         True when a prefetch started."""
         if not self.enabled or not query:
             return False
         try:
-            req = self._request(query)
+            job = self._job(query)
         except Exception as e:  # noqa: BLE001 - a link the page itself will explain
             log.debug("not prefetching %r: %s", query[:80], e)
             return False
-        if req is None or not self.service.idle() or not self._one.acquire(blocking=False):
+        if job is None or not self.service.idle() or not self._one.acquire(blocking=False):
             return False
         if not self._takes_a_request(client):
             self._one.release()
             return False
         self.started += 1
-        self._runner.submit(self._run, req, client)
+        self._runner.submit(self._run, job, client)
         return True
 
-    def _request(self, query: str):
+    def _job(self, query: str) -> Callable[[Ask], None] | None:
+        """What the link's page will ask, as a call of who asks; None: nothing to start."""
         service = self.service
         view, _ = permalinks.decode(query, **permalinks.as_read_by(service))
         tab = LENS_TABS.get(view.tab)
-        if tab is None or not has_lens(service, tab.lens):
+        if tab is not None:
+            if not has_lens(service, tab.lens):
+                return None
+            values = tab.view.values_of(view)
+            req, _ = lens_request(tab, service, values)
+            return partial(self._read_lens, req, START(values.get("start")))
+        read = ONE_SHOT.get(view.tab)
+        if read is None:
             return None
-        values = tab.view.values_of(view)
-        req, _ = lens_request(tab, service, values)
-        return req, START(values.get("start"))
+        tab_view = TAB_VIEWS[view.tab]
+        req = asked(tab_view, service, tab_view.values_of(view))
+        if getattr(req, "direction", None) == "fitted":
+            return None
+        return partial(read, service, req)
+
+    def _read_lens(self, req, start, ask: Ask) -> None:
+        """A lens link's readout: a long prompt's drawn window first, then the whole prompt (`lens_tab.readout`)."""
+        first = first_read(self.service, req, start)
+        if first:
+            self.service.lens(req, read_from=first, ask=ask)
+        self.service.lens(req, ask=ask)
 
     def _takes_a_request(self, client: str | None) -> bool:
         """One of `client`'s requests taken, as an API call takes it; False when its rate refuses."""
@@ -94,16 +121,11 @@ class LinkPrefetch:
             return False
         return True
 
-    def _run(self, job: tuple, client: str | None) -> None:
-        req, start = job
+    def _run(self, job: Callable[[Ask], None], client: str | None) -> None:
         read = False
         try:
             ask = dataclasses.replace(self.guard.ask_of(client) if self.guard is not None else HOST, counted=False)
-            first = first_read(self.service, req, start)
-            if first:                           # what the page asks first, then what it asks next
-                self.service.lens(req, read_from=first, ask=ask)
-                read = True
-            self.service.lens(req, ask=ask)
+            job(ask)
             read = True
         except Exception as e:  # noqa: BLE001 - the page's own request will meet and report it
             log.debug("prefetch failed: %s", e)
