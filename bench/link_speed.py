@@ -13,6 +13,11 @@ chart within 1.5x of the bare page's. Needs Debian's chromium and Playwright (`m
 
     python bench/link_speed.py [--repeats 3] [--url http://127.0.0.1:7860/] [--tabs logit,jacobian]
     python bench/link_speed.py --width 390          # as a phone opens it
+    python bench/link_speed.py --split-cores        # the app on the last core, the browser on the others
+
+On one machine the browser shares the engine's cores: a link's prefetch (`ui/prefetch.py`) then slows the page's
+own start. A visitor's browser is on another machine; --split-cores stands for that (the app's engine binds to the
+one core it is allowed; every API time is then one core's).
 """
 
 from __future__ import annotations
@@ -172,6 +177,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tabs", default=",".join(CHARTS), help="the tabs whose links are opened")
     parser.add_argument("--width", type=int, default=1400, help="the viewport's width (under 640: a phone, 844 high)")
     parser.add_argument("--no-api", action="store_true", help="skip the API's time for each readout")
+    parser.add_argument("--split-cores", action="store_true",
+                        help="the app on the last core, this bench and its browser on the others (2 cores or more)")
     args = parser.parse_args(argv)
     tabs = [t for t in args.tabs.split(",") if t]
     unknown = sorted(set(tabs) - set(CHARTS))
@@ -180,8 +187,15 @@ def main(argv=None) -> int:
     from playwright.sync_api import sync_playwright
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    app_cores = None
+    if args.split_cores:
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2 or args.url:
+            parser.error("--split-cores needs 2 cores or more, and an app this bench starts (no --url)")
+        app_cores = {cores[-1]}
+        os.sched_setaffinity(0, cores[:-1])                 # this process, its bare page and its browser
     bare_url = serve_bare()
-    app = App(args.url)
+    app = App(args.url, cores=app_cores)
     try:
         api = {} if args.no_api else api_times(app.url, tabs, args.repeats)
         with sync_playwright() as p:
@@ -206,7 +220,7 @@ def report(results: dict, api: dict, args) -> None:
     nan = float("nan")
     floor = results["bare"]["page_s"]
     print(f"medians of {args.repeats}, seconds from the navigation's start, {args.width} px wide; "
-          f"bare = Gradio drawing a ready chart")
+          f"bare = Gradio drawing a ready chart" + ("; the app on a core of its own" if args.split_cores else ""))
     print(f"{'page':>10} {'chart':>6} {'/bare':>6} {'API':>6} {'html':>5} {'render':>6} {'1st ev':>6} {'steps':>5} "
           f"{'sent':>5} {'server':>6} {'kB':>6} {'draw':>5}  the chart's step")
     for name, r in results.items():
@@ -217,7 +231,8 @@ def report(results: dict, api: dict, args) -> None:
               f"{cells[5]:5.2f}  {r['chart_step']}")
     for name, r in results.items():
         print(f"  {name}: {' '.join(r['chain'])}")
-    print(json.dumps({"bench": "link_speed", "width": args.width, "repeats": args.repeats, "api_s": api,
+    print(json.dumps({"bench": "link_speed", "width": args.width, "repeats": args.repeats,
+                      "split_cores": args.split_cores, "api_s": api,
                       **{name: {k: v for k, v in r.items() if k != "chain"} for name, r in results.items()}}))
 
 

@@ -60,7 +60,9 @@ class App:
     listens instead, an address of this machine's own (a network namespace's veth end: bench/workshop.py); the bench
     then reads the host's /health with a token of its own."""
 
-    def __init__(self, url: str | None, extra: list[str] = (), env: dict | None = None, host: str = "127.0.0.1"):
+    def __init__(self, url: str | None, extra: list[str] = (), env: dict | None = None, host: str = "127.0.0.1",
+                 cores: set[int] | None = None):
+        """cores: the only cores the app (and its engine, which binds to those it is allowed) may use."""
         self.proc, self.log = None, None
         self.token = None if host == "127.0.0.1" else os.urandom(16).hex()
         if url:
@@ -78,7 +80,8 @@ class App:
         self.log = open(REPO / "artifacts" / f"load-app-{port}.log", "w") if (REPO / "artifacts").is_dir() else None
         self.proc = subprocess.Popen([sys.executable, "-m", "lensapp", "serve", "--port", str(port), *extra],
                                      cwd=REPO, stdout=self.log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {}), "GRADIO_ANALYTICS_ENABLED": "False"})
+                                     env={**os.environ, **(env or {}), "GRADIO_ANALYTICS_ENABLED": "False"},
+                                     preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
         self.wait_ready()
 
     def health(self) -> dict:
