@@ -286,11 +286,16 @@ def heatmap(grid: Grid, metric: str, target: int, s: DisplaySettings, title: str
 
 def finish(chart, s: DisplaySettings, filename: str):
     """Top-level settings: the export menu (PNG/SVG only: no data leaves the page; padding keeps its
-    button off the title), fonts, no frame."""
-    return chart.properties(padding={"left": 5, "top": 5, "bottom": 5, "right": 40}, usermeta={"embedOptions": {
+    button off the title), fonts, no frame. Set on `chart` itself, a chart its maker has just built: Altair's
+    `properties` and `configure_*` each make a copy, and a copy of a concatenation builds it again (its
+    subcharts' parameters gathered, each subchart copied whole), a tenth of a streamed generation's chart making."""
+    chart.padding = {"left": 5, "top": 5, "bottom": 5, "right": 40}
+    chart.usermeta = {"embedOptions": {
         "renderer": s.renderer, "downloadFileName": filename,
         "actions": {"export": True, "source": False, "compiled": False, "editor": False},
-    }}).configure_view(strokeWidth=0).configure_title(anchor="start", fontSize=13)
+    }}
+    chart.config = alt.Config(view=alt.ViewConfig(strokeWidth=0), title=alt.TitleConfig(anchor="start", fontSize=13))
+    return chart
 
 
 def window_of(n: int, start: int | None, s: DisplaySettings) -> range:
