@@ -85,3 +85,25 @@ def test_a_patch_link_runs_and_a_click_on_the_source_table_picks_its_cell(page, 
                            "#intervene-source-positions input').value === '1'", timeout=30_000)
     assert box(page, "intervene-layer").input_value() == "2"
     assert not page.errors
+
+
+def test_a_bad_input_leaves_the_last_picture_in_view(page, tiny_url):
+    """A run that fails (a prompt over the model's length) says so in one line and on its picture, and the picture
+    it had stays in view under Gradio's "Error" pill, its cells answering: the pill's veil was opaque and hid it."""
+    page.goto(tiny_url + "?v=1&tab=logit&prompt=The%20capital%20of%20France%20is")
+    wait_plot(page, "logit-heatmap")
+    drawn = page.locator("#logit-heatmap g.role-mark path").count()
+    box(page, "logit-prompt").fill("one two three four five six seven eight nine ten " * 30)
+    page.locator("#logit-run").click()
+    page.wait_for_selector("#logit-heatmap [data-testid='status-tracker'] .clear-status", timeout=RUN)
+    assert "the limit is" in page.locator(".toast-body").first.inner_text()
+    assert page.locator("#logit-heatmap g.role-mark path").count() == drawn
+    veil = page.eval_on_selector("#logit-heatmap [data-testid='status-tracker']",
+                                 "e => getComputedStyle(e).backgroundColor")
+    assert veil == "rgba(0, 0, 0, 0)"
+    first = page.locator("#logit-heatmap g.role-mark path[aria-roledescription='rect mark']").first
+    first.scroll_into_view_if_needed()
+    cell = first.bounding_box()
+    hit = page.evaluate("([x, y]) => !!document.elementFromPoint(x, y).closest('#logit-heatmap svg.marks')",
+                        [cell["x"] + cell["width"] / 2, cell["y"] + cell["height"] / 2])
+    assert hit                                                        # what a hover there meets is the chart

@@ -56,6 +56,10 @@ CSS = """
 .lens-tok .topk { font-size: 0.75em; display: block; }
 .model-line p { font-size: 0.85em; opacity: 0.8; margin: 0; }
 #exercise-question { border-left: 4px solid #56b4e9; padding-left: 0.75em; }
+/* A failed run (a bad input: its one line is the toast) leaves Gradio's "Error" pill on the picture, whose veil was
+   opaque and hid the picture it had: the veil is clear, so the last picture stays in view, and its cells answer. */
+[data-testid="status-tracker"]:has(> .clear-status) { background: transparent !important; pointer-events: none; }
+[data-testid="status-tracker"] > .clear-status { pointer-events: auto; }
 /* A phone (390 px): every field of a row, or of Gradio's group of form fields, takes the whole width, one under
    another (tests/test_first_minute.py checks that none is squeezed); nothing scrolls sideways but a chart inside
    its own box. Gradio prefixes these rules with its container's classes, so they name only what lies inside. */
