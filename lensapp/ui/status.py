@@ -63,7 +63,7 @@ def wire(service, line_box: gr.Markdown, parts: dict[str, TabParts]) -> None:
         return {line_box: shown_line(line), synced: True,
                 **{b: gr.Button(interactive=is_ready(h)) for b in buttons}}
 
-    # No progress shown: each tick would otherwise set every output's loading state, a walk of the page's whole
-    # component tree in the visitor's browser every POLL_SECONDS.
+    # No progress shown, and so none set (`tabs.show_progress_on_pictures`): each tick would otherwise set its
+    # outputs' loading states, each a walk of the page's whole component tree in the visitor's browser.
     gr.Timer(POLL_SECONDS).tick(poll, [line_box, synced], [line_box, synced, *buttons], queue=False,
                                 show_progress="hidden", **PRIVATE)
