@@ -70,8 +70,23 @@ def settled(url: str, timeout: float = 60) -> None:
     raise AssertionError(f"the page's first readouts did not end in {timeout} s")
 
 
-def generate(pg, url: str, tokens: int) -> str:
-    """Generate `tokens` tokens on the Generation tab, recording its text as it changes; what it showed before."""
+def quiet_texts(pg, quiet: float = 1.5, timeout: float = 60) -> list[str]:
+    """The texts recorded once the page has written nothing new for `quiet` seconds."""
+    deadline = time.monotonic() + timeout
+    seen, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        count = pg.evaluate("window.__texts.length")
+        if count != seen:
+            seen, since = count, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+        time.sleep(0.1)
+    return pg.evaluate("window.__texts")
+
+
+def generate(pg, url: str, tokens: int) -> tuple[str, int]:
+    """Generate `tokens` tokens on the Generation tab, recording its text as it changes; what it showed before,
+    and the engine's count of served calls just before the click."""
     pg.goto(url)
     pg.locator("[role=tab]").first.wait_for(timeout=RUN_TIMEOUT)
     settled(url)
@@ -89,8 +104,9 @@ def generate(pg, url: str, tokens: int) -> str:
     pg.wait_for_function("() => document.querySelector('#generate-text textarea')?.value", timeout=RUN_TIMEOUT)
     before = pg.locator("#generate-text textarea").input_value()
     pg.evaluate(RECORD)
+    served = health(url)["calls"]["served"]
     pg.locator("#generate-run").click()
-    return before
+    return before, served
 
 
 @pytest.mark.parametrize("width", [1400, 390])
@@ -98,14 +114,14 @@ def test_the_text_grows_and_the_heatmap_is_drawn_while_the_model_writes(browser,
     pg = browser.new_context(viewport={"width": width, "height": 900}).new_page()
     errors = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
-    before = generate(pg, tiny_url, 24)
-    pg.wait_for_function("() => window.__texts.length && document.querySelector('#generate-step') && "
-                         "document.querySelectorAll('#generate-heatmap svg.marks').length", timeout=RUN_TIMEOUT)
+    before, served = generate(pg, tiny_url, 24)
+    # the engine served this generation (waiting on `admitted` alone could read before it was admitted), then the
+    # page wrote its last step
     deadline = time.monotonic() + 60
-    while health(tiny_url)["admitted"] and time.monotonic() < deadline:
+    while health(tiny_url)["calls"]["served"] == served and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(1.0)
-    texts, drawn = pg.evaluate("window.__texts"), pg.evaluate("window.__drawn")
+    texts = quiet_texts(pg)
+    drawn = pg.evaluate("window.__drawn")
     while texts and texts[0] in ("", before):
         texts, drawn = texts[1:], drawn[1:]
     assert len(texts) >= 4, texts                                  # written in several redraws, not once
@@ -154,11 +170,12 @@ def test_a_chat_reply_and_its_readout_grow_as_the_model_writes(browser, tiny_url
     }""")
     box = pg.locator("#chat-message textarea")
     box.fill("Tell me a story.")
+    served = health(tiny_url)["calls"]["served"]
     box.press("Enter")
-    deadline = time.monotonic() + 60
-    time.sleep(1)
-    while health(tiny_url)["admitted"] and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60               # the engine served the reply; then the page wrote its last
+    while health(tiny_url)["calls"]["served"] == served and time.monotonic() < deadline:
         time.sleep(0.2)
+    pg.wait_for_function("() => window.__buttons.length >= 3", timeout=RUN_TIMEOUT)
     time.sleep(1.0)
     cells = pg.evaluate("window.__cells")
     assert len([n for n in cells if n]) >= 3 and cells == sorted(cells), cells     # the readout line grew
