@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from load import App, client, fresh  # noqa: E402
+from load import App, client, fresh, split_cores  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CHROMIUM = "/usr/bin/chromium"
@@ -189,11 +189,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     app_cores = None
     if args.split_cores:
-        cores = sorted(os.sched_getaffinity(0))
-        if len(cores) < 2 or args.url:
-            parser.error("--split-cores needs 2 cores or more, and an app this bench starts (no --url)")
-        app_cores = {cores[-1]}
-        os.sched_setaffinity(0, cores[:-1])                 # this process, its bare page and its browser
+        if args.url:
+            parser.error("--split-cores needs an app this bench starts (no --url)")
+        app_cores = split_cores()                           # this process, its bare page and its browser elsewhere
     bare_url = serve_bare()
     app = App(args.url, cores=app_cores)
     try:

@@ -55,6 +55,16 @@ def fresh(prompt: str, tag: str) -> str:
 
 # -- the app ---------------------------------------------------------------------------------------
 
+def split_cores() -> set[int]:
+    """Keep this process (and the browser it starts) off the last core; return {that core} for the app. It stands
+    for a visitor's browser on a machine of its own (the app's engine binds to the one core it is allowed)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("error: splitting the cores needs 2 cores or more")
+    os.sched_setaffinity(0, cores[:-1])
+    return {cores[-1]}
+
+
 class App:
     """`lensapp serve` in a subprocess on a free loopback port (or an app already running at --url). `host`: where it
     listens instead, an address of this machine's own (a network namespace's veth end: bench/workshop.py); the bench

@@ -14,6 +14,11 @@ Goals (issue 49): the streamed whole within 1.1x of the one-shot whole; the firs
 of the click; the page's last column within 1.2x of the API's whole. The last line is one JSON object.
 
     python bench/stream.py [--repeats 3] [--long 192] [--skip-app] [--url http://127.0.0.1:7860/] [--browser-nice 19]
+    python bench/stream.py --skip-service --split-cores     # the app on the last core, the browser on the others
+
+Chromium here shares the app's cores and takes them from the engine as it draws; a visitor's browser does not.
+--split-cores stands for that: the app (engine and web process) on one core, this bench and its browser on the
+others, so the API's whole and the page's are both one core's.
 """
 
 from __future__ import annotations
@@ -179,11 +184,11 @@ def chromium_at(nice: int) -> str:
     return str(wrapper)
 
 
-def app_part(url: str | None, repeats: int, browser_nice: int = 0) -> dict:
+def app_part(url: str | None, repeats: int, browser_nice: int = 0, app_cores: set[int] | None = None) -> dict:
     from load import App, client
     from playwright.sync_api import sync_playwright
 
-    app = App(url, extra=["--cache-entries", "0", "--request-timeout", "600"])
+    app = App(url, extra=["--cache-entries", "0", "--request-timeout", "600"], cores=app_cores)
     try:
         c = client(app.url)
         api, pages = [], []
@@ -214,7 +219,11 @@ def main(argv=None) -> int:
     parser.add_argument("--browser-nice", type=int, default=0,
                         help="run Chromium at this nice (19: it draws only when the app leaves a core idle, nearer a "
                              "visitor's browser on its own machine than Chromium on the app's cores)")
+    parser.add_argument("--split-cores", action="store_true",
+                        help="the app on the last core, this bench and its browser on the others (2 cores or more)")
     args = parser.parse_args(argv)
+    if args.split_cores and args.url:
+        parser.error("--split-cores needs an app this bench starts (no --url)")
     results = {"load_before": round(os.getloadavg()[0], 2)}
     if not args.skip_service:
         s = results["service"] = service_part(args.repeats, args.long)
@@ -224,14 +233,18 @@ def main(argv=None) -> int:
         print(f"engine, {g['tokens']} tokens: one answer {g['once_s']:.2f} s, streamed {g['streamed_s']:.2f} s, "
               f"first step {g['first_step_s']:.2f} s")
     if not args.skip_app:
-        a = results["app"] = app_part(args.url, args.repeats, args.browser_nice)
+        from load import split_cores
+
+        app_cores = split_cores() if args.split_cores else None
+        a = results["app"] = app_part(args.url, args.repeats, args.browser_nice, app_cores)
         print(f"API /generate {TOKENS} tokens: predict {a['api_whole_s']:.2f} s; submit: first frame "
               f"{a['api_first_frame_s']:.2f} s, whole {a['api_streamed_whole_s']:.2f} s")
         print(f"page: first text {a['page_first_text_s']:.2f} s, first heatmap {a['page_first_heatmap_s']:.2f} s, "
               f"last column {a['page_last_column_s']:.2f} s ({a['page_over_api']:.2f}x the API's whole), the app "
               f"done at {a['page_served_s']:.2f} s")
     results["load_after"] = round(os.getloadavg()[0], 2)
-    print(json.dumps({"bench": "stream", "repeats": args.repeats, "browser_nice": args.browser_nice, **results}))
+    print(json.dumps({"bench": "stream", "repeats": args.repeats, "browser_nice": args.browser_nice,
+                      "split_cores": args.split_cores, **results}))
     return 0
 
 
