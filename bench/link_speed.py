@@ -14,6 +14,7 @@ chart within 1.5x of the bare page's. Needs Debian's chromium and Playwright (`m
     python bench/link_speed.py [--repeats 3] [--url http://127.0.0.1:7860/] [--tabs logit,jacobian]
     python bench/link_speed.py --width 390          # as a phone opens it
     python bench/link_speed.py --split-cores        # the app on the last core, the browser on the others
+    python bench/link_speed.py --network 10,60      # every page over 10 Mbit/s with 60 ms round trips (a phone)
 
 On one machine the browser shares the engine's cores: a link's prefetch (`ui/prefetch.py`) then slows the page's
 own start. A visitor's browser is on another machine; --split-cores stands for that (the app's engine binds to the
@@ -99,13 +100,15 @@ def step_names(url: str) -> dict[int, str]:
     return {d["id"]: d.get("api_name") or (d.get("js") and "js") or f"fn{d['id']}" for d in deps}
 
 
-def open_page(browser, url: str, chart: str, width: int) -> dict:
-    """One visit: its timeline (`timeline.js`) once the chart is drawn."""
+def open_page(browser, url: str, chart: str, width: int, network: tuple[float, float] | None = None) -> dict:
+    """One visit: its timeline (`timeline.js`) once the chart is drawn. `network`: (Mbit/s, round trip in ms)."""
     phone = width < 640
     context = browser.new_context(viewport={"width": width, "height": 844 if phone else 1000},
                                   is_mobile=phone, has_touch=phone)
     try:
         page = context.new_page()
+        if network:
+            throttle(context, page, *network)
         page.add_init_script(f"window.LENS_CHART = {json.dumps(chart)};")
         page.add_init_script(path=str(HERE / "timeline.js"))
         page.goto(url, wait_until="commit")
@@ -116,6 +119,16 @@ def open_page(browser, url: str, chart: str, width: int) -> dict:
         return timeline
     finally:
         context.close()
+
+
+def throttle(context, page, mbps: float, rtt_ms: float) -> None:
+    """The page's network as a visitor's far from the server: `mbps` each way, `rtt_ms` added to each round trip
+    (Chromium's own emulation, counted on the bytes as sent: a compressed answer is a smaller one)."""
+    cdp = context.new_cdp_session(page)
+    cdp.send("Network.enable")
+    rate = mbps * 1e6 / 8
+    cdp.send("Network.emulateNetworkConditions", {"offline": False, "latency": rtt_ms, "downloadThroughput": rate,
+                                                  "uploadThroughput": rate})
 
 
 def breakdown(timeline: dict, names: dict[int, str]) -> dict:
@@ -151,16 +164,18 @@ def serve_bare() -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def visits(browser, app_url: str, bare_url: str, tabs: list[str], repeats: int, width: int) -> dict[str, list]:
+def visits(browser, app_url: str, bare_url: str, tabs: list[str], repeats: int, width: int,
+           network: tuple[float, float] | None = None) -> dict[str, list]:
     """Each repeat: the bare page, the front page, then a fresh link of each tab; timelines by what was opened."""
     names = {"app": step_names(app_url), "bare": step_names(bare_url)}
     out: dict[str, list] = {name: [] for name in ("bare", "front", *tabs)}
     for r in range(repeats):
-        out["bare"].append(breakdown(open_page(browser, bare_url, BARE_CHART, width), names["bare"]))
-        out["front"].append(breakdown(open_page(browser, app_url, CHARTS["jacobian"], width), names["app"]))
+        out["bare"].append(breakdown(open_page(browser, bare_url, BARE_CHART, width, network), names["bare"]))
+        out["front"].append(breakdown(open_page(browser, app_url, CHARTS["jacobian"], width, network), names["app"]))
         for tab in tabs:
             query = link_query(tab, fresh(PROMPT, f"page{r}.{tab}"))
-            out[tab].append(breakdown(open_page(browser, f"{app_url}?{query}", CHARTS[tab], width), names["app"]))
+            out[tab].append(breakdown(open_page(browser, f"{app_url}?{query}", CHARTS[tab], width, network),
+                                      names["app"]))
     return out
 
 
@@ -179,11 +194,20 @@ def main(argv=None) -> int:
     parser.add_argument("--no-api", action="store_true", help="skip the API's time for each readout")
     parser.add_argument("--split-cores", action="store_true",
                         help="the app on the last core, this bench and its browser on the others (2 cores or more)")
+    parser.add_argument("--network", metavar="MBPS,RTT_MS",
+                        help="every page over an emulated network: Mbit/s each way and milliseconds added to each "
+                             "round trip (a phone on 4G: 10,60)")
     args = parser.parse_args(argv)
     tabs = [t for t in args.tabs.split(",") if t]
     unknown = sorted(set(tabs) - set(CHARTS))
     if unknown:
         parser.error(f"unknown tabs {unknown}; known: {', '.join(CHARTS)}")
+    try:
+        network = tuple(float(x) for x in args.network.split(",")) if args.network else None
+    except ValueError:
+        network = ()
+    if network is not None and (len(network) != 2 or network[0] <= 0 or network[1] < 0):
+        parser.error(f"--network is Mbit/s,milliseconds (e.g. 10,60); got {args.network!r}")
     from playwright.sync_api import sync_playwright
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -200,7 +224,7 @@ def main(argv=None) -> int:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             open_page(browser, bare_url, BARE_CHART, args.width)                  # each server's first page
             open_page(browser, app.url, CHARTS["jacobian"], args.width)
-            runs = visits(browser, app.url, bare_url, tabs, args.repeats, args.width)
+            runs = visits(browser, app.url, bare_url, tabs, args.repeats, args.width, network)
             browser.close()
     finally:
         app.close()
@@ -218,7 +242,8 @@ def report(results: dict, api: dict, args) -> None:
     nan = float("nan")
     floor = results["bare"]["page_s"]
     print(f"medians of {args.repeats}, seconds from the navigation's start, {args.width} px wide; "
-          f"bare = Gradio drawing a ready chart" + ("; the app on a core of its own" if args.split_cores else ""))
+          f"bare = Gradio drawing a ready chart" + ("; the app on a core of its own" if args.split_cores else "")
+          + (f"; over a network of {args.network} (Mbit/s, ms)" if args.network else ""))
     print(f"{'page':>10} {'chart':>6} {'/bare':>6} {'API':>6} {'html':>5} {'render':>6} {'1st ev':>6} {'steps':>5} "
           f"{'sent':>5} {'server':>6} {'kB':>6} {'draw':>5}  the chart's step")
     for name, r in results.items():
@@ -230,7 +255,7 @@ def report(results: dict, api: dict, args) -> None:
     for name, r in results.items():
         print(f"  {name}: {' '.join(r['chain'])}")
     print(json.dumps({"bench": "link_speed", "width": args.width, "repeats": args.repeats,
-                      "split_cores": args.split_cores, "api_s": api,
+                      "split_cores": args.split_cores, "network": args.network, "api_s": api,
                       **{name: {k: v for k, v in r.items() if k != "chain"} for name, r in results.items()}}))
 
 
