@@ -170,6 +170,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     from fastapi.responses import JSONResponse
 
     from . import heap, ui
+    from .compressed import Compressed
     from .service.usage import Usage
 
     usage = None
@@ -187,7 +188,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     prefetch = ui.LinkPrefetch(service, built.guard, enabled=not secrets.auth_pairs and web.cache_entries > 0)
     app = FastAPI(title="Lens Explorer", lifespan=lambda _app: running(trimmer, prefetch))
     app.add_middleware(PrefetchLinks, trusted_proxies=config.resolve_trusted_proxies(web), prefetch=prefetch)
-    app.add_middleware(CompressPage)
+    app.add_middleware(Compressed)
 
     def health(request):            # a plain Starlette route, as `what_was_run` below
         h = service.health()
@@ -264,28 +265,6 @@ class PrefetchLinks:
         peer = (scope.get("client") or (None,))[0]
         forwarded = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-forwarded-for"]
         return identity.client_address(peer, forwarded, self.trusted_proxies) or identity.UNIDENTIFIED
-
-
-class CompressPage:
-    """ASGI middleware: the page and its config sent compressed to a browser that takes it. Gradio compresses
-    what it serves by the file's extension (its scripts and styles), so the page itself, whose HTML carries the
-    whole config (~370 kB for this app's six tabs), went out whole: a second of a phone's link before anything
-    is drawn (bench/link_speed.py --network). The event streams (answers as they are written) are left as they
-    are: compressed, they would be held back until a buffer fills."""
-
-    PATHS = ("/", "/config")
-
-    def __init__(self, app):
-        from starlette.middleware.gzip import GZipMiddleware
-
-        self.app = app
-        self.compressed = GZipMiddleware(app, minimum_size=1024, compresslevel=6)
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] in self.PATHS:
-            await self.compressed(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
 
 
 # What /health shows everyone: whether the app serves. The rest (the failure's reason, memory, the model,

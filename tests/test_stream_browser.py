@@ -112,8 +112,9 @@ def generate(pg, url: str, tokens: int) -> tuple[str, int]:
 @pytest.mark.parametrize("width", [1400, 390])
 def test_the_text_grows_and_the_heatmap_is_drawn_while_the_model_writes(browser, tiny_url, slow_model, width):
     pg = browser.new_context(viewport={"width": width, "height": 900}).new_page()
-    errors = []
+    errors, encodings = [], set()
     pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.on("response", lambda r: "queue/data" in r.url and encodings.add(r.headers.get("content-encoding")))
     before, served = generate(pg, tiny_url, 24)
     # the engine served this generation (waiting on `admitted` alone could read before it was admitted), then the
     # page wrote its last step
@@ -130,6 +131,7 @@ def test_the_text_grows_and_the_heatmap_is_drawn_while_the_model_writes(browser,
     assert any(drawn[:-1]), "the heatmap was drawn only at the end"
     assert pg.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), "scrolls sideways"
     assert not errors
+    assert encodings == {"gzip"}                                   # written compressed, and still as it comes
 
 
 def test_stop_keeps_what_was_written_and_frees_the_engine(browser, tiny_url, slow_model):
