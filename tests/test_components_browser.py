@@ -49,7 +49,7 @@ def test_a_lens_cell_opens_its_components_in_one_click(page, app_url):
         position={"x": 3, "y": 3}, force=True)
     deadline = time.time() + 60
     while time.time() < deadline and "tab=components" not in page.url and len(page.context.pages) == pages:
-        time.sleep(0.2)
+        page.wait_for_timeout(200)                                  # Playwright's events are read while it waits
     opened = page if "tab=components" in page.url else page.context.pages[-1]
     assert "tab=components" in opened.url, opened.url
     opened.wait_for_selector("#components-run", state="attached", timeout=30_000)

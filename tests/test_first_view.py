@@ -38,7 +38,8 @@ def test_a_phone_sees_a_links_last_column_within_a_screen_and_a_half(browser, ti
     width, height = WIDTHS["phone"]
     page = visit(browser, tiny_url, "phone", f"tab={tab}&prompt={quote(PROMPT)}")
     wait_plot(page, f"{tab}-heatmap")
-    page.wait_for_timeout(300)                                         # the chart scrolled as it was drawn
+    page.wait_for_function("s => document.querySelector(s + ' svg.marks')?.dataset.lensSeen", arg=f"#{tab}-heatmap",
+                           timeout=30_000)                             # the chart scrolled as it was drawn
     assert page.evaluate("scrollY") == 0
     seen = page.evaluate(LAST_COLUMN, f"#{tab}-heatmap")
     assert seen["top"] < 1.5 * height, seen                            # the picture begins within 1.5 screens

@@ -74,6 +74,7 @@ def test_a_heavy_link_and_dropped_sessions_take_nothing_a_page_kept(browser, tin
     link = urllib.parse.urlencode({"v": 2, "tab": "logit", "prompt": HEAVY_PROMPT, "layers": "all", "k": 100})
     heavy.goto(f"{url}?{link}")
     heavy.wait_for_selector("#logit-heatmap svg.marks", timeout=RUN_TIMEOUT)
+    heavy.wait_for_selector("#logit-window", state="visible", timeout=RUN_TIMEOUT)   # read whole, then kept
     stats = kept_stats(url)
     assert stats["too_large"] + stats["evicted"] >= 1, stats          # the heavy value did not fit beside the others
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import random
 import re
+import time
 import urllib.parse
 
 import pytest
@@ -388,8 +389,11 @@ def test_a_heavy_links_page_is_quiet_once_it_is_read_whole(page, app_url):
     open_app(page, app_url, urllib.parse.urlencode({"v": 2, "tab": "logit", "prompt": "He wrote: " + " ".join(words),
                                                     "layers": "all", "k": 100}))
     page.wait_for_selector("#logit-window", state="visible", timeout=180_000)    # the slider: read whole
-    page.wait_for_timeout(3_000)                                     # its code and the landing's last steps
-    settled = len(joins)
+    deadline, settled, quiet_since = time.monotonic() + 60, len(joins), time.monotonic()
+    while time.monotonic() - quiet_since < 3 and time.monotonic() < deadline:   # its code, the landing's last
+        page.wait_for_timeout(250)                                               # steps: 3 s without a join
+        if len(joins) != settled:
+            settled, quiet_since = len(joins), time.monotonic()
     page.wait_for_timeout(5_000)
     assert len(joins) == settled, joins[settled:]
     assert not page.errors
@@ -436,13 +440,27 @@ def test_a_patch_link_restores_runs_once_and_draws_before_after_and_difference(p
     assert not page.errors and not page.dialogs
 
 
-def cache_counts(url: str) -> dict:
+def host_health(url: str) -> dict:
     import json
     import urllib.request
 
     with urllib.request.urlopen(url + "health", timeout=30) as r:      # loopback: the host's view
-        cache = json.loads(r.read())["cache"]
+        return json.loads(r.read())
+
+
+def cache_counts(url: str) -> dict:
+    cache = host_health(url)["cache"]
     return {"computed": cache["misses"], "found": cache["hits"] + cache["shared_in_flight"]}
+
+
+def until_idle(url: str, timeout: float = 120) -> None:
+    """The engine idle on two looks half a second apart (a link's GET prefetches only into an idle engine): the
+    tests before may have left work in it."""
+    deadline, idle_looks = time.monotonic() + timeout, 0
+    while idle_looks < 2 and time.monotonic() < deadline:
+        h = host_health(url)
+        idle_looks = idle_looks + 1 if not h["admitted"] and not h["in_flight"] else 0
+        time.sleep(0.5)
 
 
 @pytest.mark.parametrize("tab, chart", [("compare", "compare-heatmaps"), ("intervene", "intervene-pair"),
@@ -463,10 +481,12 @@ def test_a_links_page_finds_the_readout_its_get_started(page, app_url, tab, char
         return View(tab=tab, prompt=prompt)
 
     day = random.randrange(10_000)
+    until_idle(app_url)
     before = cache_counts(app_url)
     open_app(page, app_url, permalinks.query_string(view(day)))
     wait_plot(page, chart)
     page.wait_for_timeout(1_500)                                      # the link's last steps
+    until_idle(app_url)
     visit = cache_counts(app_url)
     tab_view = TAB_VIEWS[tab]
     values = tab_view.values_of(view(day + 1))
