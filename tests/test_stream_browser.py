@@ -17,16 +17,18 @@ pytestmark = pytest.mark.browser
 
 RUN_TIMEOUT = 120_000        # ms
 STEP_SECONDS = 0.15          # the tiny model slowed to this a step: a page can see it write
-# Every value the generated text shows, recorded as it changes, and whether the heatmap was drawn by then.
+# Every value the generated text shows, recorded as it changes, and whether a heatmap was drawn by then since the
+# record began (Vega draws each chart in a new SVG; the one on the page before is marked old).
 RECORD = """() => {
   window.__texts = []; window.__drawn = [];
+  document.querySelectorAll('#generate-heatmap svg.marks').forEach((svg) => { svg.dataset.old = '1'; });
   const box = () => document.querySelector('#generate-text textarea');
   setInterval(() => {
     const b = box(); if (!b) return;
     const texts = window.__texts;
     if (!texts.length || texts[texts.length - 1] !== b.value) {
       texts.push(b.value);
-      window.__drawn.push(!!document.querySelector('#generate-heatmap svg.marks'));
+      window.__drawn.push(!!document.querySelector('#generate-heatmap svg.marks:not([data-old])'));
     }
   }, 20);
 }"""
