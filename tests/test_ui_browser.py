@@ -60,10 +60,22 @@ def cells(page, plot: str, chart: int = 0) -> list[dict]:
     return out
 
 
-def hover_cell(page, plot: str, index: int) -> None:
-    """Move the mouse into a cell's corner (its centre is under the text mark, which has the same tooltip)."""
-    cell = page.locator(f"#{plot} path[aria-roledescription='rect mark']").nth(index)
-    cell.hover(position={"x": 3, "y": 3}, force=True)
+def hover_cell(page, plot: str, index: int, timeout: float = 30):
+    """Move the mouse into a cell's corner (its centre is under the text mark, which has the same tooltip) until
+    its tooltip shows; the tooltip. A chart drawn again under a still mouse (an answer landing after the hover)
+    leaves it over a cell that is gone, so the mouse moves off and on again."""
+    tip = page.locator("#vg-tooltip-element")
+    deadline = time.monotonic() + timeout
+    while True:
+        page.mouse.move(0, 0)
+        cell = page.locator(f"#{plot} path[aria-roledescription='rect mark']").nth(index)
+        cell.hover(position={"x": 3, "y": 3}, force=True)
+        try:
+            tip.wait_for(state="visible", timeout=3_000)
+            return tip
+        except playwright_errors().TimeoutError:
+            if time.monotonic() > deadline:
+                raise
 
 
 def wait_plot(page, plot: str) -> None:
@@ -154,9 +166,7 @@ def test_example_draws_heatmap_with_tooltips(page, app_url, model_dims, embedded
     top = next(c for c in got if int(c["layer"]) == n_layers - 1 and int(c["position"]) == n_pos - 1)
     assert top["#1"].startswith("␣Paris") and "#5" in top
     # hovering a cell shows the same top-k in the tooltip
-    hover_cell(page, "logit-heatmap", -1)
-    tip = page.locator("#vg-tooltip-element")
-    tip.wait_for(state="visible", timeout=30_000)
+    tip = hover_cell(page, "logit-heatmap", -1)
     assert "#1" in tip.inner_text() and "%" in tip.inner_text()
     # token table: one row per layer; target curve drawn; the address bar holds the view
     # (the table is virtualised: only rows in view are in the DOM; the grid's aria-rowcount counts them all)
@@ -245,9 +255,7 @@ def test_hostile_prompt_is_text(page, app_url):
     page.click("#logit-run")
     page.wait_for_function("() => [...document.querySelectorAll('#logit-heatmap g.role-axis-label text')]"
                            ".some(e => e.textContent.includes('img'))", timeout=RUN_TIMEOUT)    # ... then this one
-    hover_cell(page, "logit-heatmap", 0)
-    tip = page.locator("#vg-tooltip-element")
-    tip.wait_for(state="visible", timeout=30_000)
+    hover_cell(page, "logit-heatmap", 0)                               # its tooltip shows
     page.wait_for_selector("#logit-summary p")
     labels = page.eval_on_selector_all("#logit-heatmap g.role-axis-label text", "els => els.map(e => e.textContent)")
     assert HOSTILE in "".join(labels).replace("␣", " ").replace("\u200b", "")   # the tokens, drawn as text

@@ -32,9 +32,7 @@ def test_skipping_punctuation_changes_cells_and_the_hover_keeps_the_true_top_1(p
     moved = [i for i, c in enumerate(after) if "skipping punctuation: rank" in c["shown"]
              and "rank 1)" not in c["shown"]]
     assert moved, [c["shown"] for c in after][:10]
-    hover_cell(page, "logit-heatmap", moved[0])
-    tip = page.locator("#vg-tooltip-element")
-    tip.wait_for(state="visible", timeout=30_000)
+    tip = hover_cell(page, "logit-heatmap", moved[0])
     text = tip.inner_text()
     assert "skipping punctuation: rank" in text and after[moved[0]]["#1"].split()[0] in text
     page.wait_for_function("() => location.search.includes('punct=1')", timeout=30_000)
