@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import zlib
 
-import anyio
-from starlette.datastructures import Headers, MutableHeaders
-from starlette.middleware.gzip import GZipMiddleware
+# FastAPI's own names for Starlette's parts (a declared dependency; Starlette comes with it)
+from fastapi.concurrency import run_in_threadpool
+from fastapi.datastructures import Headers
+from fastapi.middleware.gzip import GZipMiddleware
 
 PAGES = ("/", "/config")                     # the page (any link) and its config: compressed whole
 EVENTS = "/gradio_api/queue/data"           # the event stream: compressed message by message
@@ -37,18 +38,14 @@ class Compressed:
         self.pages = GZipMiddleware(app, minimum_size=1024, compresslevel=LEVEL)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "GET" or "gzip" not in accepted(scope):
-            await self.app(scope, receive, send)
-        elif scope["path"] in PAGES:
-            await self.pages(scope, receive, send)
-        elif scope["path"] == EVENTS:
+        # the path first: every script and style the page loads passes here, and only two paths are ours
+        path = scope.get("path") if scope["type"] == "http" and scope["method"] == "GET" else None
+        if path in PAGES:
+            await self.pages(scope, receive, send)              # it reads Accept-Encoding itself
+        elif path == EVENTS and "gzip" in Headers(scope=scope).get("accept-encoding", ""):
             await self.app(scope, receive, StreamGzip(send))
         else:
             await self.app(scope, receive, send)
-
-
-def accepted(scope) -> str:
-    return Headers(scope=scope).get("accept-encoding", "")
 
 
 class StreamGzip:
@@ -60,17 +57,15 @@ class StreamGzip:
 
     async def __call__(self, message) -> None:
         if message["type"] == "http.response.start":
-            headers = MutableHeaders(raw=message["headers"])
-            if "content-encoding" not in headers:
+            headers = [(k, v) for k, v in message["headers"] if k.lower() != b"content-length"]
+            if not any(k.lower() == b"content-encoding" for k, _ in headers):
                 self.gzip = zlib.compressobj(LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS, MEM_LEVEL)
-                headers["Content-Encoding"] = "gzip"
-                headers.add_vary_header("Accept-Encoding")
-                if "content-length" in headers:
-                    del headers["content-length"]
+                message = {**message, "headers": [*headers, (b"content-encoding", b"gzip"),
+                                                  (b"vary", b"Accept-Encoding")]}
         elif message["type"] == "http.response.body" and self.gzip is not None:
             body, more = message.get("body", b""), message.get("more_body", False)
             if len(body) > ON_A_THREAD:
-                body = await anyio.to_thread.run_sync(self.squeeze, body, more)
+                body = await run_in_threadpool(self.squeeze, body, more)
             else:
                 body = self.squeeze(body, more)
             message = {**message, "body": body}
