@@ -8,8 +8,13 @@ the app holds on purpose is bounded elsewhere (the result cache, the pages' kept
 rest. `Trimmer` is a daemon thread that trims when the process has grown by `GROWTH` since it last did, looking
 every `SECONDS` (a trim takes a few milliseconds per GB of heap), and also when the process has settled (it did not
 move between two looks) having grown by more than `SETTLED`: a quiet app gives back all it freed, not all but the
-last `GROWTH`. The app starts it as it serves and stops it as it closes (`server.running`). Not glibc (musl,
-macOS): it does nothing.
+last `GROWTH`. The app starts it as it serves and stops it as it closes (`server.running`).
+
+`map_large_blocks` keeps the largest of those objects out of the heaps altogether: glibc maps a block of
+`LARGE` or more on its own and unmaps it when freed, but by default raises that threshold to the size of any
+such block freed (up to 32 MB), after which every answer's megabytes are carved from the heaps, where what is
+left between them stays until a trim finds whole free pages. A fixed threshold ends that, and two arenas bound
+the heaps the web process's many threads spread over. Not glibc (musl, macOS): both do nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ log = logging.getLogger(__name__)
 SECONDS = 10.0
 GROWTH = 64 << 20
 SETTLED = 4 << 20
+LARGE = 1 << 20          # a block this large or larger has its own mapping, returned to the system when freed
+ARENAS = 2
+_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8          # glibc's mallopt parameters (malloc.h)
 
 
 def _libc():
@@ -47,6 +55,14 @@ def resident_bytes() -> int:
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _LIBC = _libc()
+
+
+def map_large_blocks(large: int = LARGE, arenas: int = ARENAS) -> bool:
+    """Allocate every block of `large` bytes or more as its own mapping, and use at most `arenas` heaps; whether
+    the allocator took both."""
+    if _LIBC is None:
+        return False
+    return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, large)) and bool(_LIBC.mallopt(_M_ARENA_MAX, arenas))
 
 
 def trim() -> int:

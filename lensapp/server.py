@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 
-from . import config, shell
+from . import config, heap, shell
 from . import workshop as workshops
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
-    from . import heap, ui
+    from . import ui
     from .compressed import Compressed
     from .service.usage import Usage
 
@@ -233,6 +233,7 @@ async def running(trimmer, prefetch):
     """The heap's trimmer and the link prefetch's thread, from the app's start to its close (uvicorn's lifespan, a
     test client's `with`): an app made and never served starts neither. The service is its owner's to close
     (`serve` closes it after the app)."""
+    heap.map_large_blocks()             # the process's allocator, set once it serves (`heap`)
     trimmer.start()
     try:
         yield

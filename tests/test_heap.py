@@ -1,5 +1,6 @@
 """The web process gives freed memory back (`heap.py`): glibc keeps freed chunks in its heap, and a trim returns
-their pages once the process has grown by the trimmer's threshold. The threads the app starts (the trimmer, the
+their pages once the process has grown by the trimmer's threshold; a large block has its own mapping and goes back
+when freed. The threads the app starts (the trimmer, the
 link prefetch) run from its start to its close (`server.running`)."""
 
 from __future__ import annotations
@@ -52,6 +53,40 @@ SETTLE = textwrap.dedent("""
     trimmer.look()                                                  # settled, not grown since: no trim
     print(moving, settled, trimmer.trims, trimmer.returned, len(survivors))
 """)
+
+
+# An answer's megabytes, built after an earlier one was freed (glibc's default then carves them from the heap),
+# with small objects made between them that stay.
+LARGE = textwrap.dedent("""
+    import gc, sys
+    from lensapp import heap
+
+    mapped = heap.map_large_blocks() if sys.argv[1] == "mapped" else False
+    first = b"y" * (8 << 20)
+    del first                                   # a large block made and freed: glibc's default raises its threshold
+    start = heap.resident_bytes()
+    pieces, survivors = [], []
+    for i in range(48):
+        pieces.append(b"x" * (2 << 20))                              # 96 MB in 2 MB blocks
+        survivors.append(b"s" * (64 << 10) + bytes([i]))             # and between them, what stays
+    grown = heap.resident_bytes()
+    del pieces
+    gc.collect()
+    print(int(mapped), start, grown, heap.resident_bytes(), len(survivors))
+""")
+
+
+@pytest.mark.skipif(heap._LIBC is None, reason="not glibc: nothing to map")
+@pytest.mark.parametrize("allocator", ["default", "mapped"])
+def test_large_blocks_go_back_when_freed_without_a_trim(allocator):
+    out = subprocess.run([sys.executable, "-c", LARGE, allocator], capture_output=True, text=True, check=True,
+                         timeout=120)
+    mapped, start, grown, freed, survivors = map(int, out.stdout.split())
+    assert grown - start >= 90 << 20 and survivors == 48
+    if allocator == "mapped":
+        assert mapped == 1 and freed - start < 16 << 20             # back at once: no trim needed
+    else:
+        assert freed - start > 64 << 20                             # glibc's default keeps it until a trim
 
 
 @pytest.mark.skipif(heap._LIBC is None, reason="not glibc: nothing to trim")
