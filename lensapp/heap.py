@@ -14,7 +14,9 @@ last `GROWTH`. The app starts it as it serves and stops it as it closes (`server
 `LARGE` or more on its own and unmaps it when freed, but by default raises that threshold to the size of any
 such block freed (up to 32 MB), after which every answer's megabytes are carved from the heaps, where what is
 left between them stays until a trim finds whole free pages. A fixed threshold ends that, and two arenas bound
-the heaps the web process's many threads spread over. Not glibc (musl, macOS): both do nothing.
+the heaps the web process's many threads spread over. 4 MB, not less: a model run in this process (the
+transformers backend) makes and frees 1-4 MB tensors at every layer, and mapping those cost its forward ~10%.
+Not glibc (musl, macOS): both do nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 SECONDS = 10.0
 GROWTH = 64 << 20
 SETTLED = 4 << 20
-LARGE = 1 << 20          # a block this large or larger has its own mapping, returned to the system when freed
+LARGE = 4 << 20          # a block this large or larger has its own mapping, returned to the system when freed
 ARENAS = 2
 _M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8          # glibc's mallopt parameters (malloc.h)
 
