@@ -58,17 +58,18 @@ def test_a_workshops_exercises_open_their_views_and_questions_and_are_counted(pa
     assert buttons.count() == 3
     assert [b.strip() for b in buttons.all_inner_texts()] == [f"{i}. {ex.title}" for i, ex in
                                                               enumerate(plan.exercises, 1)]
-    checks = [("Logit lens", "logit-heatmap", "logit-prompt", "Water boils at"),
-              ("Compare", "compare-heatmaps", "compare-prompt2", "The capital of Italy is"),
-              ("Jacobian lens", "jacobian-heatmap", "jacobian-prompt", "The Eiffel Tower is located in the city of")]
-    for i, (ex, (tab, plot, box, prompt)) in enumerate(zip(plan.exercises, checks), 1):
+    checks = [("Logit lens", "logit-heatmap", "logit-prompt", "Water boils at", (20, 29)),
+              ("Compare", "compare-heatmaps", "compare-prompt2", "The capital of Italy is", (24, 29)),
+              ("Jacobian lens", "jacobian-heatmap", "jacobian-prompt", "The Eiffel Tower is located in the city of",
+               (16, 29))]
+    for i, (ex, (tab, plot, box, prompt, layers)) in enumerate(zip(plan.exercises, checks), 1):
         page.locator(f"#exercise-{i}").click()
         page.wait_for_function(f"() => document.querySelector('#exercise-question')?.innerText.includes("
                                f"{ex.question!r})", timeout=30_000)
         assert page.get_by_role("tab", name=tab).first.get_attribute("aria-selected") == "true"
         page.wait_for_function(f"() => document.querySelector('#{box} textarea, #{box} input')?.value === "
                                f"{prompt!r}", timeout=30_000)
-        wait_plot(page, plot)
+        wait_layers(page, plot, *layers)          # the exercise's own chart: the tab's example drew every layer
         assert page.locator("#exercise-hint").is_visible() == bool(ex.hint)
         assert field(page, box).input_value() == prompt
     shot(page, "workshop")
@@ -79,6 +80,17 @@ def test_a_workshops_exercises_open_their_views_and_questions_and_are_counted(pa
     assert "prompts" not in after and "Eiffel" not in str(after) and "Italy" not in str(after)   # never a prompt
     assert health(app_url)["workshop"]["exercises"] == after["exercises"]
     assert not page.errors
+
+
+def wait_layers(page, plot: str, low: int, high: int) -> None:
+    """Wait until the chart `plot` draws layers `low`..`high` and no other (a J lens's heatmap: those of them
+    it has, the last among them)."""
+    page.wait_for_function("""([plot, low, high]) => {
+        const marks = document.querySelectorAll(`#${plot} g.role-mark path[aria-roledescription='rect mark']`);
+        const layers = [...marks].map(e => /(?:^|; )layer: (\\d+)/.exec(e.getAttribute('aria-label') || ''))
+            .filter(Boolean).map(m => Number(m[1]));
+        return layers.length > 0 && layers.every(l => l >= low && l <= high) && layers.includes(high);
+    }""", arg=[plot, low, high], timeout=120_000)
 
 
 def _workshop(url: str) -> dict:
