@@ -5,7 +5,9 @@ whose load event returns a ready 30 x 7 Altair heatmap (built before the page is
 (`lensapp serve`, or --url) opens a fresh short link of each tab (`?tab=jacobian&prompt=<a prompt never asked>`):
 for every repeat, the bare page and then one link per tab, each in a fresh browser context (nothing cached, as a
 visitor following a link), and the same readout through the API with another fresh prompt. A page's time is
-from the navigation's start to its first chart's first mark in the SVG, in the page's own clock
+from the navigation's start to its first chart's first mark in the SVG ("chart"), and to the first picture of it
+the visitor sees ("seen": a lens link's first view, `ui/first_view.py`, drawn before the page has started; else
+the chart), in the page's own clock
 (`bench/timeline.js`), which also says where it went: the HTML, the components first rendered, each load step
 (sent, started, answered), the readout's step, its answer's size (the chart's JSON) and the drawing after it.
 Medians of --repeats. The front page (no link) is measured too: it must keep drawing at once. Goal: a link's
@@ -116,6 +118,7 @@ def open_page(browser, url: str, chart: str, width: int, network: tuple[float, f
                                polling=100)
         timeline = page.evaluate("window.lensTimeline")
         timeline["html"] = page.evaluate("performance.getEntriesByType('navigation')[0].responseEnd")
+        timeline["first_view"] = page.evaluate("window.lensFirstView?.drawn ?? null")     # ui/first_view.py
         return timeline
     finally:
         context.close()
@@ -136,6 +139,7 @@ def breakdown(timeline: dict, names: dict[int, str]) -> dict:
     until the chart was drawn, and the answer that carried the chart (its largest output: a step's last answer,
     or one of a generator's updates)."""
     s, drawn = 1e-3, timeline["drawn"]
+    seen = {"seen_s": min(timeline.get("first_view") or drawn, drawn) * s}    # the first picture: a link's first view
     by_event: dict = {}
     for m in timeline["msgs"]:
         by_event.setdefault(m.get("event"), []).append(m)
@@ -147,9 +151,9 @@ def breakdown(timeline: dict, names: dict[int, str]) -> dict:
         answers += [{**m, "sent": join["sent"], "started": started, "step": steps[-1]} for m in msgs if m.get("items")]
     chart = max(answers, key=lambda m: max(m["items"]), default=None)
     if chart is None:
-        return {"page_s": drawn * s, "html_s": timeline["html"] * s, "rendered_s": timeline["rendered"] * s,
+        return {"page_s": drawn * s, **seen, "html_s": timeline["html"] * s, "rendered_s": timeline["rendered"] * s,
                 "steps": len(steps), "chain": steps, "chart_step": None}
-    return {"page_s": drawn * s, "html_s": timeline["html"] * s, "rendered_s": timeline["rendered"] * s,
+    return {"page_s": drawn * s, **seen, "html_s": timeline["html"] * s, "rendered_s": timeline["rendered"] * s,
             "first_event_s": timeline["joins"][0]["sent"] * s, "steps": len(steps),
             "chart_sent_s": chart["sent"] * s, "chart_server_s": (chart["t"] - chart["started"]) * s,
             "chart_kb": max(chart["items"]) / 1024, "answer_kb": chart["bytes"] / 1024,
@@ -244,12 +248,13 @@ def report(results: dict, api: dict, args) -> None:
     print(f"medians of {args.repeats}, seconds from the navigation's start, {args.width} px wide; "
           f"bare = Gradio drawing a ready chart" + ("; the app on a core of its own" if args.split_cores else "")
           + (f"; over a network of {args.network} (Mbit/s, ms)" if args.network else ""))
-    print(f"{'page':>10} {'chart':>6} {'/bare':>6} {'API':>6} {'html':>5} {'render':>6} {'1st ev':>6} {'steps':>5} "
-          f"{'sent':>5} {'server':>6} {'kB':>6} {'draw':>5}  the chart's step")
+    print(f"{'page':>10} {'seen':>6} {'/bare':>6} {'chart':>6} {'/bare':>6} {'API':>6} {'html':>5} {'render':>6} "
+          f"{'1st ev':>6} {'steps':>5} {'sent':>5} {'server':>6} {'kB':>6} {'draw':>5}  the chart's step")
     for name, r in results.items():
         cells = [r.get(k, nan) for k in ("first_event_s", "steps", "chart_sent_s", "chart_server_s", "chart_kb",
                                          "draw_s")]
-        print(f"{name:>10} {r['page_s']:6.2f} {r['page_s'] / floor:6.2f} {api.get(name, nan):6.2f} {r['html_s']:5.2f} "
+        print(f"{name:>10} {r['seen_s']:6.2f} {r['seen_s'] / floor:6.2f} {r['page_s']:6.2f} {r['page_s'] / floor:6.2f} "
+              f"{api.get(name, nan):6.2f} {r['html_s']:5.2f} "
               f"{r['rendered_s']:6.2f} {cells[0]:6.2f} {cells[1]:5.0f} {cells[2]:5.2f} {cells[3]:6.2f} {cells[4]:6.1f} "
               f"{cells[5]:5.2f}  {r['chart_step']}")
     for name, r in results.items():

@@ -21,7 +21,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.datastructures import Headers
 from fastapi.middleware.gzip import GZipMiddleware
 
-PAGES = ("/", "/config")                     # the page (any link) and its config: compressed whole
+PAGES = ("/", "/config", "/first-view")      # the page (any link), its config, a link's first heatmap: whole
 EVENTS = "/gradio_api/queue/data"           # the event stream: compressed message by message
 LEVEL = 4                                    # JSON of charts shrinks ~10x at 4; 6-9 cost more and save little
 ON_A_THREAD = 128 << 10                      # a message larger than this is compressed off the event loop

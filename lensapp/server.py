@@ -167,7 +167,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     what was run is counted (`service/usage.py`) and served to the host at `/workshop`."""
     import gradio as gr
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
 
     from . import ui
     from .compressed import Compressed
@@ -206,6 +206,12 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
         return JSONResponse(h, status_code=200 if h["state"] in ("ready", "starting") else 503)
 
     app.add_route("/health", health, methods=["GET"])
+
+    async def first_view(request):  # a lens link's first heatmap, kept by its prefetch (ui/first_view.py)
+        chart = await prefetch.first_views.get(request.url.query, FIRST_VIEW_WAIT)
+        return Response(chart, media_type="application/json") if chart else Response(status_code=204)
+
+    app.add_route("/first-view", first_view, methods=["GET"])
 
     def what_was_run(request):      # a plain Starlette route: FastAPI cannot read this module's lazy annotations
         # The host is auth's first login: a workshop gives its participants logins too, and what was run may hold
@@ -251,12 +257,16 @@ class PrefetchLinks:
     """
 
     def __init__(self, app, prefetch, trusted_proxies: int = 0):
+        from .ui import first_view
+
         self.app, self.prefetch, self.trusted_proxies = app, prefetch, trusted_proxies
+        self.first_view = first_view.first_view_script()
 
     async def __call__(self, scope, receive, send):
         if (scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/"
                 and scope.get("query_string")):
-            self.prefetch(scope["query_string"].decode("utf-8", "replace"), self.client(scope))
+            if self.prefetch(scope["query_string"].decode("utf-8", "replace"), self.client(scope)):
+                send = WithFirstView(send, self.first_view)
         await self.app(scope, receive, send)
 
     def client(self, scope) -> str:
@@ -266,6 +276,38 @@ class PrefetchLinks:
         peer = (scope.get("client") or (None,))[0]
         forwarded = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-forwarded-for"]
         return identity.client_address(peer, forwarded, self.trusted_proxies) or identity.UNIDENTIFIED
+
+
+# How long a link's page's ask for its first heatmap waits for the readout its GET started: a page draws its own
+# after ~1.5-2.5 s (bench/link_speed.py), and the ask holds one of the browser's connections meanwhile.
+FIRST_VIEW_WAIT = 5.0
+
+
+class WithFirstView:
+    """An ASGI `send` that writes a link's first-view script (`ui/first_view.py`) first in its page's head, where
+    the browser runs it as it reads the page: Gradio's own `head` is written into the page by Gradio's script once
+    that has started, ~0.4 s later. A page sent whole, as Gradio sends it; else as it is."""
+
+    def __init__(self, send, script: str):
+        self.send, self.script, self.start = send, script.encode(), None
+
+    async def __call__(self, message) -> None:
+        if message["type"] == "http.response.start" and self.script:
+            self.start = message                        # sent with the body, once its length is known
+            return
+        if self.start is not None:
+            start, self.start = self.start, None
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                body = self.into_head(message.get("body", b""))
+                headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+                start = {**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+                message = {**message, "body": body}
+            await self.send(start)
+        await self.send(message)
+
+    def into_head(self, html: bytes) -> bytes:
+        at = html.find(b"<head>")
+        return html if at < 0 else html[:at + 6] + self.script + html[at + 6:]
 
 
 # What /health shows everyone: whether the app serves. The rest (the failure's reason, memory, the model,

@@ -1,14 +1,19 @@
-"""A link's first view on a phone (390 x 844) in Chromium, on the tiny app (`ui/first_view.py`, issue 50): the
-picture begins within the first screen and a half (the settings and examples after it), and every lens chart
-opens on its last column, where the answer forms: the column's cells are in view without a swipe."""
+"""A link's first view in Chromium, on the tiny app (`ui/first_view.py`, issue 50): a lens link's picture drawn
+before the page has started, the same cells as the tab's chart, and gone once that is drawn; on a phone (390 x
+844) the picture begins within the first screen and a half (the settings and examples after it), and every lens
+chart opens on its last column, where the answer forms: the column's cells are in view without a swipe."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import pytest
 from test_first_minute import WIDTHS, tiny_url, visit  # noqa: F401 - the module's tiny app, and a visit at a width
-from test_ui_browser import wait_plot
+from test_ui_browser import until_idle, wait_plot
 
 from lensapp.ui import first_view
 
@@ -84,3 +89,80 @@ def test_the_preloaded_modules_are_gradios_own(tmp_path):
                                                   '<link rel="modulepreload" href="./assets/dsv-z.js">')
     assert first_view.preload_links(tmp_path / "none") == ""
     assert "AltairPlot-" in first_view.preload_links()                 # this Gradio's, found
+
+
+# The page's own events (its queue's joins) held until the test lets them go (`lensLetGo()`): the first view is
+# then drawn while the tab cannot have drawn its chart, and must give way to it once it does.
+HOLD_JOINS = """(() => {
+  const plain = window.fetch;
+  const held = new Promise((go) => { window.lensLetGo = go; });
+  window.fetch = function (input, init) {
+    const url = typeof input === "string" ? input : (input && input.url) || String(input);
+    return url.includes("queue/join") ? held.then(() => plain.call(this, input, init)) : plain.call(this, input, init);
+  };
+})();"""
+
+CELLS = """(sel) => [...document.querySelectorAll(sel + " svg.marks path[aria-roledescription='rect mark']")]
+  .map((c) => c.getAttribute("aria-label"))"""
+
+
+@pytest.mark.parametrize("tab", ["logit", "jacobian"])
+def test_a_lens_links_picture_comes_before_the_page_and_gives_way_to_its_chart(browser, tiny_url, tab):  # noqa: F811
+    until_idle(tiny_url)                                                # a link's GET prefetches into an idle engine
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.add_init_script(HOLD_JOINS)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{tiny_url}?v=1&tab={tab}&prompt={quote(f'{PROMPT} ({tab}, {time.time()})')}")
+    early = f"#{first_view.FIRST_VIEW_ID}"
+    page.wait_for_selector(f"{early} svg.marks g.role-mark path", timeout=60_000)
+    assert page.locator(f"#{tab}-heatmap svg.marks g.role-mark path").count() == 0    # the page sent nothing yet
+    assert page.get_attribute(early, "aria-hidden") == "true"
+    first = page.evaluate(CELLS, early)
+    page.evaluate("window.lensLetGo()")
+    wait_plot(page, f"{tab}-heatmap")
+    page.wait_for_selector(early, state="detached", timeout=10_000)     # gone once the tab's chart is drawn
+    assert first and first == page.evaluate(CELLS, f"#{tab}-heatmap")  # the same cells, the same words
+    assert not errors
+    context.close()
+
+
+def test_a_link_no_readout_was_started_for_has_no_first_view(tiny_url):  # noqa: F811
+    with urllib.request.urlopen(tiny_url, timeout=30) as r:
+        assert b"lensFirstView" not in r.read()                         # the front page: no link, no script
+    for query in ("v=1&tab=logit&prompt=never%20opened", "tab=nothing", ""):
+        t = time.monotonic()
+        with urllib.request.urlopen(f"{tiny_url}first-view?{query}", timeout=30) as r:
+            assert r.status == 204 and r.read() == b""
+        assert time.monotonic() - t < 1                                 # nothing under way: no wait
+
+
+def asked(views: first_view.FirstViews, query: str, wait: float) -> str | None:
+    """`views.get` as the app's event loop runs it (on a thread of its own: Playwright's loop runs on this one)."""
+    with ThreadPoolExecutor(1) as loop:
+        return loop.submit(asyncio.run, views.get(query, wait)).result()
+
+
+def test_first_views_are_few_and_their_pages_wait_only_while_one_is_read():
+    views = first_view.FirstViews(entries=2, max_bytes=10)
+    for query in ("a", "b", "c"):
+        views.put(query, "{}")
+    views.put("big", "x" * 11)                                          # over the bound: not kept
+    got = {q: asked(views, q, wait=5) for q in ("a", "b", "c", "big")}
+    assert got == {"a": None, "b": "{}", "c": "{}", "big": None}       # the newest two
+    views.expect("d")
+    t = time.monotonic()
+    assert asked(views, "d", wait=0.3) is None and time.monotonic() - t >= 0.3    # being read: waited for
+    views.put("d", None)                                                # its readout failed: no more waiting
+    t = time.monotonic()
+    assert asked(views, "d", wait=5) is None and time.monotonic() - t < 0.5
+
+
+def test_the_first_view_draws_with_gradios_own_vega(tmp_path):
+    (tmp_path / "embed-x1.js").write_text('import{a}from"./index-y.js";/* vega */function G(){}export{G as default};')
+    (tmp_path / "embed-x2.js").write_text("export{G as other};")
+    assert first_view.embed_module(tmp_path) == "embed-x1.js"
+    assert first_view.embed_module(tmp_path / "none") is None
+    assert first_view.embed_module() is not None                       # this Gradio's, found
+    assert "embed-" in first_view.first_view_script() and "./assets/EMBED" not in first_view.first_view_script()

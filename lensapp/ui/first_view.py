@@ -1,5 +1,14 @@
-"""What the browser does for a page's first view: the charts' code fetched while the page starts, every lens chart
-opened on its last columns, and on a phone the picture before the form's settings.
+"""What the browser does for a page's first view: a link's picture drawn before the page has started, the charts'
+code fetched while the page starts, every lens chart opened on its last columns, and on a phone the picture before
+the form's settings.
+
+- A lens link's picture before the page: Gradio takes ~1-1.5 s to build and mount a tab's ~60 components before the
+  page sends its first event, where a bare page with one chart is drawn in ~1 s (bench/RESULTS.md). The link's
+  GET has started its readout already (`prefetch.py`), which then keeps the heatmap the page will draw first
+  (`FirstViews`, the same chart the tab draws). The page's HTML carries a script for it at the top of its head
+  (`server.WithFirstView`), which asks for it (`/first-view`, the link's query) and draws it with Gradio's own
+  Vega (`FIRST_VIEW`) over the page while the page starts, until the tab's own chart is drawn. A link whose
+  readout the prefetch did not start has none: its page is as it was.
 
 - The chart's code (Gradio's Altair plot and Vega, ~300 kB) is fetched when the first chart's data arrives, after
   the page has started; named in the page's head, the browser fetches and compiles it while the page starts
@@ -13,18 +22,32 @@ opened on its last columns, and on a phone the picture before the form's setting
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
+import time
+from collections import OrderedDict
 from pathlib import Path
 
 # Classes a tab gives its parts (a component's elem_classes).
 PHONE_LATER = "phone-later"          # settings and examples: after the first chart on a phone
 FIRST_CHART = "first-chart"          # a tab's first chart: sent first (landing.py); on a phone, before the settings
 
+FIRST_VIEW_ID = "lens-first-view"    # the picture drawn before the page (removed once the tab's chart is drawn)
+LENS_LINKS = ("logit", "jacobian")   # the tabs whose links have one (`prefetch.py` keeps their first chart)
+
 CSS = f"""
 @media (max-width: 640px) {{
   .{PHONE_LATER} {{ order: 1; }}
   .{FIRST_CHART} ~ * {{ order: 2; }}
 }}
+#{FIRST_VIEW_ID} {{
+  position: fixed; inset: 0; z-index: 1000; overflow: auto; padding: 16px;
+  background: var(--body-background-fill, #fff); color: var(--body-text-color, #1f2937);
+  font-family: ui-sans-serif, system-ui, sans-serif; pointer-events: none;
+}}
+#{FIRST_VIEW_ID} p {{ margin: 0 0 12px; font-size: 14px; }}
+#{FIRST_VIEW_ID} .altair {{ overflow-x: auto; max-width: 100%; }}
 """
 
 # Once per drawing (Vega replaces the SVG when a chart is drawn again): the box scrolled so that the rightmost cell
@@ -65,13 +88,116 @@ SCROLL_TO_LAST_COLUMN = """<script>
 </script>"""
 
 
+class FirstViews:
+    """The first heatmap of each link whose readout the prefetch started, by the link's query, until its page asks
+    for it: the newest `entries`, at most `max_bytes` of chart JSON in all (a cache: a picture forgotten is a page
+    as it was). A query being read is pending: its page's ask waits for it."""
+
+    def __init__(self, entries: int = 16, max_bytes: int = 8 << 20):
+        self.entries, self.max_bytes = entries, max_bytes
+        self._charts: OrderedDict[str, str] = OrderedDict()
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+
+    def expect(self, query: str) -> None:
+        """`query`'s readout has started: its chart follows (`put`)."""
+        with self._lock:
+            self._pending.add(query)
+
+    def put(self, query: str, chart: str | None) -> None:
+        """`query`'s chart as JSON (None: none; its readout failed or was refused)."""
+        with self._lock:
+            if chart is not None and len(chart) <= self.max_bytes:
+                self._charts[query] = chart
+                self._charts.move_to_end(query)
+                while len(self._charts) > self.entries or sum(map(len, self._charts.values())) > self.max_bytes:
+                    self._charts.popitem(last=False)
+            self._pending.discard(query)
+
+    async def get(self, query: str, wait: float) -> str | None:
+        """`query`'s chart, waiting up to `wait` seconds while its readout is under way; None: there is none."""
+        deadline = time.monotonic() + wait
+        while True:
+            with self._lock:
+                chart, pending = self._charts.get(query), query in self._pending
+            if chart is not None or not pending or time.monotonic() >= deadline:
+                return chart
+            await asyncio.sleep(0.05)
+
+
+def embed_module(assets: Path | None = None) -> str | None:
+    """The name of Gradio's module that draws a Vega-Lite chart (vega-embed: its default export), or None."""
+    assets = assets or _assets()
+    for path in sorted(assets.glob("embed-*.js")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if "vega" in text[:200_000] and re.search(r"export\{\w+ as default\};?\s*$", text[-300:]):
+            return path.name
+    return None
+
+
+# Run by a lens link's page as it reads its HTML (`server.WithFirstView` puts it there): the link's first heatmap
+# asked for (`/first-view`) and Gradio's vega-embed module loaded at once, the picture drawn over the page (it lets
+# every click through: the page under it is the page) unless the tab has drawn its own already, and removed as soon
+# as it has, or an error is shown, or after MAX_MS.
+FIRST_VIEW = """<script>
+(() => {
+  const tab = new URLSearchParams(location.search).get("tab");
+  if (!LINKS.includes(tab)) { return; }
+  const chart = `#${tab}-heatmap svg.marks g.role-mark path`;
+  const times = window.lensFirstView = {};            // when each part came (bench/link_speed.py reads them)
+  const asked = fetch(new URL("first-view" + location.search, location.href))
+    .then((r) => (r.status === 200 ? r.json() : null)).catch(() => null)
+    .then((spec) => { times.asked = performance.now(); return spec; });
+  const vega = import("./assets/EMBED").then((m) => m.default).catch(() => null)
+    .then((embed) => { times.vega = performance.now(); return embed; });
+  Promise.all([asked, vega]).then(async ([spec, embed]) => {
+    if (!spec || !embed || document.querySelector(chart)) { return; }
+    spec.usermeta = { ...spec.usermeta, embedOptions: { ...spec.usermeta?.embedOptions, actions: false } };
+    const view = document.createElement("div");
+    view.id = "ID";
+    view.setAttribute("aria-hidden", "true");         // the page under it reads the same cells, and more
+    view.innerHTML = "<p>The link's picture, while the page opens: hovering, the settings and the rest " +
+      "follow in a moment.</p>";
+    const box = document.createElement("div");
+    box.className = "altair";                         // scrolled to its first chart's last column, as every chart
+    const plot = document.createElement("div");
+    plot.className = "lens-plot";
+    plot.appendChild(box);
+    view.appendChild(plot);
+    document.body.appendChild(view);
+    const gone = () => view.remove();
+    const watch = new MutationObserver(() => {
+      if (document.querySelector(chart) || document.querySelector(".toast-body.error")) { watch.disconnect(); gone(); }
+    });
+    watch.observe(document, { childList: true, subtree: true });
+    setTimeout(() => { watch.disconnect(); gone(); }, MAX_MS);
+    await embed(box, spec, { renderer: "svg" });
+    times.drawn = performance.now();
+  });
+})();
+</script>"""
+FIRST_VIEW_MAX_MS = 20_000
+
+
+def first_view_script(assets: Path | None = None) -> str:
+    """`FIRST_VIEW` for this Gradio ("" where it has no vega-embed module by that name: links open as before)."""
+    embed = embed_module(assets)
+    if embed is None:
+        return ""
+    return (FIRST_VIEW.replace("LINKS", repr(list(LENS_LINKS))).replace("EMBED", embed)
+            .replace('"ID"', f'"{FIRST_VIEW_ID}"').replace("MAX_MS", str(FIRST_VIEW_MAX_MS)))
+
+
+def _assets() -> Path:
+    import gradio
+
+    return Path(gradio.__file__).parent / "templates" / "frontend" / "assets"
+
+
 def preload_links(assets: Path | None = None) -> str:
     """`<link rel=modulepreload>` for Gradio's Altair plot module and the modules it imports ("" when this Gradio
     has none by that name: the page then fetches it as before)."""
-    if assets is None:
-        import gradio
-
-        assets = Path(gradio.__file__).parent / "templates" / "frontend" / "assets"
+    assets = assets or _assets()
     found = sorted(assets.glob("AltairPlot-*.js"))
     if not found:
         return ""
@@ -82,3 +208,4 @@ def preload_links(assets: Path | None = None) -> str:
 
 def head() -> str:
     return preload_links() + SCROLL_TO_LAST_COLUMN
+

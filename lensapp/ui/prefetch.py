@@ -35,8 +35,9 @@ from typing import Callable
 from ..service.asks import HOST, Ask
 from ..service.limits import RateLimited
 from . import permalinks
+from .first_view import FirstViews
 from .form import asked, has_lens
-from .lens_tab import LENS_TABS, first_read, lens_request
+from .lens_tab import LENS_TABS, first_heatmap, first_read, lens_request
 from .views import START, TAB_VIEWS
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class LinkPrefetch:
         """guard: whose budget and turn a prefetch is (`ui.guard.Guard`); None: the host's (scripts, tests)."""
         self.service, self.guard = service, guard
         self.enabled = enabled
+        self.first_views = FirstViews()               # a lens link's first heatmap, for its page's first view
         self.started = 0                             # let in: a request taken (its work may yet be refused)
         self.read = 0                                # of those, the ones whose work the budget took: read
         self._one = threading.Lock()                 # held while a prefetch runs
@@ -81,7 +83,8 @@ class LinkPrefetch:
             self._one.release()
             return False
         self.started += 1
-        self._runner.submit(self._run, job, client)
+        self.first_views.expect(query)
+        self._runner.submit(self._run, job, client, query)
         return True
 
     def _job(self, query: str) -> Callable[[Ask], None] | None:
@@ -92,9 +95,9 @@ class LinkPrefetch:
         if tab is not None:
             if not has_lens(service, tab.lens):
                 return None
-            values = tab.view.values_of(view)
+            values = {**tab.view.values_of(view), "note": view.note}
             req, _ = lens_request(tab, service, values)
-            return partial(self._read_lens, req, START(values.get("start")))
+            return partial(self._read_lens, query, tab, values, req)
         read = ONE_SHOT.get(view.tab)
         if read is None:
             return None
@@ -104,12 +107,14 @@ class LinkPrefetch:
             return None
         return partial(read, service, req)
 
-    def _read_lens(self, req, start, ask: Ask) -> None:
-        """A lens link's readout: a long prompt's drawn window first, then the whole prompt (`lens_tab.readout`)."""
-        first = first_read(self.service, req, start)
+    def _read_lens(self, query: str, tab, values: dict, req, ask: Ask) -> None:
+        """A lens link's readout: a long prompt's drawn window first, then the whole prompt (`lens_tab.readout`).
+        Its first heatmap is kept for the link's page as soon as it can be drawn (`first_views`)."""
+        first = first_read(self.service, req, START(values.get("start")))
+        result = self.service.lens(req, read_from=first, ask=ask)[0]
+        self.first_views.put(query, first_heatmap(tab, self.service, values, result))
         if first:
-            self.service.lens(req, read_from=first, ask=ask)
-        self.service.lens(req, ask=ask)
+            self.service.lens(req, ask=ask)
 
     def _takes_a_request(self, client: str | None) -> bool:
         """One of `client`'s requests taken, as an API call takes it; False when its rate refuses."""
@@ -121,7 +126,7 @@ class LinkPrefetch:
             return False
         return True
 
-    def _run(self, job: Callable[[Ask], None], client: str | None) -> None:
+    def _run(self, job: Callable[[Ask], None], client: str | None, query: str) -> None:
         read = False
         try:
             ask = dataclasses.replace(self.guard.ask_of(client) if self.guard is not None else HOST, counted=False)
@@ -131,4 +136,5 @@ class LinkPrefetch:
             log.debug("prefetch failed: %s", e)
         finally:
             self.read += read
+            self.first_views.put(query, None)          # its page waits no longer (a chart kept stays)
             self._one.release()
