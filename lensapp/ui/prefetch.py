@@ -111,10 +111,17 @@ class LinkPrefetch:
         """A lens link's readout: a long prompt's drawn window first, then the whole prompt (`lens_tab.readout`).
         Its first heatmap is kept for the link's page as soon as it can be drawn (`first_views`)."""
         first = first_read(self.service, req, START(values.get("start")))
-        result = self.service.lens(req, read_from=first, ask=ask)[0]
-        self.first_views.put(query, first_heatmap(tab, self.service, values, result))
+        self._keep_first_view(query, tab, values, self.service.lens(req, read_from=first, ask=ask))
         if first:
             self.service.lens(req, ask=ask)
+
+    def _keep_first_view(self, query: str, tab, values: dict, results: list) -> None:
+        """The first heatmap of a lens link's page, kept for it (a picture that cannot be drawn is none: the
+        readout goes on, and the page draws its own)."""
+        try:
+            self.first_views.put(query, first_heatmap(tab, self.service, values, results[0]) if results else None)
+        except Exception as e:  # noqa: BLE001 - the page's own readout will meet and report it
+            log.debug("no first view for %r: %s", query[:80], e)
 
     def _takes_a_request(self, client: str | None) -> bool:
         """One of `client`'s requests taken, as an API call takes it; False when its rate refuses."""
