@@ -265,7 +265,8 @@ class PrefetchLinks:
     async def __call__(self, scope, receive, send):
         if (scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/"
                 and scope.get("query_string")):
-            if self.prefetch(scope["query_string"].decode("utf-8", "replace"), self.client(scope)):
+            query = scope["query_string"].decode("utf-8", "replace")
+            if self.prefetch(query, self.client(scope)) or self.prefetch.first_views.knows(query):
                 send = WithFirstView(send, self.first_view)
         await self.app(scope, receive, send)
 

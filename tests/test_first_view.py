@@ -151,7 +151,9 @@ def test_first_views_are_few_and_their_pages_wait_only_while_one_is_read():
     views.put("big", "x" * 11)                                          # over the bound: not kept
     got = {q: asked(views, q, wait=5) for q in ("a", "b", "c", "big")}
     assert got == {"a": None, "b": "{}", "c": "{}", "big": None}       # the newest two
+    assert [views.knows(q) for q in ("a", "b", "d")] == [False, True, False]
     views.expect("d")
+    assert views.knows("d")                                             # on its way: a room's next visits wait
     t = time.monotonic()
     assert asked(views, "d", wait=0.3) is None and time.monotonic() - t >= 0.3    # being read: waited for
     views.put("d", None)                                                # its readout failed: no more waiting

@@ -114,6 +114,12 @@ class FirstViews:
                     self._charts.popitem(last=False)
             self._pending.discard(query)
 
+    def knows(self, query: str) -> bool:
+        """Whether `query`'s chart is kept or on its way (a room opening one link: the first visit started its
+        readout, the others find it)."""
+        with self._lock:
+            return query in self._charts or query in self._pending
+
     async def get(self, query: str, wait: float) -> str | None:
         """`query`'s chart, waiting up to `wait` seconds while its readout is under way; None: there is none."""
         deadline = time.monotonic() + wait
