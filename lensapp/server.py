@@ -207,7 +207,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
 
     app.add_route("/health", health, methods=["GET"])
 
-    async def first_view(request):  # a lens link's first heatmap, kept by its prefetch (ui/first_view.py)
+    async def first_view(request):  # a link's first chart, kept by its prefetch (ui/first_view.py)
         chart = await prefetch.first_views.get(request.url.query, FIRST_VIEW_WAIT)
         return Response(chart, media_type="application/json") if chart else Response(status_code=204)
 

@@ -102,28 +102,36 @@ HOLD_JOINS = """(() => {
   };
 })();"""
 
-CELLS = """(sel) => [...document.querySelectorAll(sel + " svg.marks path[aria-roledescription='rect mark']")]
+# Every mark's words (a cell's, a bar's), in order.
+CELLS = """(sel) => [...document.querySelectorAll(sel + " svg.marks g.role-mark [aria-label]")]
   .map((c) => c.getAttribute("aria-label"))"""
 
 
-@pytest.mark.parametrize("tab", ["logit", "jacobian"])
-def test_a_lens_links_picture_comes_before_the_page_and_gives_way_to_its_chart(browser, tiny_url, tab):  # noqa: F811
+# A fresh link of each tab that has a first view (`{}`: a prompt never asked before).
+FRESH_LINKS = {"logit": "tab=logit&prompt={}", "jacobian": "tab=jacobian&prompt={}",
+               "compare": "tab=compare&prompt1={}&prompt2=The%20capital%20of%20Italy%20is",
+               "intervene": "tab=intervene&prompt={}&word=Rome&layer=2",
+               "components": "tab=components&prompt={}&target=Paris&foil=Rome"}
+
+
+@pytest.mark.parametrize("tab", list(first_view.LINK_CHARTS))
+def test_a_links_picture_comes_before_the_page_and_gives_way_to_its_chart(browser, tiny_url, tab):  # noqa: F811
     until_idle(tiny_url)                                                # a link's GET prefetches into an idle engine
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     context.add_init_script(HOLD_JOINS)
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(f"{tiny_url}?v=1&tab={tab}&prompt={quote(f'{PROMPT} ({tab}, {time.time()})')}")
-    early = f"#{first_view.FIRST_VIEW_ID}"
+    page.goto(f"{tiny_url}?v=1&" + FRESH_LINKS[tab].format(quote(f"{PROMPT} ({tab}, {time.time()})")))
+    early, chart = f"#{first_view.FIRST_VIEW_ID}", f"#{first_view.LINK_CHARTS[tab]}"
     page.wait_for_selector(f"{early} svg.marks g.role-mark path", timeout=60_000)
-    assert page.locator(f"#{tab}-heatmap svg.marks g.role-mark path").count() == 0    # the page sent nothing yet
+    assert page.locator(f"{chart} svg.marks g.role-mark path").count() == 0    # the page sent nothing yet
     assert page.get_attribute(early, "aria-hidden") == "true"
     first = page.evaluate(CELLS, early)
     page.evaluate("window.lensLetGo()")
-    wait_plot(page, f"{tab}-heatmap")
+    wait_plot(page, chart[1:])
     page.wait_for_selector(early, state="detached", timeout=10_000)     # gone once the tab's chart is drawn
-    assert first and first == page.evaluate(CELLS, f"#{tab}-heatmap")  # the same cells, the same words
+    assert first and first == page.evaluate(CELLS, chart)              # the same cells, the same words
     assert not errors
     context.close()
 

@@ -78,14 +78,22 @@ def run(view: TabView, service, guard, values: dict, request: gr.Request = None)
     return guard.ui(request, readout, view, service, values)
 
 
+def picture(req, values: dict, comparison):
+    """The tab's first chart for `values` and the request they ask: `readout`'s, and a link's first view's
+    (`first_view.py`)."""
+    metric = colour_metric(values.get("metric"), req.targets, quiet=True)
+    return build_chart(charts.compare_heatmaps, comparison, lens_kinds.shown(req.lens), metric)
+
+
 def readout(view: TabView, service, values: dict) -> dict:
     req = asked(view, service, values)
-    metric, words = colour_metric(values.get("metric"), req.targets), req.targets
+    colour_metric(values.get("metric"), req.targets)            # said once, if the colour cannot be drawn
+    words = req.targets
     comparison = service.compare(req)
     shown = lens_kinds.shown(req.lens)
     return {
         "summary": part_ways_summary(comparison, shown),
-        "heatmaps": build_chart(charts.compare_heatmaps, comparison, shown, metric),
+        "heatmaps": picture(req, values, comparison),
         "curves": gr.Plot(value=build_chart(charts.compare_targets, comparison, shown) if words else None,
                           visible=bool(words)),
         # "#n" columns: display_tokens makes their whitespace visible

@@ -116,7 +116,7 @@ def read_components(service, values: dict, view: TabView = TAB_VIEWS["components
     pattern = result.pattern is not None
     return {
         "state": Kept(result, recipe(view.kind, req)), "summary": summary(result),
-        "by_layer": build_chart(chart.layer_bars, result, s), "by_head": build_chart(chart.head_heatmap, result, s),
+        "by_layer": picture(req, values, result), "by_head": build_chart(chart.head_heatmap, result, s),
         "pattern_row": gr.Plot(value=build_chart(chart.pattern_row, result, s) if pattern else None, visible=pattern),
         "pattern_grid": gr.Plot(value=build_chart(chart.pattern_grid, result, s) if pattern else None,
                                 visible=pattern),
@@ -127,6 +127,12 @@ def read_components(service, values: dict, view: TabView = TAB_VIEWS["components
 def show_code(service, guard, values: dict, request: gr.Request = None) -> dict:
     result, chat = values["state"], bool(values["chat"])       # the chat option the readout was run with
     return {} if result is None else guard.ui(request, lambda: {"code": code_for(service, result, chat)})
+
+
+def picture(req, values: dict, result):
+    """The tab's first chart (each layer's part in the answer): `read_components`'s, and a link's first view's
+    (`first_view.py`)."""
+    return build_chart(chart.layer_bars, result, DisplaySettings())
 
 
 def _blank(value):

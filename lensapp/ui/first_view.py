@@ -2,13 +2,14 @@
 code fetched while the page starts, every lens chart opened on its last columns, and on a phone the picture before
 the form's settings.
 
-- A lens link's picture before the page: Gradio takes ~1-1.5 s to build and mount a tab's ~60 components before the
-  page sends its first event, where a bare page with one chart is drawn in ~1 s (bench/RESULTS.md). The link's
-  GET has started its readout already (`prefetch.py`), which then keeps the heatmap the page will draw first
-  (`FirstViews`, the same chart the tab draws). The page's HTML carries a script for it at the top of its head
-  (`server.WithFirstView`), which asks for it (`/first-view`, the link's query) and draws it with Gradio's own
-  Vega (`FIRST_VIEW`) over the page while the page starts, until the tab's own chart is drawn. A link whose
-  readout the prefetch did not start has none: its page is as it was.
+- A link's picture before the page (every tab's but a generation's, which streams): Gradio takes ~1-1.5 s to
+  build and mount a tab's ~60 components before the page sends its first event, where a bare page with one chart
+  is drawn in ~1 s (bench/RESULTS.md). The link's GET has started its readout already (`prefetch.py`), which then
+  keeps the chart the page will draw first (`FirstViews`, the tab's own: `lens_tab.first_heatmap`, the other
+  tabs' `picture`). The page's HTML carries a script for it at the top of its head (`server.WithFirstView`),
+  which asks for it (`/first-view`, the link's query) and draws it with Gradio's own Vega (`FIRST_VIEW`) over the
+  page while the page starts, until the tab's own chart is drawn. A link whose readout the prefetch did not start
+  has none: its page is as it was.
 
 - The chart's code (Gradio's Altair plot and Vega, ~300 kB) is fetched when the first chart's data arrives, after
   the page has started; named in the page's head, the browser fetches and compiles it while the page starts
@@ -23,6 +24,7 @@ the form's settings.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 import time
@@ -34,7 +36,9 @@ PHONE_LATER = "phone-later"          # settings and examples: after the first ch
 FIRST_CHART = "first-chart"          # a tab's first chart: sent first (landing.py); on a phone, before the settings
 
 FIRST_VIEW_ID = "lens-first-view"    # the picture drawn before the page (removed once the tab's chart is drawn)
-LENS_LINKS = ("logit", "jacobian")   # the tabs whose links have one (`prefetch.py` keeps their first chart)
+# Each tab whose link has one (`prefetch.py` keeps its first chart), and that chart's element on the page.
+LINK_CHARTS = {"logit": "logit-heatmap", "jacobian": "jacobian-heatmap", "compare": "compare-heatmaps",
+               "intervene": "intervene-pair", "components": "components-by-layer"}
 
 CSS = f"""
 @media (max-width: 640px) {{
@@ -141,15 +145,15 @@ def embed_module(assets: Path | None = None) -> str | None:
     return None
 
 
-# Run by a lens link's page as it reads its HTML (`server.WithFirstView` puts it there): the link's first heatmap
+# Run by a link's page as it reads its HTML (`server.WithFirstView` puts it there): the link's first chart
 # asked for (`/first-view`) and Gradio's vega-embed module loaded at once, the picture drawn over the page (it lets
 # every click through: the page under it is the page) unless the tab has drawn its own already, and removed as soon
 # as it has, or an error is shown, or after MAX_MS.
 FIRST_VIEW = """<script>
 (() => {
-  const tab = new URLSearchParams(location.search).get("tab");
-  if (!LINKS.includes(tab)) { return; }
-  const chart = `#${tab}-heatmap svg.marks g.role-mark path`;
+  const charts = LINKS, tab = new URLSearchParams(location.search).get("tab");
+  if (!Object.hasOwn(charts, tab)) { return; }
+  const chart = `#${charts[tab]} svg.marks g.role-mark path`;
   const times = window.lensFirstView = {};            // when each part came (bench/link_speed.py reads them)
   const asked = fetch(new URL("first-view" + location.search, location.href))
     .then((r) => (r.status === 200 ? r.json() : null)).catch(() => null)
@@ -190,7 +194,7 @@ def first_view_script(assets: Path | None = None) -> str:
     embed = embed_module(assets)
     if embed is None:
         return ""
-    return (FIRST_VIEW.replace("LINKS", repr(list(LENS_LINKS))).replace("EMBED", embed)
+    return (FIRST_VIEW.replace("LINKS", json.dumps(LINK_CHARTS)).replace("EMBED", embed)
             .replace('"ID"', f'"{FIRST_VIEW_ID}"').replace("MAX_MS", str(FIRST_VIEW_MAX_MS)))
 
 

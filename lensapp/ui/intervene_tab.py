@@ -173,7 +173,7 @@ def run(view: TabView, service, guard, values: dict, request: gr.Request = None,
 def readout(view: TabView, service, values: dict, progress=None) -> dict:
     req = asked(view, service, values)
     result = service.intervene(req, progress)
-    lens = min(result.before.lenses, key=lambda name: not lens_kinds.lens(name).reads_jlens)   # the J-lens, if read
+    lens = shown_lens(result)
     last = len(result.after) - 1
     patch = req.intervention == "patch"
     shown = result.sweep and result.word
@@ -190,6 +190,19 @@ def readout(view: TabView, service, values: dict, progress=None) -> dict:
         **Downloads.shown(),
         "code": code_for(service, result, req.chat),
     }
+
+
+def shown_lens(result) -> str:
+    """The lens a result is shown through first: the Jacobian lens, if it was read."""
+    return min(result.before.lenses, key=lambda name: not lens_kinds.lens(name).reads_jlens)
+
+
+def picture(req, values: dict, result):
+    """The tab's first chart for `values` (the request they ask, `req`, made `result`): `readout`'s, and a link's
+    first view's (`first_view.py`)."""
+    lens = shown_lens(result)
+    metric = colour_metric(values.get("metric"), result.before.lenses[lens].targets, quiet=True)
+    return build_chart(ichart.before_after, result, len(result.after) - 1, lens, metric)     # `draw`'s "pair"
 
 
 def draw(result, index: int, lens: str, metric: str) -> dict:

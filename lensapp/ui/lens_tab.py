@@ -333,14 +333,13 @@ def _looked_at(mark) -> str | None:
     return prompt if isinstance(prompt, str) else None
 
 
-def first_heatmap(tab: LensTab, service, values: dict, result) -> str | None:
-    """The heatmap `readout` draws first from `result` for `values` (a link's), as Vega-Lite JSON: the picture a
-    link's page draws before it has started (`first_view.py`)."""
+def first_heatmap(tab: LensTab, service, values: dict, result):
+    """The heatmap `readout` draws first from `result` for `values` (a link's): the picture a link's page draws
+    before it has started (`first_view.py`)."""
     req, _ = lens_request(tab, service, values)
     metric = colour_metric(values.get("metric"), req.targets, quiet=True)
     cols = charts.window_of(len(result.input_ids), START(values.get("start")), charts.DisplaySettings())
-    heatmap, _ = draw(tab, result, metric, cols.start, values.get("note"), values.get("chat"))
-    return heatmap.plot if heatmap is not None else None
+    return draw(tab, result, metric, cols.start, values.get("note"), values.get("chat"))[0]
 
 
 def draw(tab: LensTab, result, metric: str, first, note=None, chat=False) -> tuple:

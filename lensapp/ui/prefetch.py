@@ -19,8 +19,11 @@ would start nothing worth having.
 
 Only into idle capacity besides: only while the engine is ready with nothing running or queued (two counters
 read, nothing walked), one at a time. It is not counted in a workshop's usage (the page's own request is). Not
-with a login (the page is the login form) or without a result cache. The lens tabs only: a generation or
-comparison link waits for its page.
+with a login (the page is the login form) or without a result cache. Every tab's link but a generation's (its
+page streams; a stream that meets an identical request in flight waits for its end) and a fitted vector's.
+
+Once read, the tab's first chart of the answer is kept for the link's page (`first_view.FirstViews`), which draws
+it before it has started.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Callable
 
 from ..service.asks import HOST, Ask
 from ..service.limits import RateLimited
-from . import permalinks
+from . import compare_tab, components_tab, intervene_tab, permalinks
 from .first_view import FirstViews
 from .form import asked, has_lens
 from .lens_tab import LENS_TABS, first_heatmap, first_read, lens_request
@@ -43,11 +46,12 @@ from .views import START, TAB_VIEWS
 log = logging.getLogger(__name__)
 
 # The other tabs whose page asks its readout once (`run` of compare_tab, intervene_tab, components_tab): the
-# request built as the page builds it (`form.asked`), the service's entry it calls.
+# request built as the page builds it (`form.asked`), the service's entry it calls, and the tab's first chart of
+# its answer (`picture`: the link's first view, `first_view.py`).
 ONE_SHOT = {
-    "compare": lambda service, req, ask: service.compare(req, ask=ask),
-    "intervene": lambda service, req, ask: service.intervene(req, ask=ask),
-    "components": lambda service, req, ask: service.components(req, ask=ask),
+    "compare": (lambda service, req, ask: service.compare(req, ask=ask), compare_tab.picture),
+    "intervene": (lambda service, req, ask: service.intervene(req, ask=ask), intervene_tab.picture),
+    "components": (lambda service, req, ask: service.components(req, ask=ask), components_tab.picture),
 }
 
 
@@ -56,7 +60,7 @@ class LinkPrefetch:
         """guard: whose budget and turn a prefetch is (`ui.guard.Guard`); None: the host's (scripts, tests)."""
         self.service, self.guard = service, guard
         self.enabled = enabled
-        self.first_views = FirstViews()               # a lens link's first heatmap, for its page's first view
+        self.first_views = FirstViews()               # a link's first chart, for its page's first view
         self.started = 0                             # let in: a request taken (its work may yet be refused)
         self.read = 0                                # of those, the ones whose work the budget took: read
         self._one = threading.Lock()                 # held while a prefetch runs
@@ -98,30 +102,38 @@ class LinkPrefetch:
             values = {**tab.view.values_of(view), "note": view.note}
             req, _ = lens_request(tab, service, values)
             return partial(self._read_lens, query, tab, values, req)
-        read = ONE_SHOT.get(view.tab)
-        if read is None:
+        if view.tab not in ONE_SHOT:
             return None
         tab_view = TAB_VIEWS[view.tab]
-        req = asked(tab_view, service, tab_view.values_of(view))
+        values = tab_view.values_of(view)
+        req = asked(tab_view, service, values)
         if getattr(req, "direction", None) == "fitted":
             return None
-        return partial(read, service, req)
+        return partial(self._read_once, query, *ONE_SHOT[view.tab], req, values)
 
     def _read_lens(self, query: str, tab, values: dict, req, ask: Ask) -> None:
         """A lens link's readout: a long prompt's drawn window first, then the whole prompt (`lens_tab.readout`).
         Its first heatmap is kept for the link's page as soon as it can be drawn (`first_views`)."""
         first = first_read(self.service, req, START(values.get("start")))
-        self._keep_first_view(query, tab, values, self.service.lens(req, read_from=first, ask=ask))
+        results = self.service.lens(req, read_from=first, ask=ask)
+        self._keep_first_view(query, lambda: first_heatmap(tab, self.service, values, results[0]))
         if first:
             self.service.lens(req, ask=ask)
 
-    def _keep_first_view(self, query: str, tab, values: dict, results: list) -> None:
-        """The first heatmap of a lens link's page, kept for it (a picture that cannot be drawn is none: the
-        readout goes on, and the page draws its own)."""
+    def _read_once(self, query: str, read, picture, req, values: dict, ask: Ask) -> None:
+        """Another tab's link's readout, and its first chart kept for its page."""
+        result = read(self.service, req, ask)
+        self._keep_first_view(query, lambda: picture(req, values, result))
+
+    def _keep_first_view(self, query: str, draw: Callable) -> None:
+        """The first chart of a link's page (`draw()`), kept for it: a picture that cannot be drawn is none (the
+        page draws its own)."""
         try:
-            self.first_views.put(query, first_heatmap(tab, self.service, values, results[0]) if results else None)
+            chart = draw()
         except Exception as e:  # noqa: BLE001 - the page's own readout will meet and report it
             log.debug("no first view for %r: %s", query[:80], e)
+            return
+        self.first_views.put(query, chart.plot if chart is not None else None)
 
     def _takes_a_request(self, client: str | None) -> bool:
         """One of `client`'s requests taken, as an API call takes it; False when its rate refuses."""
