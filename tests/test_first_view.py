@@ -59,6 +59,34 @@ def test_a_phone_sees_a_links_last_column_within_a_screen_and_a_half(browser, ti
     page.context.close()
 
 
+# The components chart's bars of its last layer, where the answer is written.
+LAST_LAYER = """(sel) => {
+  const plot = document.querySelector(sel), box = plot.querySelector(".altair"), frame = box.getBoundingClientRect();
+  const bars = [...plot.querySelectorAll("svg.marks path[aria-roledescription='bar']")]
+    .map((c) => [Number((/(?:^|; )layer: (\\d+)/.exec(c.getAttribute("aria-label")) || [])[1]), c]);
+  const last = Math.max(...bars.map(([layer]) => layer));
+  const rects = bars.filter(([layer]) => layer === last).map(([, c]) => c.getBoundingClientRect());
+  return {last, n: rects.length, left: Math.min(...rects.map((r) => r.left)),
+          right: Math.max(...rects.map((r) => r.right)), boxLeft: frame.left, boxRight: frame.right,
+          wider: box.scrollWidth > box.clientWidth};
+}"""
+
+
+def test_a_phone_sees_the_components_last_layers(browser, tiny_url, tiny_service):  # noqa: F811
+    width, _ = WIDTHS["phone"]
+    page = visit(browser, tiny_url, "phone", "tab=components&prompt=Hi&target=Paris&foil=Rome")
+    wait_plot(page, "components-by-layer")
+    page.wait_for_function("s => document.querySelector(s + ' svg.marks')?.dataset.lensSeen",
+                           arg="#components-by-layer", timeout=30_000)
+    seen = page.evaluate(LAST_LAYER, "#components-by-layer")
+    assert seen["last"] == tiny_service.info.n_layers - 1 and seen["n"] == 2, seen   # its attention and MLP bars
+    assert seen["wider"], seen                                          # a chart a phone must scroll
+    assert seen["boxLeft"] - 1 <= seen["left"] and seen["right"] <= seen["boxRight"] + 1, seen
+    assert 0 <= seen["left"] and seen["right"] <= width, seen
+    assert not page.errors
+    page.context.close()
+
+
 @pytest.mark.parametrize(("query", "chart"), [
     ("tab=generate&prompt=Hi", "generate-heatmap"), ("tab=compare&prompt1=Hi&prompt2=Ho", "compare-heatmaps"),
     ("tab=intervene&prompt=Hi&word=Rome&layer=2", "intervene-pair"),

@@ -16,7 +16,8 @@ the form's settings.
   (`preload_links`).
 - A heatmap's last column is the prompt's last token, where the next token forms. A chart wider than its box
   (a phone's 390 px, or a long prompt's window) opens scrolled so that the first heatmap's last column is in
-  view (`SCROLL_TO_LAST_COLUMN`): the side-by-side pair shows the Jacobian lens's, the logit lens a swipe on.
+  view (`SCROLL_TO_LAST_COLUMN`): the side-by-side pair shows the Jacobian lens's, the logit lens a swipe on. The
+  components' bars open on the last layers.
 - On a narrow screen a tab's settings and examples (`PHONE_LATER`) come after its first chart (`FIRST_CHART`),
   so the picture starts within the first screen and a half (tests/test_first_view.py).
 """
@@ -55,15 +56,18 @@ CSS = f"""
 """
 
 # Once per drawing (Vega replaces the SVG when a chart is drawn again): the box scrolled so that the rightmost cell
-# over positions (or a generation's steps) of the first chart from the left is in view. Cells are Vega's rect marks;
-# their aria-label lists their tooltip's fields, and only cells over positions or steps name one; a mark's cells are
+# over positions (or a generation's steps) of the first chart from the left is in view, or a bar chart's rightmost
+# bar (the components' layers: the last ones, where the answer is written). Cells are Vega's rect marks; their
+# aria-label lists their tooltip's fields, and only cells over positions or steps name one; a mark's cells are
 # measured together, as their group (one box, not one per cell: 1,920 in a generation's heatmap). Looked for once a
 # frame, not at each change of the page, and each drawing measured once: a box's width read at every change made
 # the browser lay the page out again at each of a generation's steps (0.33 s of its main thread in a 64-token one).
 SCROLL_TO_LAST_COLUMN = """<script>
 (() => {
   const overColumns = /(^|; )(position|step): /;
-  const cell = "path[aria-roledescription='rect mark']";
+  const cell = "path[aria-roledescription='rect mark'], path[aria-roledescription='bar']";
+  const columnar = (c) => c && (c.getAttribute("aria-roledescription") === "bar" ||
+                                overColumns.test(c.getAttribute("aria-label") || ""));
   function toLastColumn(box) {
     const svg = box.querySelector("svg.marks");
     // not drawn yet, or in a tab not shown: looked at again at a later change
@@ -74,7 +78,7 @@ SCROLL_TO_LAST_COLUMN = """<script>
     const sideBySide = first && second &&
       second.getBoundingClientRect().left >= first.getBoundingClientRect().right - 1;
     const marks = [...(sideBySide ? first : svg).querySelectorAll("g.role-mark")]     // a mark's cells, together
-      .filter((g) => overColumns.test(g.querySelector(`:scope > ${cell}`)?.getAttribute("aria-label") || ""));
+      .filter((g) => columnar(g.querySelector(`:scope > :is(${cell})`)));
     if (!marks.length) { return; }
     const right = Math.max(...marks.map((g) => g.getBoundingClientRect().right));
     box.scrollLeft += Math.max(0, right - box.getBoundingClientRect().right + 8);
