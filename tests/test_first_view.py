@@ -137,6 +137,7 @@ CELLS = """(sel) => [...document.querySelectorAll(sel + " svg.marks g.role-mark 
 
 # A fresh link of each tab that has a first view (`{}`: a prompt never asked before).
 FRESH_LINKS = {"logit": "tab=logit&prompt={}", "jacobian": "tab=jacobian&prompt={}",
+               "generate": "tab=generate&prompt={}&max_tokens=6",
                "compare": "tab=compare&prompt1={}&prompt2=The%20capital%20of%20Italy%20is",
                "intervene": "tab=intervene&prompt={}&word=Rome&layer=2",
                "components": "tab=components&prompt={}&target=Paris&foil=Rome"}

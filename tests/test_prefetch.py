@@ -1,5 +1,5 @@
 """Which links start their readout when their page is asked for (`ui.prefetch`), on a stand-in service:
-every tab's link but a generation's (and a fitted vector's), the request its page will send, into an idle engine,
+every tab's link but a fitted vector's and an unseeded sample's, the request its page will send, into an idle engine,
 one at a time, as the visitor asking (one of its requests, its turn, its budget, not counted); nothing else.
 tests/test_ui_browser.py checks on the engine that the page's own request finds the prefetch's in the cache."""
 
@@ -56,6 +56,10 @@ class StandIn:
         ask.pay(self.cost)                      # as the service does where engine work starts
         self.release.wait(10)
         return []
+
+    def generate(self, req, ask=None):
+        self.entries.append("generate")
+        return self.lens(req, ask=ask)
 
     def compare(self, req, ask=None):
         self.entries.append("compare")
@@ -130,7 +134,8 @@ def test_only_into_an_idle_engine_and_one_at_a_time():
 def test_other_links_start_nothing_and_a_bad_field_falls_back_as_on_the_page():
     service = StandIn()
     prefetch = LinkPrefetch(service)
-    for query in ["", link(tab="generate", prompt="x"), link(tab="jacobian", prompt="x"),   # no Jacobian lens here
+    for query in ["", link(tab="jacobian", prompt="x"),                                    # no Jacobian lens here
+                  link(tab="generate", prompt="x", temperature=0.8),       # a fresh sample: its page draws another
                   link(tab="intervene", prompt="x", word="Rome", layer=2, direction="fitted")]:
         assert not prefetch(query), query
     assert not LinkPrefetch(service, enabled=False)(link(tab="logit", prompt="x"))
@@ -192,6 +197,8 @@ def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls_would_get()
 
 
 @pytest.mark.parametrize("view", [
+    View(tab="generate", prompt="The capital of France is", max_tokens=5),
+    View(tab="generate", prompt="The capital of France is", temperature=0.8, seed=7),
     View(tab="compare", prompts=("The capital of France is", "The capital of Italy is"), k=3, targets=("Paris",)),
     View(tab="intervene", prompt="The capital of France is", word="Rome", layer="1-2", alphas=(2.0, 4.0)),
     View(tab="intervene", intervention="ablate", prompt="The capital of France is", layer="2"),

@@ -471,8 +471,8 @@ def until_idle(url: str, timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("tab, chart", [("compare", "compare-heatmaps"), ("intervene", "intervene-pair"),
-                                        ("components", "components-by-layer")])
+@pytest.mark.parametrize("tab, chart", [("generate", "generate-heatmap"), ("compare", "compare-heatmaps"),
+                                        ("intervene", "intervene-pair"), ("components", "components-by-layer")])
 def test_a_links_page_finds_the_readout_its_get_started(page, app_url, tab, chart):
     """A link's GET starts its readout (`ui/prefetch.py`); the page's own request, built from its inputs as the page
     restored them, is that same request: it finds it in the result cache, done or in flight, and the engine reads

@@ -2,7 +2,7 @@
 code fetched while the page starts, every lens chart opened on its last columns, and on a phone the picture before
 the form's settings.
 
-- A link's picture before the page (every tab's but a generation's, which streams): Gradio takes ~1-1.5 s to
+- A link's picture before the page (every tab's that the prefetch reads): Gradio takes ~1-1.5 s to
   build and mount a tab's ~60 components before the page sends its first event, where a bare page with one chart
   is drawn in ~1 s (bench/RESULTS.md). The link's GET has started its readout already (`prefetch.py`), which then
   keeps the chart the page will draw first (`FirstViews`, the tab's own: `lens_tab.first_heatmap`, the other
@@ -38,7 +38,8 @@ FIRST_CHART = "first-chart"          # a tab's first chart: sent first (landing.
 
 FIRST_VIEW_ID = "lens-first-view"    # the picture drawn before the page (removed once the tab's chart is drawn)
 # Each tab whose link has one (`prefetch.py` keeps its first chart), and that chart's element on the page.
-LINK_CHARTS = {"logit": "logit-heatmap", "jacobian": "jacobian-heatmap", "compare": "compare-heatmaps",
+LINK_CHARTS = {"logit": "logit-heatmap", "jacobian": "jacobian-heatmap", "generate": "generate-heatmap",
+               "compare": "compare-heatmaps",
                "intervene": "intervene-pair", "components": "components-by-layer"}
 
 CSS = f"""

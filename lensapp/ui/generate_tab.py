@@ -172,10 +172,15 @@ def drawn_so_far(req, gen, values: dict) -> dict:
     """A generation still being written: what it has so far (kept as it is, a value the page can read and
     download; Stop leaves it there)."""
     shown, last, rule = lens_kinds.shown(req.lens)[0], len(gen.steps) - 1, values.get("rule") or "top1"
-    return {"state": gen, "seed": req.seed, "text": gen.text,
-            "heatmap": build_chart(charts.generation_heatmap, gen, req.lens),
+    return {"state": gen, "seed": req.seed, "text": gen.text, "heatmap": picture(req, values, gen),
             "step": gr.Dropdown(choices=step_choices(gen), value=last), "table_lens": gr.Radio(value=shown),
             "table": step_table(gen, last, shown), **strip_of(gen, rule), **branching.panel_updates(gen, [], rule=rule)}
+
+
+def picture(req, values: dict, gen):
+    """The tab's first chart (every step's readout) for generation `gen` of `req`: `drawn`'s, a generation being
+    written's, and a link's first view's (`first_view.py`)."""
+    return build_chart(charts.generation_heatmap, gen, req.lens)
 
 
 def asked_generation(view: TabView, service, values: dict):
@@ -197,7 +202,7 @@ def drawn(view: TabView, service, values: dict, req, gen) -> dict:
     rule = values.get("rule") or "top1"
     return {
         "state": Kept(gen, recipe(view.kind, req)), "seed": req.seed, "text": gen.text,
-        "heatmap": build_chart(charts.generation_heatmap, gen, req.lens),
+        "heatmap": picture(req, values, gen),
         "step": gr.Dropdown(choices=step_choices(gen), value=last),
         "table_lens": gr.Radio(value=shown),
         "table": step_table(gen, last, shown),

@@ -19,8 +19,9 @@ would start nothing worth having.
 
 Only into idle capacity besides: only while the engine is ready with nothing running or queued (two counters
 read, nothing walked), one at a time. It is not counted in a workshop's usage (the page's own request is). Not
-with a login (the page is the login form) or without a result cache. Every tab's link but a generation's (its
-page streams; a stream that meets an identical request in flight waits for its end) and a fitted vector's.
+with a login (the page is the login form) or without a result cache. Every tab's link but a fitted vector's and
+a sample's without a seed (its page draws a fresh sample). A generation's link is read whole, as its page reads it
+(the page's own Generate streams; a link's restore asks the generation once, with the branches it names).
 
 Once read, the tab's first chart of the answer is kept for the link's page (`first_view.FirstViews`), which draws
 it before it has started.
@@ -37,7 +38,7 @@ from typing import Callable
 
 from ..service.asks import HOST, Ask
 from ..service.limits import RateLimited
-from . import compare_tab, components_tab, intervene_tab, permalinks
+from . import compare_tab, components_tab, generate_tab, intervene_tab, permalinks
 from .first_view import FirstViews
 from .form import asked, has_lens
 from .lens_tab import LENS_TABS, first_heatmap, first_read, lens_request
@@ -45,10 +46,11 @@ from .views import START, TAB_VIEWS
 
 log = logging.getLogger(__name__)
 
-# The other tabs whose page asks its readout once (`run` of compare_tab, intervene_tab, components_tab): the
-# request built as the page builds it (`form.asked`), the service's entry it calls, and the tab's first chart of
-# its answer (`picture`: the link's first view, `first_view.py`).
+# The other tabs whose link's page asks its readout once (`run` of generate_tab, compare_tab, intervene_tab,
+# components_tab): the request built as the page builds it (`form.asked`), the service's entry it calls, and the
+# tab's first chart of its answer (`picture`: the link's first view, `first_view.py`).
 ONE_SHOT = {
+    "generate": (lambda service, req, ask: service.generate(req, ask=ask), generate_tab.picture),
     "compare": (lambda service, req, ask: service.compare(req, ask=ask), compare_tab.picture),
     "intervene": (lambda service, req, ask: service.intervene(req, ask=ask), intervene_tab.picture),
     "components": (lambda service, req, ask: service.components(req, ask=ask), components_tab.picture),
@@ -107,7 +109,7 @@ class LinkPrefetch:
         tab_view = TAB_VIEWS[view.tab]
         values = tab_view.values_of(view)
         req = asked(tab_view, service, values)
-        if getattr(req, "direction", None) == "fitted":
+        if getattr(req, "direction", None) == "fitted" or (getattr(req, "sampled", False) and req.seed is None):
             return None
         return partial(self._read_once, query, *ONE_SHOT[view.tab], req, values)
 
