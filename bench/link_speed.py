@@ -118,7 +118,11 @@ def open_page(browser, url: str, chart: str, width: int, network: tuple[float, f
                                polling=100)
         timeline = page.evaluate("window.lensTimeline")
         timeline["html"] = page.evaluate("performance.getEntriesByType('navigation')[0].responseEnd")
-        timeline["first_view"] = page.evaluate("window.lensFirstView?.drawn ?? null")     # ui/first_view.py
+        first_view = page.evaluate("window.lensFirstView ?? {}")     # ui/first_view.py's marks
+        timeline["first_view"] = first_view.get("drawn")
+        timeline["first_view_parts"] = {k: first_view.get(k) for k in ("asked", "vega")}
+        timeline["first_view_parts"]["received"] = page.evaluate(   # its answer's last byte, whatever the page did
+            "performance.getEntriesByType('resource').find((e) => e.name.includes('/first-view'))?.responseEnd")
         return timeline
     finally:
         context.close()
@@ -140,6 +144,8 @@ def breakdown(timeline: dict, names: dict[int, str]) -> dict:
     or one of a generator's updates)."""
     s, drawn = 1e-3, timeline["drawn"]
     seen = {"seen_s": min(timeline.get("first_view") or drawn, drawn) * s}    # the first picture: a link's first view
+    parts = timeline.get("first_view_parts") or {}
+    seen.update({f"first_view_{k}_s": v * s for k, v in parts.items() if v is not None})   # its answer, its Vega
     by_event: dict = {}
     for m in timeline["msgs"]:
         by_event.setdefault(m.get("event"), []).append(m)
@@ -259,6 +265,11 @@ def report(results: dict, api: dict, args) -> None:
               f"{cells[5]:5.2f}  {r['chart_step']}")
     for name, r in results.items():
         print(f"  {name}: {' '.join(r['chain'])}")
+    for name, r in results.items():
+        if "first_view_asked_s" in r:
+            print(f"  {name}'s first view: its chart's answer received at {r.get('first_view_received_s', nan):.2f}"
+                  f" s and read at {r['first_view_asked_s']:.2f} s, Gradio's Vega "
+                  f"loaded at {r.get('first_view_vega_s', nan):.2f} s, drawn at {r['seen_s']:.2f} s")
     print(json.dumps({"bench": "link_speed", "width": args.width, "repeats": args.repeats,
                       "split_cores": args.split_cores, "network": args.network, "api_s": api,
                       **{name: {k: v for k, v in r.items() if k != "chain"} for name, r in results.items()}}))

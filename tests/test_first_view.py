@@ -119,6 +119,18 @@ def test_the_preloaded_modules_are_gradios_own(tmp_path):
     assert "AltairPlot-" in first_view.preload_links()                 # this Gradio's, found
 
 
+def test_a_held_start_preloads_the_modules_gradios_start_imports(tmp_path):
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    (tmp_path / "index.html").write_text('<script type="module" crossorigin src="./assets/index-a1.js"></script>')
+    (assets / "index-a1.js").write_text('const __vite__mapDeps=(i,m=__vite__mapDeps,d=(m.f||(m.f=["./Index-b2.js",'
+                                        '"./core-c3.js","./core-d4.css"])))=>i.map(i=>d[i]);')
+    assert first_view.start_preloads(assets) == ('<link rel="modulepreload" href="./assets/Index-b2.js">'
+                                                 '<link rel="modulepreload" href="./assets/core-c3.js">')
+    assert first_view.start_preloads(tmp_path / "none") == ""
+    assert "/Index-" in first_view.start_preloads()                    # this Gradio's, found
+
+
 # The page's own events (its queue's joins) held until the test lets them go (`lensLetGo()`): the first view is
 # then drawn while the tab cannot have drawn its chart, and must give way to it once it does.
 HOLD_JOINS = """(() => {
@@ -163,6 +175,51 @@ def test_a_links_picture_comes_before_the_page_and_gives_way_to_its_chart(browse
     assert first and first == page.evaluate(CELLS, chart)              # the same cells, the same words
     assert not errors
     context.close()
+
+
+# When the page's <gradio-app> element was defined: Gradio's start.
+STARTED = "customElements.whenDefined('gradio-app').then(() => { window.lensStarted = performance.now(); });"
+
+
+def open_fresh_link(browser, url: str, tab: str, route=None):
+    until_idle(url)                                                     # a link's GET prefetches into an idle engine
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.add_init_script(STARTED)
+    page = context.new_page()
+    if route:
+        page.route("**/first-view?*", route)
+    page.goto(f"{url}?v=1&" + FRESH_LINKS[tab].format(quote(f"{PROMPT} ({tab}, {time.time()})")))
+    wait_plot(page, first_view.LINK_CHARTS[tab])
+    return page
+
+
+@pytest.mark.parametrize("tab", ["logit", "generate"])
+def test_a_links_page_starts_once_its_picture_is_drawn(browser, tiny_url, tab):  # noqa: F811
+    """Gradio's start is held until the picture is painted, unless at the hold's end its answer or Vega was not in
+    (then at the hold's end): it cannot keep the picture's answer waiting behind its own long start."""
+    page = open_fresh_link(browser, tiny_url, tab)
+    marks, started = page.evaluate("window.lensFirstView"), page.evaluate("window.lensStarted")
+    assert marks.get("drawn") and started, (marks, started)
+    if max(marks["asked"], marks["vega"]) <= first_view.FIRST_VIEW_HOLD_MS:
+        assert started > marks["drawn"], (marks, started)
+    else:
+        assert started >= first_view.FIRST_VIEW_HOLD_MS - 50, (marks, started)
+    page.context.close()
+
+
+def test_a_picture_that_is_late_does_not_hold_the_page(browser, tiny_url):  # noqa: F811
+    late = 4_000                                                        # ms: the picture's answer, held back
+
+    def slow(route):
+        time.sleep(late / 1000)
+        route.continue_()
+
+    page = open_fresh_link(browser, tiny_url, "logit", route=slow)
+    started = page.evaluate("window.lensStarted")
+    assert first_view.FIRST_VIEW_HOLD_MS - 50 <= started < late, started   # started at the hold's end
+    page.wait_for_timeout(late)
+    assert page.locator(f"#{first_view.FIRST_VIEW_ID}").count() == 0      # never drawn over the tab's own chart
+    page.context.close()
 
 
 def test_a_link_no_readout_was_started_for_has_no_first_view(tiny_url):  # noqa: F811

@@ -10,6 +10,10 @@ the form's settings.
   which asks for it (`/first-view`, the link's query) and draws it with Gradio's own Vega (`FIRST_VIEW`) over the
   page while the page starts, until the tab's own chart is drawn. A link whose readout the prefetch did not start
   has none: its page is as it was.
+- Gradio's start (~0.5-0.8 s of the browser's main thread in one go, as it mounts the page) is held until the
+  picture is painted, for at most `FIRST_VIEW_HOLD_MS`: the picture's answer came while Gradio started and waited
+  for it, and was drawn 0.6-0.9 s after it had come (bench/RESULTS.md). Meanwhile the browser fetches and compiles
+  the modules that start imports (`start_preloads`).
 
 - The chart's code (Gradio's Altair plot and Vega, ~300 kB) is fetched when the first chart's data arrives, after
   the page has started; named in the page's head, the browser fetches and compiles it while the page starts
@@ -65,6 +69,8 @@ CSS = f"""
 # the browser lay the page out again at each of a generation's steps (0.33 s of its main thread in a 64-token one).
 SCROLL_TO_LAST_COLUMN = """<script>
 (() => {
+  if (window.lensScrolls) { return; }                 // a link's page has it twice: its first view's, Gradio's head
+  window.lensScrolls = true;
   const overColumns = /(^|; )(position|step): /;
   const cell = "path[aria-roledescription='rect mark'], path[aria-roledescription='bar']";
   const columnar = (c) => c && (c.getAttribute("aria-roledescription") === "bar" ||
@@ -158,15 +164,32 @@ FIRST_VIEW = """<script>
 (() => {
   const charts = LINKS, tab = new URLSearchParams(location.search).get("tab");
   if (!Object.hasOwn(charts, tab)) { return; }
-  const chart = `#${charts[tab]} svg.marks g.role-mark path`;
+  // Gradio starts the page when its <gradio-app> element is defined (its index module, which Vega's module
+  // imports too): held until the picture is painted or there is none, so that its start does not keep the
+  // picture's answer waiting on the browser's main thread; at HOLD_MS after the navigation, unless all the picture
+  // needs by then is to be drawn (its answer and Vega are in), it starts anyway.
+  const define = customElements.define;
+  let started = false, held = null;
+  const start = () => {
+    if (started) { return; }
+    started = true;
+    customElements.define = define;
+    if (held) { held(); }
+  };
+  customElements.define = function (name, ...rest) {
+    if (name !== "gradio-app" || started) { return define.call(this, name, ...rest); }
+    held = () => define.call(customElements, name, ...rest);
+  };
   const times = window.lensFirstView = {};            // when each part came (bench/link_speed.py reads them)
+  setTimeout(() => { if (!times.asked || !times.vega) { start(); } }, Math.max(0, HOLD_MS - performance.now()));
+  const chart = `#${charts[tab]} svg.marks g.role-mark path`;
   const asked = fetch(new URL("first-view" + location.search, location.href))
     .then((r) => (r.status === 200 ? r.json() : null)).catch(() => null)
     .then((spec) => { times.asked = performance.now(); return spec; });
   const vega = import("./assets/EMBED").then((m) => m.default).catch(() => null)
     .then((embed) => { times.vega = performance.now(); return embed; });
   Promise.all([asked, vega]).then(async ([spec, embed]) => {
-    if (!spec || !embed || document.querySelector(chart)) { return; }
+    if (!spec || !embed || document.querySelector(chart)) { start(); return; }
     spec.usermeta = { ...spec.usermeta, embedOptions: { ...spec.usermeta?.embedOptions, actions: false } };
     const view = document.createElement("div");
     view.id = "ID";
@@ -188,10 +211,13 @@ FIRST_VIEW = """<script>
     setTimeout(() => { watch.disconnect(); gone(); }, MAX_MS);
     await embed(box, spec, { renderer: "svg" });
     times.drawn = performance.now();
-  });
+    times.started = started;                          // whether the page started before the picture was drawn
+    requestAnimationFrame(() => setTimeout(start, 0));   // painted: the page starts
+  }).catch(start);
 })();
 </script>"""
 FIRST_VIEW_MAX_MS = 20_000
+FIRST_VIEW_HOLD_MS = 1_200
 
 
 def first_view_script(assets: Path | None = None) -> str:
@@ -199,8 +225,10 @@ def first_view_script(assets: Path | None = None) -> str:
     embed = embed_module(assets)
     if embed is None:
         return ""
-    return (FIRST_VIEW.replace("LINKS", json.dumps(LINK_CHARTS)).replace("EMBED", embed)
-            .replace('"ID"', f'"{FIRST_VIEW_ID}"').replace("MAX_MS", str(FIRST_VIEW_MAX_MS)))
+    script = (FIRST_VIEW.replace("LINKS", json.dumps(LINK_CHARTS)).replace("EMBED", embed)
+              .replace('"ID"', f'"{FIRST_VIEW_ID}"').replace("MAX_MS", str(FIRST_VIEW_MAX_MS))
+              .replace("HOLD_MS", str(FIRST_VIEW_HOLD_MS)))
+    return start_preloads(assets) + preload_links(assets) + SCROLL_TO_LAST_COLUMN + script
 
 
 def _assets() -> Path:
@@ -219,6 +247,21 @@ def preload_links(assets: Path | None = None) -> str:
     head = found[0].read_text(encoding="utf-8", errors="replace")[:4000]
     modules = [found[0].name, *re.findall(r'from"\./([\w.-]+\.js)"', head)]
     return "".join(f'<link rel="modulepreload" href="./assets/{name}">' for name in dict.fromkeys(modules))
+
+
+def start_preloads(assets: Path | None = None) -> str:
+    """`<link rel=modulepreload>` for the modules Gradio's start imports (its index module's dependencies: the app and
+    its runtime), fetched and compiled while a link's page holds its start for the first view ("" when this Gradio
+    names none that way)."""
+    assets = assets or _assets()
+    page = assets.parent / "index.html"
+    html = page.read_text(encoding="utf-8") if page.exists() else ""
+    found = re.search(r'src="\./assets/(index-[\w-]+\.js)"', html)
+    start = assets / found.group(1) if found else None
+    text = start.read_text(encoding="utf-8", errors="replace")[:4000] if start and start.exists() else ""
+    deps = re.search(r"m\.f\|\|\(m\.f=\[([^\]]*)\]", text)
+    names = re.findall(r'"\./([\w.-]+\.js)"', deps.group(1)) if deps else []
+    return "".join(f'<link rel="modulepreload" href="./assets/{name}">' for name in names)
 
 
 def head() -> str:
