@@ -53,6 +53,12 @@ class Edit:
         if self.generated and (self.positions is not None or self.kind == "replace"):
             raise ValueError("a generated-token edit applies at every position: positions None, and not replace")
 
+    @property
+    def changes_nothing(self) -> bool:
+        """A zero vector added, projected out or set along (a sweep's alpha 0): the stream stays exactly as it was.
+        ("replace" writes its rows, zeros or not.)"""
+        return self.kind != "replace" and not bool(self.vector.any())
+
     def check(self, n_layers: int, d_model: int, prompt_len: int) -> None:
         """ValueError when the edit does not fit the model or the prompt."""
         if not 0 <= self.layer < n_layers:

@@ -8,11 +8,11 @@ outcomes it tells apart (`steer.py`, `ablate.py`, `patch.py`):
                                                      the engine
 
 What it is handed and hands back are `kind.py`'s small types (a kind imports that module and this one, never the
-planner or the runner). Its plan (a frozen dataclass) carries what the planner counts for every kind
-(`ChangePlan`): `words` (the targets it reads first: the steered or ablated word), `positions` (the prompt
-positions it changes; None: all), `n_changes` (the readouts after) and `extra` (the forwards it makes besides:
-`cost.py`). A variant of a kind (a layer, a strength, a direction) is a field of its request, never another
-registration. CONTRIBUTING.md has the recipe for a new kind.
+planner or the runner). Its plan (a frozen dataclass) carries what the planner counts for every kind (`ChangePlan`):
+`words` (the targets it reads first: the steered or ablated word), `positions` (the prompt positions it changes;
+None: all), `n_changes` (the readouts after: a change that edits nothing has none) and `extra` (the forwards it
+makes besides: `cost.py`). A variant of a kind (a layer, a strength, a direction) is a field of its request, never
+another registration. CONTRIBUTING.md has the recipe for a new kind.
 """
 
 from __future__ import annotations

@@ -100,28 +100,34 @@ class Run:
     def result(self, plan: Plan) -> InterventionResult:
         req, reading = plan.request, plan.reading
         changes = KINDS[plan.kind].carry_out(plan.planned(), self)
-        specs = [plan.base] + [dataclasses.replace(plan.base, edits=tuple(e)) for e in changes.edits]
+        # A change that edits nothing (a sweep's alpha 0: a zero vector added) reads and writes exactly as the prompt
+        # unchanged: its readout and its text are the ones before, not traces of their own.
+        nothing = [all(edit.changes_nothing for edit in change) for change in changes.edits]
+        edited = [change for change, none in zip(changes.edits, nothing) if not none]
+        specs = [plan.base] + [dataclasses.replace(plan.base, edits=tuple(change)) for change in edited]
         deadline = self.limits.deadline(plan.cost)
         results = [self._lens_result(out, req.prompt, reading.ids, reading.layers, plan.targets)
                    for out in self.engine.lens(specs, deadline, self.client)]
         seed = generation_seed(req.seed)
-        before, after = ("", [])
+        texts = [""] + [""] * len(edited)
         if req.new_tokens:
-            before, after = self._generate(reading.ids, Sampling(req.new_tokens, float(req.temperature), seed),
-                                           changes.edits, deadline)
-        return InterventionResult(before=results[0], after=results[1:], labels=changes.labels, sweep=changes.sweep,
-                                  intervention=changes.done, source=changes.source, generated_before=before,
-                                  generated_after=after, seed=seed if req.new_tokens else None)
+            texts = self._generate(reading.ids, Sampling(req.new_tokens, float(req.temperature), seed), edited,
+                                   deadline)
+        return InterventionResult(before=results[0], after=spread(results, nothing), labels=changes.labels,
+                                  sweep=changes.sweep, intervention=changes.done, source=changes.source,
+                                  generated_before=texts[0],
+                                  generated_after=spread(texts, nothing) if req.new_tokens else [],
+                                  seed=seed if req.new_tokens else None)
 
-    def _generate(self, ids, sampling: Sampling, edits, deadline: float) -> tuple[str, list[str]]:
-        """The text generated without and with each change, each a part of one engine request (in flight together,
-        taking turns with everyone else's); one readout row, so each costs little more than the generation."""
+    def _generate(self, ids, sampling: Sampling, edits, deadline: float) -> list[str]:
+        """The text generated without and with each change (the one without first), each a part of one engine
+        request (in flight together, taking turns with everyone else's); one readout row, so each costs little
+        more than the generation."""
         n = self.inputs.info.n_layers
         spec = dataclasses.replace(planning.lens_spec(list(ids), [n - 1], 1, (LOGIT.name,), n, []), read_prompt=False)
         specs = [dataclasses.replace(spec, edits=tuple(change)) for change in [[]] + edits]
-        texts = [self.inputs.prompts.text(out.token_ids)
-                 for out in self.engine.generate_all(specs, sampling, deadline, self.client)]
-        return texts[0], texts[1:]
+        return [self.inputs.prompts.text(out.token_ids)
+                for out in self.engine.generate_all(specs, sampling, deadline, self.client)]
 
     def _lens_result(self, out, prompt: str, ids, layers, targets) -> LensResult:
         target_ids = [list(t.token_ids) for t in targets]
@@ -129,3 +135,10 @@ class Run:
                                       decode=self.inputs.prompts.decode, targets=list(targets),
                                       continuation_of=planning.continuation_index(target_ids),
                                       model=self.inputs.info.name)
+
+
+def spread(before_then_edited: list, nothing: list[bool]) -> list:
+    """Each change's value, in order: the one before (the first) for a change that edits nothing, else the next of
+    the edited changes' (the rest)."""
+    edited = iter(before_then_edited[1:])
+    return [before_then_edited[0] if none else next(edited) for none in nothing]
