@@ -168,6 +168,8 @@ def test_a_links_picture_comes_before_the_page_and_gives_way_to_its_chart(browse
     page.wait_for_selector(f"{early} svg.marks g.role-mark path", timeout=60_000)
     assert page.locator(f"{chart} svg.marks g.role-mark path").count() == 0    # the page sent nothing yet
     assert page.get_attribute(early, "aria-hidden") == "true"
+    style = page.evaluate("(s) => getComputedStyle(document.querySelector(s)).position", early)
+    assert style == "fixed"                                             # its own style: Gradio's is not in yet
     first = page.evaluate(CELLS, early)
     page.evaluate("window.lensLetGo()")
     wait_plot(page, chart[1:])

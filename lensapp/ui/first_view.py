@@ -51,6 +51,10 @@ CSS = f"""
   .{PHONE_LATER} {{ order: 1; }}
   .{FIRST_CHART} ~ * {{ order: 2; }}
 }}
+"""
+# The picture's own style, sent with its script: it is drawn before Gradio has started and written its styles in.
+# Light, whatever the browser prefers: the chart's colours are Vega's defaults (dark text) until Gradio draws it.
+FIRST_VIEW_CSS = f"""<style>
 #{FIRST_VIEW_ID} {{
   position: fixed; inset: 0; z-index: 1000; overflow: auto; padding: 16px;
   background: var(--body-background-fill, #fff); color: var(--body-text-color, #1f2937);
@@ -58,7 +62,7 @@ CSS = f"""
 }}
 #{FIRST_VIEW_ID} p {{ margin: 0 0 12px; font-size: 14px; }}
 #{FIRST_VIEW_ID} .altair {{ overflow-x: auto; max-width: 100%; }}
-"""
+</style>"""
 
 # Once per drawing (Vega replaces the SVG when a chart is drawn again): the box scrolled so that the rightmost cell
 # over positions (or a generation's steps) of the first chart from the left is in view, or a bar chart's rightmost
@@ -228,7 +232,7 @@ def first_view_script(assets: Path | None = None) -> str:
     script = (FIRST_VIEW.replace("LINKS", json.dumps(LINK_CHARTS)).replace("EMBED", embed)
               .replace('"ID"', f'"{FIRST_VIEW_ID}"').replace("MAX_MS", str(FIRST_VIEW_MAX_MS))
               .replace("HOLD_MS", str(FIRST_VIEW_HOLD_MS)))
-    return start_preloads(assets) + preload_links(assets) + SCROLL_TO_LAST_COLUMN + script
+    return start_preloads(assets) + preload_links(assets) + FIRST_VIEW_CSS + SCROLL_TO_LAST_COLUMN + script
 
 
 def _assets() -> Path:
