@@ -109,7 +109,7 @@ class LinkPrefetch:
         tab_view = TAB_VIEWS[view.tab]
         values = tab_view.values_of(view)
         req = asked(tab_view, service, values)
-        if getattr(req, "direction", None) == "fitted" or (getattr(req, "sampled", False) and req.seed is None):
+        if not asked_again_the_same(req):
             return None
         return partial(self._read_once, query, *ONE_SHOT[view.tab], req, values)
 
@@ -159,3 +159,9 @@ class LinkPrefetch:
             self.read += read
             self.first_views.put(query, None)          # its page waits no longer (a chart kept stays)
             self._one.release()
+
+
+def asked_again_the_same(req) -> bool:
+    """Whether the link's page, asking `req`, is best served by the prefetch's answer: not a sample without a seed
+    (the page draws a fresh one), and not a fitted vector (its page shows the fit's steps as they come)."""
+    return getattr(req, "direction", None) != "fitted" and not (getattr(req, "sampled", False) and req.seed is None)

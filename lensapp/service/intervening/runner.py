@@ -109,10 +109,8 @@ class Run:
         results = [self._lens_result(out, req.prompt, reading.ids, reading.layers, plan.targets)
                    for out in self.engine.lens(specs, deadline, self.client)]
         seed = generation_seed(req.seed)
-        texts = [""] + [""] * len(edited)
-        if req.new_tokens:
-            texts = self._generate(reading.ids, Sampling(req.new_tokens, float(req.temperature), seed), edited,
-                                   deadline)
+        texts = (self._generate(reading.ids, Sampling(req.new_tokens, float(req.temperature), seed), edited, deadline)
+                 if req.new_tokens else [""])
         return InterventionResult(before=results[0], after=spread(results, nothing), labels=changes.labels,
                                   sweep=changes.sweep, intervention=changes.done, source=changes.source,
                                   generated_before=texts[0],

@@ -96,8 +96,9 @@ class Steer:
                 inputs.jacobians.at(layer)                 # RequestError now, not after a minute of work
         words = [w for w in (req.word, req.from_word) if w.strip()]
         word_ids = tuple(t.token_ids[0] for t in inputs.prompts.words(words, reading.ids))
-        # the readouts after: alpha 0 adds a zero vector, read as the prompt before (runner.py)
-        n = sum(1 for a in req.alphas or (FITTED_MULTIPLES if req.direction == "fitted" else DEFAULT_ALPHAS) if a)
+        # the readouts after: one per alpha swept (a fitted vector's in units of its own length, fitted later), but
+        # alpha 0, which adds a zero vector and reads as the prompt before (runner.py)
+        n = sum(1 for a in sweep(req.alphas, 1.0 if req.direction == "fitted" else None) if a)
         return SteerPlan(req.word, word_ids, req.from_word, req.direction, req.alphas, req.objective, positions,
                          generated=not req.prompt_only and positions is None, n_changes=n)
 
