@@ -230,6 +230,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     app = gr.mount_gradio_app(app, demo, path="/", css=ui.CSS, head=ui.HEAD, footer_links=["api", "gradio"],
                               auth=secrets.auth_pairs or None, server_name=web.host, server_port=web.port)
     sessions = ui.sessions.install(app, web.sessions, web.session_idle, on_drop=built.kept.drop_owner)
+    ui.event_stream.install(ui.sessions.mounted(app))       # a page never loses an answer to its stream's close
     pages.update(sessions=sessions, kept=built.kept)
     return app
 

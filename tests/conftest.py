@@ -6,7 +6,9 @@ Markers: `engine` (starts vLLM on the embedded model, ~40 s), `browser` (Chromiu
 unless HYPOTHESIS_PROFILE names another (`dev`: random and ten times the examples).
 """
 
+import collections
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -253,9 +255,26 @@ def _page(browser, **context):
     ctx = browser.new_context(**context)
     pg = ctx.new_page()
     pg.errors, pg.dialogs = [], []
+    pg.events = collections.deque(maxlen=80)        # the page's last Gradio calls, quoted when a wait fails
+    pg.on("request", lambda r: _record_event(pg.events, r, "sent"))
+    pg.on("requestfinished", lambda r: _record_event(pg.events, r, "done"))
+    pg.on("requestfailed", lambda r: _record_event(pg.events, r, f"failed: {r.failure}"))
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
     pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
     return ctx, pg
+
+
+def _record_event(events: collections.deque, request, what: str) -> None:
+    """A line for each of the page's calls to Gradio's API: when, which, and what became of it."""
+    if "/gradio_api/" not in request.url:
+        return
+    try:
+        body = (request.post_data or "") if request.method == "POST" else ""
+    except UnicodeDecodeError:                  # an upload's bytes
+        body = ""
+    fn = re.search(r'"fn_index":\s*(\d+)', body)
+    path = request.url.split("/gradio_api/", 1)[1].split("?")[0]
+    events.append(f"{time.strftime('%H:%M:%S')} {request.method} {path}{f' fn {fn.group(1)}' if fn else ''} {what}")
 
 
 @pytest.fixture

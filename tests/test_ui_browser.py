@@ -84,8 +84,33 @@ def wait_plot(page, plot: str) -> None:
     except playwright_errors().TimeoutError:
         toasts = page.locator(".toast-body").all_inner_texts()
         log = APP_LOG[0].read_text()[-3000:] if APP_LOG else ""
+        try:
+            shot(page, f"no-chart-{plot}")
+        except Exception:  # noqa: BLE001 - a page too broken for a screenshot still has its calls to report
+            pass
         pytest.fail(f"no chart in #{plot} after {RUN_TIMEOUT / 1000:.0f} s at {page.url}\n"
-                    f"toasts: {toasts}\npage errors: {page.errors}\napp log:\n{log}")
+                    f"toasts: {toasts}\npage errors: {page.errors}\nthe chart on the page: {plot_state(page, plot)}\n"
+                    "the page's calls:\n" + "\n".join(getattr(page, "events", [])) + f"\napp log:\n{log}")
+
+
+def plot_state(page, plot: str) -> dict:
+    """What the page shows where a chart was awaited: the tab in view, the plot's box and its marks."""
+    try:
+        return page.evaluate(PLOT_STATE, plot)
+    except Exception as e:  # noqa: BLE001 - the report of a failure must not fail
+        return {"error": str(e)}
+
+
+PLOT_STATE = """id => {
+        const el = document.getElementById(id), box = el && el.getBoundingClientRect();
+        const tab = [...document.querySelectorAll('[role=tab][aria-selected=true]')].map(t => t.innerText.trim());
+        return {tab, found: !!el, box: box && [box.width, box.height], svg: el ? el.querySelectorAll('svg').length : 0,
+                marks: el ? el.querySelectorAll('g.role-mark path').length : 0,
+                hidden: el ? getComputedStyle(el).visibility + '/' + getComputedStyle(el).display : null,
+                pending: el ? el.querySelectorAll('.pending, .wrap.default').length : 0,
+                first_mark: el && el.querySelector('g.role-mark path') &&
+                    JSON.stringify(el.querySelector('g.role-mark path').getBoundingClientRect())};
+    }"""
 
 
 def open_tab(page, name: str) -> None:

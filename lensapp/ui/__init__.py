@@ -20,7 +20,7 @@ from ..lens_kinds import LOGIT
 from ..service.limits import RateLimiter
 from ..service.usage import Usage
 from ..workshop import Workshop
-from . import first_view, kept, notes, permalinks, sessions, status
+from . import event_stream, first_view, kept, notes, permalinks, sessions, status
 from .api import register_api
 from .compare_tab import build_compare_tab
 from .components_tab import build_components_tab
@@ -269,4 +269,5 @@ def _header(service) -> str:
             f"{md_text(info.backend)} ({info.dtype}) · {lens}")
 
 
-__all__ = ["CSS", "HEAD", "UI", "LinkPrefetch", "build_app", "build_ui", "check_links", "check_words", "sessions"]
+__all__ = ["CSS", "HEAD", "UI", "LinkPrefetch", "build_app", "build_ui", "check_links", "check_words", "event_stream",
+           "sessions"]

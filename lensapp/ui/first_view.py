@@ -152,7 +152,7 @@ class FirstViews:
 
 def embed_module(assets: Path | None = None) -> str | None:
     """The name of Gradio's module that draws a Vega-Lite chart (vega-embed: its default export), or None."""
-    assets = assets or _assets()
+    assets = assets or gradio_assets()
     for path in sorted(assets.glob("embed-*.js")):
         text = path.read_text(encoding="utf-8", errors="replace")
         if "vega" in text[:200_000] and re.search(r"export\{\w+ as default\};?\s*$", text[-300:]):
@@ -236,7 +236,8 @@ def first_view_script(assets: Path | None = None) -> str:
     return start_preloads(assets) + preload_links(assets) + FIRST_VIEW_CSS + SCROLL_TO_LAST_COLUMN + script
 
 
-def _assets() -> Path:
+def gradio_assets() -> Path:
+    """Gradio's built page: its scripts and styles."""
     import gradio
 
     return Path(gradio.__file__).parent / "templates" / "frontend" / "assets"
@@ -245,7 +246,7 @@ def _assets() -> Path:
 def preload_links(assets: Path | None = None) -> str:
     """`<link rel=modulepreload>` for Gradio's Altair plot module and the modules it imports ("" when this Gradio
     has none by that name: the page then fetches it as before)."""
-    assets = assets or _assets()
+    assets = assets or gradio_assets()
     found = sorted(assets.glob("AltairPlot-*.js"))
     if not found:
         return ""
@@ -258,7 +259,7 @@ def start_preloads(assets: Path | None = None) -> str:
     """`<link rel=modulepreload>` for the modules Gradio's start imports (its index module's dependencies: the app and
     its runtime), fetched and compiled while a link's page holds its start for the first view ("" when this Gradio
     names none that way)."""
-    assets = assets or _assets()
+    assets = assets or gradio_assets()
     page = assets.parent / "index.html"
     html = page.read_text(encoding="utf-8") if page.exists() else ""
     found = re.search(r'src="\./assets/(index-[\w-]+\.js)"', html)

@@ -119,10 +119,14 @@ def install(fastapi_app, capacity: int, idle_seconds: float,
             on_drop: Callable[[str], None] | None = None) -> LeanSessions:
     """Put `LeanSessions` in the mounted Gradio app's place and remove its deep-link route; returns the store.
     `on_drop(session_id)`: called when a session is dropped (the kept store gives back its handles)."""
-    gradio_app = next(route.app for route in fastapi_app.routes if hasattr(route, "app")
-                      and hasattr(route.app, "state_holder"))
+    gradio_app = mounted(fastapi_app)
     sessions = LeanSessions(capacity, idle_seconds, on_drop=on_drop)
     sessions.set_blocks(gradio_app.get_blocks())
     gradio_app.state_holder = sessions
     gradio_app.router.routes[:] = [r for r in gradio_app.router.routes if getattr(r, "path", "") != DEEP_LINK_PATH]
     return sessions
+
+
+def mounted(fastapi_app):
+    """The Gradio app `gr.mount_gradio_app` mounted on `fastapi_app`."""
+    return next(route.app for route in fastapi_app.routes if hasattr(getattr(route, "app", None), "state_holder"))
