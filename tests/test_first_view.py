@@ -264,3 +264,27 @@ def test_the_first_view_draws_with_gradios_own_vega(tmp_path):
     assert first_view.embed_module(tmp_path / "none") is None
     assert first_view.embed_module() is not None                       # this Gradio's, found
     assert "embed-" in first_view.first_view_script() and "./assets/EMBED" not in first_view.first_view_script()
+
+
+# The picture's background, and the fill of its axes' words.
+SHADES = """(sel) => ({background: getComputedStyle(document.querySelector(sel)).backgroundColor,
+  words: [...new Set([...document.querySelectorAll(sel + " g.role-axis-label text")]
+    .map((t) => t.getAttribute("fill")))]})"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_a_links_picture_is_drawn_in_the_mode_its_page_will_be(browser, tiny_url, scheme):  # noqa: F811
+    """A browser that prefers dark gets Gradio's dark page: its picture is dark too, words light, not a white
+    screen that turns dark once the page starts."""
+    until_idle(tiny_url)
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, color_scheme=scheme)
+    context.add_init_script(HOLD_JOINS)
+    page = context.new_page()
+    page.goto(f"{tiny_url}?v=1&" + FRESH_LINKS["logit"].format(quote(f"{PROMPT} ({scheme}, {time.time()})")))
+    early = f"#{first_view.FIRST_VIEW_ID}"
+    page.wait_for_selector(f"{early} svg.marks g.role-mark path", timeout=60_000)
+    seen = page.evaluate(SHADES, early)
+    page.evaluate("window.lensLetGo()")
+    context.close()
+    dark = (seen["background"] == "rgb(11, 15, 25)", seen["words"] == [first_view.DARK_TEXT])
+    assert dark == ((True, True) if scheme == "dark" else (False, False)), seen
