@@ -266,16 +266,17 @@ def test_the_first_view_draws_with_gradios_own_vega(tmp_path):
     assert "embed-" in first_view.first_view_script() and "./assets/EMBED" not in first_view.first_view_script()
 
 
-# The picture's background, and the fill of its axes' words.
-SHADES = """(sel) => ({background: getComputedStyle(document.querySelector(sel)).backgroundColor,
-  words: [...new Set([...document.querySelectorAll(sel + " g.role-axis-label text")]
+# A page's background, and the fill of a chart's axes' words.
+SHADES = """([page, chart]) => ({background: getComputedStyle(document.querySelector(page)).backgroundColor,
+  text: getComputedStyle(document.querySelector(page + " p") || document.querySelector(page)).color,
+  words: [...new Set([...document.querySelectorAll(chart + " g.role-axis-label text")]
     .map((t) => t.getAttribute("fill")))]})"""
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_a_links_picture_is_drawn_in_the_mode_its_page_will_be(browser, tiny_url, scheme):  # noqa: F811
-    """A browser that prefers dark gets Gradio's dark page: its picture is dark too, words light, not a white
-    screen that turns dark once the page starts."""
+def test_a_links_picture_is_drawn_as_its_page_will_show_it(browser, tiny_url, scheme):  # noqa: F811
+    """A browser that prefers dark gets Gradio's dark page: the picture before it is on the same dark page, not a
+    white screen that turns dark once the page starts; its chart drawn as the tab's is there."""
     until_idle(tiny_url)
     context = browser.new_context(viewport={"width": 1400, "height": 900}, color_scheme=scheme)
     context.add_init_script(HOLD_JOINS)
@@ -283,8 +284,10 @@ def test_a_links_picture_is_drawn_in_the_mode_its_page_will_be(browser, tiny_url
     page.goto(f"{tiny_url}?v=1&" + FRESH_LINKS["logit"].format(quote(f"{PROMPT} ({scheme}, {time.time()})")))
     early = f"#{first_view.FIRST_VIEW_ID}"
     page.wait_for_selector(f"{early} svg.marks g.role-mark path", timeout=60_000)
-    seen = page.evaluate(SHADES, early)
+    picture = page.evaluate(SHADES, [early, early])
     page.evaluate("window.lensLetGo()")
+    wait_plot(page, "logit-heatmap")
+    shown = page.evaluate(SHADES, ["body", "#logit-heatmap"])      # the page's body, and its words' colour
     context.close()
-    dark = (seen["background"] == "rgb(11, 15, 25)", seen["words"] == [first_view.DARK_TEXT])
-    assert dark == ((True, True) if scheme == "dark" else (False, False)), seen
+    assert picture == shown, (picture, shown)
+    assert (shown["background"] != "rgb(255, 255, 255)") == (scheme == "dark"), shown

@@ -54,7 +54,7 @@ CSS = f"""
 """
 # The picture's own style, sent with its script: it is drawn before Gradio has started and written its styles in.
 # Dark where Gradio's page will be (`?__theme=dark`, or a browser that prefers dark): Gradio's dark body and text.
-DARK_BACKGROUND, DARK_TEXT, DARK_LINES = "#0b0f19", "#f3f4f6", "#374151"      # Gradio's neutral-950, -100, -700
+DARK_BACKGROUND, DARK_TEXT = "#0f0f11", "#f4f4f5"     # as Gradio 6 draws them (the test compares the two)
 FIRST_VIEW_CSS = f"""<style>
 #{FIRST_VIEW_ID} {{
   position: fixed; inset: 0; z-index: 1000; overflow: auto; padding: 16px;
@@ -200,16 +200,11 @@ FIRST_VIEW = """<script>
     spec.usermeta = { ...spec.usermeta, embedOptions: { ...spec.usermeta?.embedOptions, actions: false } };
     const view = document.createElement("div");
     view.id = "ID";
-    const theme = new URLSearchParams(location.search).get("__theme");     // Gradio's choice of its page's mode
-    if ((theme || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light")) === "dark") {
-      view.classList.add("dark");                     // the chart's words and lines as Gradio's dark page draws them
-      const c = spec.config || {}, text = "DARK_TEXT", lines = "DARK_LINES";
-      const words = { labelColor: text, titleColor: text };
-      spec.config = { ...c, background: "transparent",
-        axis: { ...c.axis, ...words, tickColor: lines, gridColor: lines, domainColor: lines },
-        legend: { ...c.legend, ...words }, header: { ...c.header, ...words },
-        title: { ...c.title, color: text, subtitleColor: text }, view: { ...c.view, stroke: lines } };
-    }
+    // Gradio's page is dark where the link says so or the browser prefers it: the picture's page is too (its chart
+    // as Gradio draws it there, on Vega's white)
+    const theme = new URLSearchParams(location.search).get("__theme");
+    const dark = (theme || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light")) === "dark";
+    view.classList.toggle("dark", dark);
     view.setAttribute("aria-hidden", "true");         // the page under it reads the same cells, and more
     view.innerHTML = "<p>The link's picture, while the page opens: hovering, the settings and the rest " +
       "follow in a moment.</p>";
@@ -244,8 +239,7 @@ def first_view_script(assets: Path | None = None) -> str:
         return ""
     script = (FIRST_VIEW.replace("LINKS", json.dumps(LINK_CHARTS)).replace("EMBED", embed)
               .replace('"ID"', f'"{FIRST_VIEW_ID}"').replace("MAX_MS", str(FIRST_VIEW_MAX_MS))
-              .replace("HOLD_MS", str(FIRST_VIEW_HOLD_MS)).replace("DARK_TEXT", DARK_TEXT)
-              .replace("DARK_LINES", DARK_LINES))
+              .replace("HOLD_MS", str(FIRST_VIEW_HOLD_MS)))
     return start_preloads(assets) + preload_links(assets) + FIRST_VIEW_CSS + SCROLL_TO_LAST_COLUMN + script
 
 
