@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from tiny_app import served
 
 from lensapp.ui import event_stream, first_view, sessions
-
-pytestmark = pytest.mark.browser
 
 JOIN, STREAM = "/gradio_api/queue/join", "/gradio_api/queue/data"
 
