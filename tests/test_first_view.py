@@ -266,11 +266,17 @@ def test_the_first_view_draws_with_gradios_own_vega(tmp_path):
     assert "embed-" in first_view.first_view_script() and "./assets/EMBED" not in first_view.first_view_script()
 
 
-# A page's background, and the fill of a chart's axes' words.
-SHADES = """([page, chart]) => ({background: getComputedStyle(document.querySelector(page)).backgroundColor,
-  text: getComputedStyle(document.querySelector(page + " p") || document.querySelector(page)).color,
-  words: [...new Set([...document.querySelectorAll(chart + " g.role-axis-label text")]
-    .map((t) => t.getAttribute("fill")))]})"""
+# A page's background, the colour of a paragraph's words in it (a blank one put there to be read), and the fill of a
+# chart's axes' words.
+SHADES = """([page, words, chart]) => {
+  const probe = document.createElement("p");
+  document.querySelector(words).appendChild(probe);
+  const text = getComputedStyle(probe).color;
+  probe.remove();
+  return {background: getComputedStyle(document.querySelector(page)).backgroundColor, text,
+          words: [...new Set([...document.querySelectorAll(chart + " g.role-axis-label text")]
+            .map((t) => t.getAttribute("fill")))]};
+}"""
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
@@ -284,10 +290,12 @@ def test_a_links_picture_is_drawn_as_its_page_will_show_it(browser, tiny_url, sc
     page.goto(f"{tiny_url}?v=1&" + FRESH_LINKS["logit"].format(quote(f"{PROMPT} ({scheme}, {time.time()})")))
     early = f"#{first_view.FIRST_VIEW_ID}"
     page.wait_for_selector(f"{early} svg.marks g.role-mark path", timeout=60_000)
-    picture = page.evaluate(SHADES, [early, early])
+    picture = page.evaluate(SHADES, [early, early, early])
     page.evaluate("window.lensLetGo()")
     wait_plot(page, "logit-heatmap")
-    shown = page.evaluate(SHADES, ["body", "#logit-heatmap"])      # the page's body, and its words' colour
+    page.wait_for_function("() => [...document.querySelectorAll('link[href*=\"theme.css\"]')]"   # Gradio's theme in
+                           ".some((l) => l.sheet && l.sheet.cssRules.length)", timeout=30_000)
+    shown = page.evaluate(SHADES, ["body", ".gradio-container", "#logit-heatmap"])
     context.close()
     assert picture == shown, (picture, shown)
     assert (shown["background"] != "rgb(255, 255, 255)") == (scheme == "dark"), shown

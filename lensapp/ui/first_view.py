@@ -58,7 +58,7 @@ DARK_BACKGROUND, DARK_TEXT = "#0f0f11", "#f4f4f5"     # as Gradio 6 draws them (
 FIRST_VIEW_CSS = f"""<style>
 #{FIRST_VIEW_ID} {{
   position: fixed; inset: 0; z-index: 1000; overflow: auto; padding: 16px;
-  background: var(--body-background-fill, #fff); color: var(--body-text-color, #1f2937);
+  background: var(--body-background-fill, #fff); color: var(--body-text-color, #27272a);
   font-family: ui-sans-serif, system-ui, sans-serif; pointer-events: none;
 }}
 #{FIRST_VIEW_ID}.dark {{ background: {DARK_BACKGROUND}; color: {DARK_TEXT}; }}
