@@ -89,7 +89,8 @@ def wait_plot(page, plot: str) -> None:
         except Exception:  # noqa: BLE001 - a page too broken for a screenshot still has its calls to report
             pass
         pytest.fail(f"no chart in #{plot} after {RUN_TIMEOUT / 1000:.0f} s at {page.url}\n"
-                    f"toasts: {toasts}\npage errors: {page.errors}\nthe chart on the page: {plot_state(page, plot)}\n"
+                    f"toasts: {toasts}\npage errors: {getattr(page, 'errors', [])}\n"
+                    f"the chart on the page: {plot_state(page, plot)}\n"
                     "the page's calls:\n" + "\n".join(getattr(page, "events", [])) + f"\napp log:\n{log}")
 
 
