@@ -126,6 +126,26 @@ def test_generation_before_and_after_uses_the_same_seed(service):
     assert r.generated_after[0] == r.generated_before and "Rome" in r.generated_after[1]
 
 
+@pytest.mark.parametrize("whole", [
+    InterveneRequest.parse(prompt=FRANCE, intervention="steer", word="Rome", layer="-8", new_tokens=4),
+    InterveneRequest.parse(prompt=COLOSSEUM, intervention="patch", source=EIFFEL, layer="6-9", positions="2-4",
+                           source_positions="2-4")])
+def test_a_links_picture_read_from_the_last_change_alone_is_the_sweeps(service, whole):
+    """A sweep's link draws its picture from the readout before and the last change alone (`intervene_tab.first_read`,
+    `ui/prefetch.py`): the same cells as the whole sweep's first chart (each readout is its own trace)."""
+    from lensapp.ui import intervene_tab
+
+    first = intervene_tab.first_read(service, whole)
+    part, all_of_it = service.intervene(first), service.intervene(whole)
+    assert len(part.after) == 1 < len(all_of_it.after) and part.labels == all_of_it.labels[-1:]
+    assert first.new_tokens == 0 and not part.generated_after
+    for x, y in ((part.before, all_of_it.before), (part.after[0], all_of_it.after[-1])):
+        a, b = x.lenses["logit"], y.lenses["logit"]
+        assert (a.top_ids == b.top_ids).all()
+        np.testing.assert_allclose(a.top_probs, b.top_probs, atol=1e-6)
+    assert intervene_tab.picture(first, {}, part).plot == intervene_tab.picture(whole, {}, all_of_it).plot
+
+
 def test_bad_interventions_are_one_line(service):
     for kw, message in [({"intervention": "steer", "layer": "22"}, "needs a word"),
                         ({"intervention": "patch", "layer": "3"}, "source prompt"),

@@ -3,6 +3,7 @@ every tab's link but a fitted vector's and an unseeded sample's, the request its
 one at a time, as the visitor asking (one of its requests, its turn, its budget, not counted); nothing else.
 tests/test_ui_browser.py checks on the engine that the page's own request finds the prefetch's in the cache."""
 
+import dataclasses
 import threading
 from types import SimpleNamespace
 from urllib.parse import quote
@@ -12,6 +13,7 @@ import pytest
 
 from lensapp import config
 from lensapp.engine import ModelInfo
+from lensapp.service import fields
 from lensapp.service.asks import asked
 from lensapp.service.limits import RateLimiter
 from lensapp.ui import permalinks
@@ -200,8 +202,8 @@ def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls_would_get()
     View(tab="generate", prompt="The capital of France is", max_tokens=5),
     View(tab="generate", prompt="The capital of France is", temperature=0.8, seed=7),
     View(tab="compare", prompts=("The capital of France is", "The capital of Italy is"), k=3, targets=("Paris",)),
-    View(tab="intervene", prompt="The capital of France is", word="Rome", layer="1-2", alphas=(2.0, 4.0)),
-    View(tab="intervene", intervention="ablate", prompt="The capital of France is", layer="2"),
+    View(tab="intervene", prompt="The capital of France is", word="Rome", layer="1", alphas=(2.0,)),
+    View(tab="intervene", intervention="ablate", prompt="The capital of France is", layer="1-2"),
     View(tab="components", prompt="The capital of France is", target="Paris", foil="Rome", position=-1),
 ])
 def test_the_other_tabs_links_prefetch_the_request_their_page_will_send(view):
@@ -212,3 +214,26 @@ def test_the_other_tabs_links_prefetch_the_request_their_page_will_send(view):
     prefetch._runner.shutdown(wait=True)
     tab = TAB_VIEWS[view.tab]
     assert service.asked == [asked_of(tab, service, tab.values_of(view))] and service.entries == [view.tab]
+
+
+@pytest.mark.parametrize("view, first", [
+    (View(tab="intervene", prompt="The capital of France is", word="Rome", layer="1-2", alphas=(2.0, 4.0),
+          new_tokens=3), {"alphas": (4.0,)}),
+    (View(tab="intervene", prompt="The capital of France is", word="Rome", layer="-1"),
+     {"alphas": fields.DEFAULT_ALPHAS[-1:]}),
+    (View(tab="intervene", intervention="patch", prompt="The capital of France is",
+          source="The capital of Italy is", layer="1-3"), {"layer": "3"}),
+])
+def test_a_sweeps_link_reads_its_pictures_change_first_then_the_whole(view, first):
+    """An intervention's first chart is the readout before and the sweep's last change (`intervene_tab.picture`): a
+    link to a sweep reads those first, with no texts generated, then the request its page will send."""
+    service = StandIn()
+    service.release.set()
+    prefetch = LinkPrefetch(service)
+    assert prefetch(permalinks.query_string(view))
+    prefetch._runner.shutdown(wait=True)
+    tab = TAB_VIEWS["intervene"]
+    whole = asked_of(tab, service, tab.values_of(view))
+    assert service.entries == ["intervene", "intervene"]
+    assert service.asked == [dataclasses.replace(whole, **first, new_tokens=0), whole]
+    assert whole.new_tokens == (3 if view.alphas else 0) and len(fields.DEFAULT_ALPHAS) > 1

@@ -10,6 +10,7 @@ fields (`views.TAB_VIEWS`); the handlers below are what its events call.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import gradio as gr
@@ -19,6 +20,8 @@ from .. import charts, lens_kinds
 from ..charts import intervention as ichart
 from ..lens_kinds import LOGIT
 from ..results import AblateDone, PatchDone, SteerDone
+from ..service import fields as f
+from ..service.selection import Selection
 from ..snippets import model_reference
 from ..snippets.intervention import intervention_snippet
 from .downloads import Downloads
@@ -203,6 +206,23 @@ def picture(req, values: dict, result):
     lens = shown_lens(result)
     metric = colour_metric(values.get("metric"), result.before.lenses[lens].targets, quiet=True)
     return build_chart(ichart.before_after, result, len(result.after) - 1, lens, metric)     # `draw`'s "pair"
+
+
+def first_read(service, req):
+    """The request that reads only what `picture` draws of `req` (the readout before and its last change), when
+    `req` reads more: a steering sweep's last alpha, a patch's last layer, no texts generated. A link's page draws
+    its picture from it while the whole sweep is read (`prefetch.py`), as a long prompt's drawn window is read
+    first (`lens_tab.first_read`); a change is read alone as in a sweep (each readout its own trace, every edit
+    only its own request's). None: `req` reads no more than that (one change, an ablation, a fitted vector)."""
+    if req.intervention == "steer" and req.direction != "fitted":
+        alphas = req.alphas or f.DEFAULT_ALPHAS
+        shown = dataclasses.replace(req, alphas=alphas[-1:]) if len(alphas) > 1 else None
+    elif req.intervention == "patch":
+        span = req.layer.resolve(service.info.n_layers)
+        shown = dataclasses.replace(req, layer=Selection(str(span[-1]))) if len(span) > 1 else None
+    else:
+        shown = None
+    return None if shown is None else dataclasses.replace(shown, new_tokens=0)
 
 
 def draw(result, index: int, lens: str, metric: str) -> dict:
