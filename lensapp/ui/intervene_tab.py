@@ -212,8 +212,8 @@ def first_read(service, req):
     """The request that reads only what `picture` draws of `req` (the readout before and its last change), when
     `req` reads more: a steering sweep's last alpha, a patch's last layer, no texts generated. A link's page draws
     its picture from it while the whole sweep is read (`prefetch.py`), as a long prompt's drawn window is read
-    first (`lens_tab.first_read`); a change is read alone as in a sweep (each readout its own trace, every edit
-    only its own request's). None: `req` reads no more than that (one change, an ablation, a fitted vector)."""
+    first (`lens_tab.first_read`). Every readout is its own trace, so the part's cells are the whole's. None:
+    `req` reads no more than that (one change, an ablation, a fitted vector)."""
     if req.intervention == "steer" and req.direction != "fitted":
         alphas = req.alphas or f.DEFAULT_ALPHAS
         shown = dataclasses.replace(req, alphas=alphas[-1:]) if len(alphas) > 1 else None

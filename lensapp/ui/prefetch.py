@@ -25,7 +25,8 @@ a sample's without a seed (its page draws a fresh sample). A generation's link i
 
 Once read, the tab's first chart of the answer is kept for the link's page (`first_view.FirstViews`), which draws
 it before it has started. Where that chart needs less than the whole readout (an intervention's sweep: its first
-chart is the readout before and the last change), that part is read first and kept, then the whole.
+chart is the readout before and the last change), that part is read first and kept, then the whole (its
+budget pays both).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import dataclasses
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
@@ -49,7 +49,7 @@ from .views import START, TAB_VIEWS
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class OneShot:
     """A tab whose link's page asks its readout once (`run` of generate_tab, compare_tab, intervene_tab,
     components_tab), the request built as the page builds it (`form.asked`): the service's entry it calls
