@@ -72,6 +72,17 @@ def test_a_chat_streams_its_per_token_readout(tiny_service):
     assert [s.readout for s in steps] == list(zip(one_shot.top_ids, one_shot.top_probs))
 
 
+def freed(engine, within: float) -> dict:
+    """The engine's health once it holds nothing (a closed stream's cancel ends on the engine's loop, after the
+    close has returned), or as it is after `within` seconds."""
+    deadline = time.perf_counter() + within
+    while (health := engine.health())["in_flight"] or health["admitted"]:
+        if time.perf_counter() > deadline:
+            break
+        time.sleep(0.005)
+    return health
+
+
 def test_a_reader_that_leaves_frees_the_engine_at_once(tiny_service):
     engine = tiny_service.engine
     before = engine.health()["calls"]
@@ -85,11 +96,91 @@ def test_a_reader_that_leaves_frees_the_engine_at_once(tiny_service):
     assert isinstance(first, Step) and first.index == 0
     t = time.perf_counter()
     stream.close()
-    health = engine.health()
+    health = freed(engine, full)
     assert time.perf_counter() - t < full / 2
     assert health["in_flight"] == 0 and health["admitted"] == 0
     assert health["calls"]["cancelled"] == before["cancelled"] + 1
     assert health["calls"]["served"] == before["served"] + 1        # the whole one only
+
+
+class HeldLoop:
+    """A stand-in backend whose chat writes a step every 5 ms and, after its third, holds the engine's loop (a step
+    that does not give the loop back: the transformers backend generates on it) until `release` is set."""
+
+    concurrent = True
+
+    def __init__(self):
+        import threading
+
+        self.holding, self.release, self.written = threading.Event(), threading.Event(), 0
+
+    async def run_chat(self, spec, sampling, sink):
+        import asyncio
+
+        from lensapp.engine.run.protocol import ChatOutput
+
+        tokens = []
+        for i in range(sampling.max_tokens):
+            tokens.append(i)
+            sink.tokens(tokens)
+            sink.readout(i, ([i], [1.0]))
+            self.written += 1
+            if i == 2:
+                self.holding.set()
+                self.release.wait(10)               # the loop held, not awaited
+            await asyncio.sleep(0.005)
+        return ChatOutput(tokens, [[t] for t in tokens], [[1.0] for _ in tokens])
+
+    def failure(self):
+        return None
+
+    def progress(self):
+        from lensapp.engine.run.protocol import Progress
+
+        return Progress(self.written, 0.0)
+
+    def is_dead(self, error):
+        return None
+
+    def close(self):
+        self.release.set()
+
+
+def test_a_closed_stream_returns_at_once_while_the_engines_loop_is_held_and_the_engine_then_lets_go():
+    """Gradio closes a generator handler on its own event loop (gradio 6.31: `SyncToAsyncIterator.aclose`): the close
+    must not wait for the engine's loop. It returns at once while that loop is held; the engine still counts the
+    request until its loop turns again, then cancels it there and lets go of it."""
+    import threading
+
+    from lensapp.engine.run.core import Engine
+    from lensapp.engine.run.protocol import ModelInfo
+
+    backend = HeldLoop()
+    info = ModelInfo(name="stand-in", n_layers=2, d_model=4, vocab_size=8, backend="vllm-cpu", device="cpu",
+                     dtype="float32")
+    engine = Engine(lambda: backend, info, request_timeout=60, watchdog_seconds=60)
+    try:
+        engine.wait_ready(10)
+        stream = engine.chat_steps(None, Sampling(200), client="visitor")
+        assert [next(stream).index for _ in range(3)] == [0, 1, 2]
+        assert backend.holding.wait(10)
+        letgo = threading.Timer(1.0, backend.release.set)      # the loop turns again 1 s from now
+        letgo.start()
+        t = time.perf_counter()
+        stream.close()
+        closed = time.perf_counter() - t
+        held = engine.health()
+        assert closed < 0.1, closed
+        assert held["admitted"] == 1 and not backend.release.is_set()   # still the engine's: its loop is held
+        health = freed(engine, 10)
+        assert backend.release.is_set() and health["in_flight"] == 0 and health["admitted"] == 0, health
+        assert health["calls"]["cancelled"] == 1 and health["calls"]["served"] == 0
+        assert backend.written < 10                            # stopped where it was, not run to its end
+        assert [s.index for s in streamed(engine.chat_steps(None, Sampling(3), client="visitor"))[0]] == [0, 1, 2]
+        letgo.cancel()
+    finally:
+        backend.release.set()
+        engine.close()
 
 
 def test_the_outbox_hands_each_step_over_once_and_forgets_ended_streams():
@@ -271,6 +362,6 @@ def test_on_vllm_each_step_leaves_the_worker_as_it_is_done_and_a_reader_that_lea
     stream = engine.generate_steps(spec, Sampling(64))
     next(stream), next(stream)
     stream.close()
-    health = engine.health()
+    health = freed(engine, 10)
     assert health["in_flight"] == 0 and health["admitted"] == 0
     assert health["calls"]["cancelled"] == before["cancelled"] + 1 and health["calls"]["served"] == before["served"]

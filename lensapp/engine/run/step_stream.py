@@ -11,8 +11,11 @@ engine service) streams every step at the end, and the stream's steps are always
 `Streaming` is the engine's side (`core.Engine` is one): `generate_steps` and `chat_steps` are generators that
 yield each `Step`, then the output. Closing one before its end (a page closed, Stop, a client gone) cancels the
 request at once: vLLM aborts it, the transformers backend's next write into the closed sink raises
-`StreamClosed` and ends its generation; the slot and the turn are released, the call is counted `cancelled`,
-and the generator returns only when the engine holds nothing more of it.
+`StreamClosed` and ends its generation; the slot and the turn are released, the call is counted `cancelled`.
+The close itself waits for none of that: it may run on a thread that must not block (Gradio closes a generator
+handler on its own event loop: `SyncToAsyncIterator.aclose`, gradio 6.31), so it schedules the cancel on the
+engine's loop and returns; the call leaves the engine's admission (its place, its client's share) when its task on
+that loop has ended, so what the engine counts as held is what it still holds.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from .parts import Part, lens_part
 from .protocol import ChatOutput, GenerationOutput, LensSpec, Sampling
 
 log = logging.getLogger(__name__)
-CANCEL_WAIT = 30.0        # seconds a closed stream waits for the engine to let go of its request
 
 
 class StreamClosed(Exception):
@@ -168,18 +170,21 @@ class Streaming:
         except queue.Empty:
             raise EngineTimeout("the engine did not answer") from None
         finally:
-            if not call.future.done():          # the reader left (or the engine stopped answering)
+            if call.future.done():
+                self.leave(call)
+            else:                               # the reader left (or the engine stopped answering)
                 sink.close()
-                self.cancel(call, CANCEL_WAIT)
-            self.leave(call)
+                self.cancel(call)
 
-    def cancel(self, call: Call, wait: float) -> None:
-        """Cancel `call` and wait (at most `wait` s) until the engine holds nothing of it (a transformers generation
-        ends at its next step, when its closed sink raises)."""
+    def cancel(self, call: Call) -> None:
+        """Cancel `call` on the engine's loop, and return at once: the call leaves the engine's admission when its
+        task has ended there (a transformers generation ends at its next step, when its closed sink raises; a task
+        waiting on vLLM at its next await). Nothing here waits for the engine's loop, which may be busy or held."""
+        call.future.add_done_callback(lambda _: self.leave(call))      # at once if it has just ended
         try:
-            self._owner.submit(lambda: cancel_task(call)).result(timeout=wait)
-        except (TimeoutError, RuntimeError) as e:          # a loop that no longer turns, or is stopped
-            log.warning("a cancelled call did not end within %.0f s: %s", wait, one_line(e))
+            self._owner.submit(lambda: cancel_task(call))
+        except RuntimeError as e:           # the loop is closed: the engine closed, its calls cancelled with it
+            log.warning("a closed stream's call was not cancelled: %s", one_line(e))
 
 
 def _drained(events: queue.SimpleQueue) -> Iterator[Step]:
@@ -201,13 +206,12 @@ def _plain(step: Step) -> Step:
     return step
 
 
-async def cancel_task(call: Call) -> None:
-    """On the engine's loop: cancel `call`'s task and wait until it has let go of everything."""
+def cancel_task(call: Call) -> None:
+    """On the engine's loop: cancel `call`'s task (it lets go of its slot and turn as it unwinds). The task has
+    started: the loop runs what it is given in order, and the call was given to it before its cancel."""
     task = call.task
-    if task is None or task.done():
-        return
-    task.cancel()
-    await asyncio.wait([task])
+    if task is not None and not task.done():
+        task.cancel()
 
 
 __all__ = ["Call", "ChatOutput", "GenerationOutput", "Step", "StepSink", "StreamClosed", "Streaming", "cancel_task"]
