@@ -26,9 +26,11 @@ from typing import Any, Callable
 
 import gradio as gr
 
+from ..service import parsers
 from ..service.cache import approx_bytes
 from ..service.field import RequestError
 from ..service.kinds import KINDS
+from .views import CHAINS
 
 MAX_HANDLES = 100_000            # ~15 MB of handles at most, whatever the values
 PREFIX = "kept:"
@@ -253,15 +255,17 @@ def remaker(service, guard) -> Callable[[Any, Any], Any]:
     """A kept state's `remake` for recipes made by `recipe`: the value made again through `guard` (charged to the
     page asking, as a readout of its own would be; a request needs no engine and is not charged)."""
     def remake(made_by, request):
-        kind, req, shape = _recipe_parts(made_by)
+        kind, req, shape, chains = _recipe_parts(made_by)
         if shape == "request":
             return req
-        return guard.ui(request, _made, service, kind, req, made_by)
+        return guard.ui(request, _made, service, kind, req, made_by, chains)
     return remake
 
 
 def _recipe_parts(made_by) -> tuple:
-    """(kind, request, shape) of a recipe the page sent; Expired for anything else (a recipe it was not given)."""
+    """(kind, request, shape, branches) of a recipe the page sent, each read by the rule its request's is (a
+    "branches" recipe's forces as the page's link carries them: `views.CHAINS`, MAX_BRANCHES chains of MAX_FORCES
+    token ids at most); Expired for anything else (a recipe it was not given)."""
     try:
         kind = KINDS[made_by["kind"]]
         req = kind.request.parse(**made_by["request"])
@@ -269,17 +273,17 @@ def _recipe_parts(made_by) -> tuple:
         read_from = made_by.get("read_from", 0)
         if type(read_from) is not int or read_from < 0:
             raise ValueError(read_from)
+        chains = CHAINS(parsers.branches_text(made_by.get("forces") or [])) if shape == "branches" else ()
     except (KeyError, TypeError, ValueError, AttributeError, RequestError):
         raise gr.Error(str(Expired()), title="Run it again", print_exception=False) from None
     if shape not in ("result", "request", "pair", "branches") or getattr(req, "sampled", False) and req.seed is None:
         raise gr.Error(str(Expired()), title="Run it again", print_exception=False)    # a sample never drawn again
-    return kind, req, shape
+    return kind, req, shape, chains
 
 
-def _made(service, kind, req, made_by):
+def _made(service, kind, req, made_by, chains: tuple = ()):
     if made_by["as"] == "branches":
-        return [kind.answered(kind.run(service, replace(req, force=tuple(map(tuple, chain)))))
-                for chain in made_by.get("forces") or []]
+        return [kind.answered(kind.run(service, replace(req, force=chain))) for chain in chains]
     if made_by.get("read_from"):              # a first look stays one: its page's next event completes it
         return service.lens(req, read_from=made_by["read_from"])[0]
     answer = kind.answered(kind.run(service, req))

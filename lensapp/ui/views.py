@@ -35,9 +35,10 @@ NOTE = Field("note", f"a note shown above the view (up to {config.MAX_NOTE_CHARS
 NOTE_FIELDS = ("title", "note")        # any tab's link may carry them (only when they are not empty)
 # A generation's branches (ui/branching.py): chains of forced token ids, as their text ('3=#7042;3=#7042,9=#13'),
 # read by the force field's own parser (service/parsers.py). The tab's own request is unforced (it omits force).
-_BRANCHES = parsers.branches(config.MAX_BRANCHES, config.MAX_FORCES, config.MAX_GENERATE_TOKENS - 1)
+# A page's kept branches (`kept.py`'s recipe) are read by the same rule (`CHAINS`): at most MAX_BRANCHES chains.
+CHAINS = parsers.branches(config.MAX_BRANCHES, config.MAX_FORCES, config.MAX_GENERATE_TOKENS - 1)
 BRANCHES = Field("branches", "the generation's branches: for each, the steps forced and the token ids put there", "",
-                 lambda raw: parsers.branches_text(_BRANCHES(raw)))
+                 lambda raw: parsers.branches_text(CHAINS(raw)))
 QUIET_WHEN_EMPTY = ("branches",)       # a link names them only when there are some
 
 # The page's examples: what a tab shows before anyone types (a required field has no default of its own).
