@@ -11,19 +11,18 @@ to the front page drew no chart in 90 s, no error anywhere (tests/test_event_str
 The mend is one line in the page's own client, its entry module (`index-*.js`), served mended by `install`: on
 `close_stream`, a page still waiting for an answer (the client's `unclosed_events`) opens its stream again, and
 the server sends what it holds for the session. Where a Gradio has no such line (another build), the page is
-served as Gradio sends it and the log says so once.
+served as Gradio sends it, and the check at start (`mend_problem`, asked by `ui/mends.py`) says so in `/health`'s
+`mends` and in the log, as an error. Gradio is pinned where the app is deployed (pyproject's `cpu` and `gpu`
+extras); docs/upstream/gradio-reopen-stream.md is the change for Gradio itself.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
 from pathlib import Path
 
 from .first_view import gradio_assets
-
-log = logging.getLogger(__name__)
 
 # The client's stream reader, minified: `let{event_callbacks:e,unclosed_events:t,...}=this,o=this;` ... then, in its
 # message handler, `if(s.msg===`close_stream`){wt(r,o.abort_controller);return}`. The names are the build's.
@@ -55,19 +54,36 @@ def entry_module(assets: Path) -> Path | None:
     return assets / found.group(1) if found else None
 
 
+def mend_problem(assets: Path | None = None) -> str | None:
+    """None where this Gradio's page takes the mend; else why not, in one line (the page is then served as it is)."""
+    return _mended_entry(assets or gradio_assets())[1]
+
+
+def _mended_entry(assets: Path) -> tuple[tuple[Path, str] | None, str | None]:
+    """((Gradio's entry module, its text mended), None), or (None, why it cannot be mended)."""
+    try:
+        module = entry_module(assets)
+    except OSError as e:
+        return None, f"Gradio's page cannot be read ({e})"
+    if module is None or not module.is_file():
+        return None, "Gradio's page names no entry module (index-*.js)"
+    text = mended(module.read_text(encoding="utf-8"))
+    if text is None:
+        return None, f"{module.name} has no event stream reader of the shape mended (its close_stream line)"
+    return (module, text), None
+
+
 def install(gradio_app, assets: Path | None = None) -> bool:
     """Serve Gradio's entry module mended (`mended`) on the mounted Gradio app, ahead of its own route for it (so
     it goes out compressed as every other script does). False, and the page as Gradio sends it, where the module
-    has no line to mend."""
+    has no line to mend (`mend_problem` says why)."""
     from fastapi.responses import Response
     from starlette.routing import Route
 
-    assets = assets or gradio_assets()
-    module = entry_module(assets)
-    text = mended(module.read_text(encoding="utf-8")) if module is not None else None
-    if text is None:
-        log.warning("this Gradio's page has no event stream reader to mend (%s): served as it is", module)
+    found, _ = _mended_entry(assets or gradio_assets())
+    if found is None:
         return False
+    module, text = found
     body = text.encode("utf-8")
     etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
 

@@ -17,11 +17,14 @@ also writes a file of them to disk for anyone who names a session). This app sho
 
 A session's own cost is then at most `memory.SESSION_BYTES` (its copy of the blocks' and events' tables, its
 states' handles), and the memory plan (`engine/start/memory.py`) counts `capacity` of them.
+
+This reaches into Gradio's session store (gradio/state_holder.py, pinned where the app is deployed: pyproject's
+`cpu` and `gpu` extras): `mend_problem` says at start whether the installed Gradio still takes it (`/health`'s
+`mends`), and docs/upstream/gradio-session-config-copy.md is the change that would make it unneeded.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from typing import Callable
@@ -37,15 +40,12 @@ CLOSED_STATE_SECONDS = 600           # a closed page's states (Gradio: an hour);
 class LeanSession(SessionState):
     """A session that keeps its components' props but no copy of the values they last showed.
 
-    Its `__init__` is Gradio's less the per-block copy of the page's config, which cost 540 KB and ~0.1 s of
-    CPU for every new session of this page (tests/test_sessions.py checks it sets what Gradio's sets)."""
+    Gradio's own `__init__` runs, handed the page as `_Unlisted` shows it: with no block to copy the config of, it
+    skips the per-block copy (`config_values`), which cost 540 KB and ~0.1 s of CPU for every new session of this
+    page, and sets everything else as it does. Whether this Gradio still takes that is `mend_problem`'s question."""
 
-    def __init__(self, blocks):      # not SessionState.__init__: it builds what this class leaves out
-        self.blocks_config = copy.copy(blocks.default_config)
-        self.config_values = {}
-        self.state_data = {}
-        self._state_ttl = {}
-        self.is_closed = False
+    def __init__(self, blocks):
+        super().__init__(_Unlisted(blocks))
         self.STATE_TTL_WHEN_CLOSED = CLOSED_STATE_SECONDS
 
     def _update_value_in_config(self, key: int, value) -> None:
@@ -53,6 +53,50 @@ class LeanSession(SessionState):
 
     def _update_config(self, key: int) -> None:
         pass
+
+
+class _Unlisted:
+    """The page as `SessionState.__init__` is handed it by `LeanSession`: itself, but for its blocks (none listed:
+    Gradio 6.21-6.31 copies the config of each block `blocks.blocks` lists)."""
+
+    def __init__(self, blocks):
+        self._page = blocks
+        self.blocks: dict = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self._page, name)
+
+
+# What LeanSession and LeanSessions reach into, besides `SessionState.__init__`'s reading of `blocks.blocks`: the
+# methods that would copy a block's config again (overridden to do nothing), what a session is made with (the closed
+# page's states' time to live among it) and the store's parts.
+_SESSION_COPIES = ("_update_value_in_config", "_update_config", "state_components")
+_SESSION_PARTS = ("blocks_config", "config_values", "state_data", "STATE_TTL_WHEN_CLOSED")
+_STORE_PARTS = ("session_data", "time_last_used", "lock", "capacity")
+
+
+def mend_problem(gradio_app) -> str | None:
+    """None where the installed Gradio takes what `install` put in its place on `gradio_app` (the lean session made
+    by Gradio's own `__init__` with no block's config copied, what it overrides still Gradio's, the store the app and
+    its page read, the deep-link route gone); else what differs, in one line. Asked at start (`ui/mends.py`)."""
+    blocks = gradio_app.get_blocks()
+    try:
+        lean, made, store = LeanSession(blocks), vars(SessionState(_Unlisted(blocks))), vars(StateHolder())
+    except Exception as e:  # noqa: BLE001 - any failure is the answer: this Gradio's session is another shape
+        return f"a lean session cannot be made ({type(e).__name__}: {e})"
+    if lean.config_values:
+        return f"SessionState.__init__ copied {len(lean.config_values)} blocks' config (not from blocks.blocks)"
+    missing = [name for name in _SESSION_COPIES if not hasattr(SessionState, name)]
+    missing += [name for name in _SESSION_PARTS if name not in made]
+    missing += [name for name in _STORE_PARTS if name not in store]
+    if missing:
+        return f"Gradio's sessions have no {', '.join(missing)}"
+    holder = getattr(gradio_app, "state_holder", None)
+    if not isinstance(holder, LeanSessions) or getattr(blocks, "state_holder", None) is not holder:
+        return "the app's session store is not the lean one (Gradio reads it elsewhere)"
+    if not holder.deep_link_removed:
+        return f"Gradio has no route {DEEP_LINK_PATH} to remove"
+    return None
 
 
 class LeanSessions(StateHolder):
@@ -65,6 +109,7 @@ class LeanSessions(StateHolder):
         self._capacity = capacity
         self._used: dict[str, float] = {}
         self.dropped = 0
+        self.deep_link_removed = False       # set by `install`
 
     def set_blocks(self, blocks) -> None:
         super().set_blocks(blocks)
@@ -123,7 +168,10 @@ def install(fastapi_app, capacity: int, idle_seconds: float,
     sessions = LeanSessions(capacity, idle_seconds, on_drop=on_drop)
     sessions.set_blocks(gradio_app.get_blocks())
     gradio_app.state_holder = sessions
-    gradio_app.router.routes[:] = [r for r in gradio_app.router.routes if getattr(r, "path", "") != DEEP_LINK_PATH]
+    routes = gradio_app.router.routes
+    kept = [r for r in routes if getattr(r, "path", "") != DEEP_LINK_PATH]
+    sessions.deep_link_removed = len(kept) < len(routes)
+    routes[:] = kept
     return sessions
 
 
