@@ -9,7 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from lensapp import config
-from lensapp.service.identity import UNIDENTIFIED, bucket, client_address, is_loopback, site, turn
+from lensapp.service.identity import UNIDENTIFIED, bucket, client_address, is_loopback, scheme, site, turn
 from lensapp.service.limits import SITE_SHARE, RateLimited, RateLimiter
 
 addresses = st.ip_addresses().map(str)
@@ -53,6 +53,18 @@ def test_hops_the_client_writes_never_change_the_address(peer, client, proxies, 
 @given(peer=addresses, lines=st.lists(written, max_size=3))
 def test_with_no_trusted_proxy_the_header_is_ignored(peer, lines):
     assert client_address(peer, lines, 0) == client_address(peer)
+
+
+def test_https_is_what_the_outermost_trusted_proxy_wrote_never_what_the_client_did():
+    """Whether the visitor cookie must be `Secure; Partitioned` (server.PrefetchLinks): a Space's proxy ends TLS
+    and says so in X-Forwarded-Proto; what a client writes there counts for nothing."""
+    assert scheme("http") == "http" and scheme("https") == "https" and scheme(None) == "http"
+    assert scheme("http", ["https"], 0) == "http"                   # nobody vouches for the header
+    assert scheme("http", ["https"], 1) == "https"                  # the trusted proxy saw HTTPS
+    assert scheme("http", ["https, http"], 1) == "http"             # the client's "https" left of the proxy's entry
+    assert scheme("http", ["https", "http"], 1) == "http"           # in a header line of its own, too
+    assert scheme("http", ["HTTPS"], 1) == "https"
+    assert scheme("https", ["junk"], 1) == "https" and scheme("http", ["https"], 2) == "http"
 
 
 def test_the_outermost_trusted_proxys_entry_is_the_client():

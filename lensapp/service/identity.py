@@ -16,23 +16,34 @@ count a /48 as one party (`turn`), so one site cannot outnumber the room. An IPv
 the IPv4 one.
 
 Behind one address there may be a room: a classroom's wifi reaches a Space through one NAT address. `People` tells
-the people behind an address apart where it can (`Asker`): a login names one at once; a browser's session (Gradio's
-session hash, which the page keeps while it is open) names one once a request of it was let in as the address's. A
-session hash is the client's own choice, and a new one on any request makes a new Gradio session, so a session seen
-once adds nothing: a script that takes a fresh session for every request stays its address, all of whose requests
-it shares. A known session has requests and a turn of its own at once (a page's first load asks five times in a
-second or two); its engine work is the address's until it has *earned standing*, EARN_SECONDS after it was let in,
-so a session's first moments cannot bring a fresh work budget. At most ROOM_PEOPLE sessions per address (an IPv6 /48,
-as `turn`) are known: while they are, a newcomer takes the place of one seen only once (a rotating script's never
-push out people who come back), else of one unseen for IDLE_SECONDS, or stays the address; a session unseen for
-STANDING_SECONDS is forgotten.
+the people behind an address apart (`Asker`): a *person* is a browser that loaded the page. The page's answer sets a
+visitor cookie (`new_visitor`: a random id and its HMAC under a secret of this process, so no client can make one
+up; `server.PrefetchLinks` sets it, HttpOnly), and the browser sends it with each of its page's requests (Gradio's
+queue joins included), so its very first request is a person's: requests, four at once, an engine turn and a work
+budget of their own. Thirty people new to the app who click within a few seconds are thirty visitors. A login in a
+browser is that login in that browser: a class given one participant login is still a class. Everything that carries
+no valid cookie (gradio_client, curl, a script, however many session hashes it takes) is its address, whose share
+all of it splits; a login without a cookie is the login's. A session hash is the client's own choice and names
+nobody.
+
+A script can load the page for cookies as a browser does, so what cookies bring is bounded per address (an IPv6
+/48, as `turn`): an address is given NEW_VISITORS cookies at once, then one every NEW_VISITOR_SECONDS /
+NEW_VISITORS (a room arrives at once; a reload keeps its cookie), and at most ROOM_PEOPLE visitors are seated: while
+they are, a newcomer takes the place of one unseen for IDLE_SECONDS, or stays the address; one unseen for
+STANDING_SECONDS is forgotten. A visitor given a place again keeps their buckets (they are
+the cookie's), so only a new cookie brings a fresh budget. The secret dies with the process: after a restart a page
+is its address until it is loaded again.
+
+Behind an HTTPS front (the request's scheme, or the X-Forwarded-Proto a trusted proxy wrote: `scheme`) the cookie
+is `SameSite=None; Secure; Partitioned`, so a Space's page, framed by huggingface.co, keeps it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import ipaddress
-import re
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -45,12 +56,13 @@ from ..config import is_loopback_host
 IPV6_PREFIX = 56          # one client
 IPV6_SITE = 48            # one site: at most limits.SITE_SHARE clients' worth, one turn
 UNIDENTIFIED = "unidentified"
-EARN_SECONDS = 5.0        # a known session's work is its own this long after its first request was let in
-IDLE_SECONDS = 120.0      # a known session unseen this long gives its place to a newcomer while the room is full
-STANDING_SECONDS = 1800.0 # a known session unseen this long is forgotten: a workshop's exercises are minutes apart
-ROOM_PEOPLE = 40          # sessions known behind one address at most (a classroom); the rest share the address
+IDLE_SECONDS = 120.0      # a visitor unseen this long gives their place to a newcomer while the room is full
+STANDING_SECONDS = 1800.0 # a visitor unseen this long is forgotten: a workshop's exercises are minutes apart
+ROOM_PEOPLE = 40          # visitors seated behind one address at most (a classroom); the rest share the address
+NEW_VISITORS = ROOM_PEOPLE            # visitor cookies an address is given at once (a room loading the page)...
+NEW_VISITOR_SECONDS = 600.0           # ... and as many again over this long
 ROOMS = 4096              # addresses whose people are remembered, the least recently seen forgotten first
-SESSION = re.compile(r"[A-Za-z0-9_-]{1,64}")   # a session hash as Gradio's page makes one; anything else is nobody
+VISITOR_COOKIE = "lensapp_visitor"
 
 
 def client_address(peer: str | None, forwarded: Iterable[str | None] = (), trusted_proxies: int = 0) -> str | None:
@@ -102,6 +114,16 @@ def site(address: str | None) -> str | None:
     return _network(address, IPV6_SITE)
 
 
+def scheme(scheme: str | None, forwarded_proto: Iterable[str | None] = (), trusted_proxies: int = 0) -> str:
+    """The scheme the client used: what the outermost of `trusted_proxies` proxies wrote in X-Forwarded-Proto
+    (`forwarded_proto`: every line, in order), else the request's own ("http" for anything but "https")."""
+    if trusted_proxies > 0:
+        entries = [e.strip().lower() for line in forwarded_proto if line for e in line.split(",")]
+        if len(entries) >= trusted_proxies and entries[-trusted_proxies] in ("http", "https"):
+            return entries[-trusted_proxies]
+    return "https" if scheme == "https" else "http"
+
+
 def turn(address: str | None) -> str:
     """Whose turn `address` waits in (engine/run/turns.py): an IPv4 address, an IPv6 address's /48."""
     return site(address) or bucket(address)
@@ -120,68 +142,90 @@ def _network(address: str | None, prefix: int) -> str:
 @dataclass(frozen=True)
 class Asker:
     """Who asks: an address (None: the app itself) and, where one is told apart, the person behind it (an opaque
-    key, a login's or a session's, hashed: the requests, admission and engine turn are theirs; the engine work too
-    once `earned`, else the address's). `session`: the key of a session not yet known, known once let in."""
+    key, a visitor's or a login's, hashed): their requests, admission, engine turn and work budget are theirs."""
 
     address: str | None
     person: str | None = None
-    earned: bool = False
-    session: str | None = None
 
 
 class People:
-    """The people told apart behind each address (thread-safe): logins, and sessions made known by `known`."""
+    """The people told apart behind each address (thread-safe): the browsers that loaded the page, each by the
+    signed visitor cookie the page's answer gave it (`new_visitor`), and logins."""
 
-    def __init__(self, clock=time.monotonic, most: int = ROOM_PEOPLE):
+    def __init__(self, clock=time.monotonic, most: int = ROOM_PEOPLE, secret: bytes | None = None):
         self.clock, self.most = clock, most
-        self._rooms: LRUCache = LRUCache(ROOMS)       # turn(address) -> {session key: [first let in, last seen]}
+        self._secret = secret if secret is not None else secrets.token_bytes(32)   # this process's alone
+        self._rooms: LRUCache = LRUCache(ROOMS)       # turn(address) -> {person key: [first seen, last seen]}
+        self._minted: LRUCache = LRUCache(ROOMS)      # turn(address) -> [visitors it may still be given, when]
         self._lock = threading.Lock()
 
-    def who(self, address: str | None, session: str | None = None, login: str | None = None) -> Asker:
-        """Who a request from `address` with this Gradio `session` hash and `login` (Gradio's username) is."""
+    def new_visitor(self, address: str | None) -> str | None:
+        """A visitor cookie's value for a browser loading the page from `address` without a valid one: a random id
+        and its HMAC under this process's secret, so no client can make one up. None (the browser stays its
+        address) when the address was given NEW_VISITORS lately: a script loading the page for cookies gets a
+        room's worth, then one every NEW_VISITOR_SECONDS / NEW_VISITORS."""
+        if address is not None:
+            with self._lock:
+                now = self.clock()
+                left, at = self._minted.get(turn(address), (float(NEW_VISITORS), now))
+                left = min(float(NEW_VISITORS), left + (now - at) * NEW_VISITORS / NEW_VISITOR_SECONDS)
+                if left < 1.0:
+                    self._minted[turn(address)] = (left, now)
+                    return None
+                self._minted[turn(address)] = (left - 1.0, now)
+        visitor = secrets.token_urlsafe(12)
+        return f"{visitor}.{self._sign(visitor)}"
+
+    def visitor(self, cookie: str | None) -> str | None:
+        """The visitor id `cookie` names, if this process signed it; None for anything else."""
+        if not isinstance(cookie, str) or len(cookie) > 128:
+            return None
+        visitor, _, mac = cookie.partition(".")
+        return visitor if visitor and hmac.compare_digest(mac, self._sign(visitor)) else None
+
+    def who(self, address: str | None, cookie: str | None = None, login: str | None = None) -> Asker:
+        """Who a request from `address` carrying this visitor `cookie` and `login` (Gradio's username) is: the
+        browser (with a login, the login in that browser) while the address's room has its place; else the login;
+        else the address."""
         if address is None:
             return Asker(None)
+        visitor = self.visitor(cookie)
+        if visitor is not None:
+            key = _key("login", f"{login}\n{visitor}") if login else _key("visitor", visitor)
+            if self._seated(address, key):
+                return Asker(address, key)
         if login:
-            return Asker(address, _key("login", login), earned=True)
-        if not isinstance(session, str) or not SESSION.fullmatch(session):
-            return Asker(address)
-        key = _key("session", session)
-        with self._lock:
-            seen = self._rooms.get(turn(address), {}).get(key)
-            if seen is None:
-                return Asker(address, session=key)
-            now = seen[1] = self.clock()
-            return Asker(address, key, earned=now - seen[0] >= EARN_SECONDS)
-
-    def known(self, asker: Asker) -> None:
-        """`asker`'s request was let in as its address's: its session is known from now, if the room has a place
-        (or one unseen for IDLE_SECONDS to give)."""
-        if asker.session is None or asker.address is None:
-            return
-        with self._lock:
-            room = self._rooms.get(turn(asker.address))
-            if room is None:
-                room = self._rooms.setdefault(turn(asker.address), {})
-            now = self.clock()
-            if asker.session not in room and self._place(room, now):
-                room[asker.session] = [now, now]
+            return Asker(address, _key("login", login))
+        return Asker(address)
 
     def count(self, address: str | None) -> int:
-        """Sessions known behind `address` (a login is a person without being kept here)."""
+        """Visitors seated behind `address` (a login without a cookie is a person without being kept here)."""
         with self._lock:
             return len(self._rooms.get(turn(address), {}))
+
+    def _sign(self, visitor: str) -> str:
+        return hmac.new(self._secret, visitor.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def _seated(self, address: str, key: str) -> bool:
+        """Whether `key` has a place in `address`'s room, seen now: kept, or given one (`_place`)."""
+        with self._lock:
+            room = self._rooms.get(turn(address))
+            if room is None:
+                room = self._rooms.setdefault(turn(address), {})
+            now = self.clock()
+            if key in room:
+                room[key][1] = now
+                return True
+            if self._place(room, now):
+                room[key] = [now, now]
+                return True
+            return False
 
     def _place(self, room: dict, now: float) -> bool:
         """Whether `room` has a place for one more, once the forgotten are gone (the lock held)."""
         for key in [k for k, (_, last) in room.items() if now - last > STANDING_SECONDS]:
             del room[key]
         if len(room) < self.most:
-            return True
-        # Seen once only: a script's rotating sessions (or a page that never came back) give way first, so they
-        # never push out the people who keep coming back.
-        once = [(first, k) for k, (first, last) in room.items() if first == last]
-        if once:
-            del room[min(once)[1]]
             return True
         key, (_, last) = min(room.items(), key=lambda item: item[1][1])
         if now - last < IDLE_SECONDS:
@@ -191,5 +235,5 @@ class People:
 
 
 def _key(kind: str, name: str) -> str:
-    """A short key for a login or a session: neither a login's name nor a session hash is kept or shown."""
+    """A short key for a visitor or a login: neither a login's name nor a visitor id is kept or shown."""
     return hashlib.blake2b(f"{kind}:{name}".encode(), digest_size=8).hexdigest()

@@ -4,9 +4,9 @@ A handler runs through `Guard.ui` (the page's events) or `Guard.api` (the API en
 client's rate is checked, the engine is told who is asking (its fair turns), the work the engine does
 for it is taken from that client's budget as it starts, or refused (`service/limits.py`), and any exception
 becomes a `gr.Error` with a one-line message. Who is asking is an address no header a client writes can
-change (`service/identity.py`), and behind it the person where one is told apart (a login, or the page's
-session once a request of it was let in: `identity.People`), who then has limits, a turn and, once earned, a budget
-of their own: thirty people behind one NAT address are thirty visitors, a script rotating sessions is its address.
+change (`service/identity.py`), and behind it the person where one is told apart (a browser that loaded the page,
+by its visitor cookie, and a login: `identity.People`), who has limits, a turn and a budget of their own from their
+first request: thirty people behind one NAT address are thirty visitors, a script without the cookie is its address.
 The page renders an error's message as HTML, so there it is escaped (text, never markup); API clients get it as it
 is (no HTML entities). Expected failures (bad input, a busy or restarting engine) log one line and say it, with any
 server path shown by its name (`redact.py`). Anything else is a fault: the visitor reads a short reference, and
@@ -25,6 +25,7 @@ import secrets
 from typing import Iterator
 
 import gradio as gr
+from starlette.requests import cookie_parser
 
 from .. import redact
 from ..engine import EngineBusy, EngineError
@@ -78,7 +79,7 @@ class Guard:
     def asker(self, request: gr.Request | None) -> identity.Asker:
         """Who `request` comes from: its address, and the person behind it where one is told apart."""
         address = client_address(request, self.trusted_proxies)
-        return self.people.who(address, getattr(request, "session_hash", None), getattr(request, "username", None))
+        return self.people.who(address, visitor_cookie(request), getattr(request, "username", None))
 
     def ask_of(self, client: identity.Asker | str | None) -> Ask:
         """`client` (an address, or a person behind one) as the service's `Ask`: their work waits in their turn
@@ -120,11 +121,9 @@ class Guard:
         return self._let_in(self.asker(request), escape, fn, *args, **kwargs)
 
     def _let_in(self, asker: identity.Asker, escape: bool, fn, *args, **kwargs):
-        """`fn` run as `asker`'s request, its rate checked first: a session let in as its address's is known from
-        then on (`identity.People.known`)."""
+        """`fn` run as `asker`'s request, its rate checked first."""
         def checked():
             self.limiter.check(asker)
-            self.people.known(asker)
             return fn(*args, **kwargs)
         return self._guarded(asker, escape, checked)
 
@@ -156,3 +155,10 @@ def client_address(request, trusted_proxies: int = 0) -> str | None:
     headers = getattr(request, "headers", None) or {}
     lines = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else [headers.get("x-forwarded-for")]
     return identity.client_address(peer, lines, trusted_proxies) or identity.UNIDENTIFIED
+
+
+def visitor_cookie(request) -> str | None:
+    """The visitor cookie `request` carries (`identity.People.new_visitor`, checked there), if any."""
+    headers = getattr(request, "headers", None) or {}
+    cookies = headers.get("cookie") if hasattr(headers, "get") else None
+    return cookie_parser(cookies).get(identity.VISITOR_COOKIE) if isinstance(cookies, str) else None
