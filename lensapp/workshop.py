@@ -3,7 +3,8 @@
     title: Where does the answer appear?
     tabs: [logit, jacobian, compare]          # the tabs shown, in config.TABS's names (default: all)
     record_prompts: false                     # keep the prompts people ran at /workshop (default: no; needs a login)
-    settings: {rate_limit: 120, auth: "host:secret"}     # any `Config` setting but host, port and workshop
+    settings: {auth: "host:h0st-pw,room:r00m-pw"}   # any `Config` setting but host, port and workshop; auth:
+                                              # the host's login first, then the participants' (one shared is fine)
     exercises:                                # in order; each a link copied out of the app
       - title: The capital
         link: "?tab=logit&prompt=The%20capital%20of%20France%20is"     # or the whole address
