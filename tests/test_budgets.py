@@ -97,3 +97,32 @@ def test_work_refused_for_the_budget_takes_nothing():
         guard.api(VISITOR, spend, 60)                  # 40 left
     guard.api(VISITOR, spend, 40)
     assert limiter._buckets[VISITOR.client.host].work.tokens == 0
+
+
+def test_what_is_given_back_goes_to_the_accounts_it_was_taken_from():
+    """`spend` says how to give work back (asks.Receipt keeps what ran): an IPv6 client's /56 and its site's /48
+    both get their share back (the very buckets taken from), never more than was taken nor past a bucket's capacity,
+    and a receipt gives back at most once what it holds."""
+    from lensapp.service.asks import Ask
+    from lensapp.service.identity import bucket
+    from lensapp.service.identity import site as identity_site
+
+    now = [0.0]
+    limiter = RateLimiter(per_minute=600, clock=lambda: now[0], work_per_minute=60, work_burst=100)
+    v6 = "2001:db8:1:2::7"
+    before = {key: a.work.tokens for key, a in limiter._buckets.items()}
+    receipt = Ask(payer=lambda units: limiter.spend(v6, units)).pay(80)
+    slash56, site = limiter._buckets[bucket(v6)], limiter._buckets[f"site {identity_site(v6)}"]
+    assert (slash56.work.tokens, site.work.tokens) == (20, 400 - 80) and before == {}
+    receipt.keep(30)                                    # 30 of the 80 ran: 50 back to each
+    assert (slash56.work.tokens, site.work.tokens) == (70, 400 - 30)
+    receipt.refund()
+    receipt.refund()                                    # what it holds, once
+    assert (slash56.work.tokens, site.work.tokens) == (100, 400)
+
+    receipt = Ask(payer=lambda units: limiter.spend("203.0.113.9", units)).pay(250)   # dearer than a burst
+    own = limiter._buckets["203.0.113.9"]
+    assert own.work.tokens == -100                      # 200 taken: at most a burst below zero
+    now[0] = 60.0                                       # refilled by 60 meanwhile
+    receipt.refund()
+    assert own.work.tokens == 100                       # the 200 given back: never past the capacity

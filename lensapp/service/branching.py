@@ -30,7 +30,7 @@ from ..results.generation import GrowingGeneration
 from . import cost, planning
 from .asks import HOST, Ask
 from .field import RequestError
-from .generating import Generator, Partial, sampling_of
+from .generating import Generator, Partial, made, sampling_of
 from .requests import ChatRequest, GenerateRequest
 
 
@@ -79,10 +79,10 @@ class Brancher:
     def _grow(self, trunk: GenerateRequest, forces: tuple, ask: Ask) -> GenerationResult:
         s = self.service
         fork = self._fork(trunk, forces, ask)
-        continuation = None
+        continuation = out = None
         if fork.spec is not None:
-            s.admit(fork.cost, ask)
-            out = s.engine.generate(fork.spec, fork.sampling, s.deadline(fork.cost), ask.client)
+            with s.admitted(fork.cost, ask, made(fork.steps, lambda: len(out.token_ids))):
+                out = s.engine.generate(fork.spec, fork.sampling, s.deadline(fork.cost), ask.client)
             continuation = fork.continuation(out)
         return fork.grafted(continuation)
 
@@ -103,16 +103,16 @@ class Brancher:
             yield Partial(i, text, kept.steps[i], lambda i=i, text=text: _first(kept, i + 1, text))
         continuation = None
         if fork.spec is not None:
-            s.admit(fork.cost, ask)
             growing = fork.growing()
-            for item in s.engine.generate_steps(fork.spec, fork.sampling, s.deadline(fork.cost), ask.client):
-                if isinstance(item, Step):
-                    read = growing.add(item.token_id, item.readout)
-                    n = len(growing.token_ids)
-                    yield Partial(fork.step + 1 + item.index, s.prompts.text(kept.token_ids + growing.token_ids), read,
-                                  lambda n=n: fork.grafted(growing.so_far("", n)))
-                else:
-                    continuation = fork.continuation(item)
+            with s.admitted(fork.cost, ask, made(fork.steps, lambda: len(growing.token_ids))):
+                for item in s.engine.generate_steps(fork.spec, fork.sampling, s.deadline(fork.cost), ask.client):
+                    if isinstance(item, Step):
+                        read = growing.add(item.token_id, item.readout)
+                        n = len(growing.token_ids)
+                        yield Partial(fork.step + 1 + item.index, s.prompts.text(kept.token_ids + growing.token_ids),
+                                      read, lambda n=n: fork.grafted(growing.so_far("", n)))
+                    else:
+                        continuation = fork.continuation(item)
         yield fork.grafted(continuation)
 
     def _fork(self, trunk: GenerateRequest, forces: tuple, ask: Ask) -> Fork:
@@ -158,9 +158,9 @@ class Brancher:
         if n_new > 0:
             spec = planning.lens_spec(prefix, [layer], req.k, read_by(req.lens), s.info.n_layers,
                                       s.jlens_layers)
-            work = cost.branch(len(prefix), n_new, 1, 1)
-            s.admit(work, ask)
-            out = s.engine.chat(spec, sampling_of(req, n_new), s.deadline(work), ask.client)
+            work, out = cost.branch(len(prefix), n_new, 1, 1), None
+            with s.admitted(work, ask, made(lambda n: cost.branch(len(prefix), n, 1, 1), lambda: len(out.token_ids))):
+                out = s.engine.chat(spec, sampling_of(req, n_new), s.deadline(work), ask.client)
             continuation = ChatReply.from_output(out, decode=s.prompts.decode, text="", lens=req.lens, layer=layer)
         path = parent.token_ids[:step] + [token] + (continuation.token_ids if continuation else [])
         return graft_chat(parent, step, token, continuation, decode=s.prompts.decode, text=s.prompts.text(path))
@@ -198,6 +198,10 @@ class Fork(NamedTuple):
     spec: LensSpec | None
     sampling: Sampling
     cost: cost.Cost
+
+    def steps(self, n: int) -> cost.Cost:
+        """What the continuation costs once it has written n tokens (`cost` for all it may write)."""
+        return cost.branch(len(self.prefix), n, len(self.plan.layers), len(self.plan.lenses))
 
     def growing(self) -> GrowingGeneration:
         s, t = self.service, self.trunk

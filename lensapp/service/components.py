@@ -91,8 +91,8 @@ def resolve(i: int, n: int, noun: str, of: str) -> int:
 def run(service, p: ComponentsPlan, ask: Ask = HOST) -> ComponentsResult:
     """The components readout a plan asks for, for `ask` (identical plans computed once: the service's cache)."""
     req = p.req
-    service.admit(p.cost, ask)
-    out = service.engine.components(p.spec, service.deadline(p.cost), ask.client)
+    with service.admitted(p.cost, ask):
+        out = service.engine.components(p.spec, service.deadline(p.cost), ask.client)
     return ComponentsResult.from_output(out, prompt=req.prompt, ids=p.ids, position=p.position, target=p.target,
                                         foil=p.foil, decode=service.prompts.decode, patterns_layer=p.patterns_layer,
                                         model=service.info.name)

@@ -76,16 +76,17 @@ class Describer:
     def describe(self, req: DescribeRequest, plan: DescribePlan, ask: Ask = HOST) -> list[Description]:
         """The plan run (no cache): the prompt read once, then one generation per described layer, together."""
         s, n = self.service, self.service.info.n_layers
-        s.admit(plan.cost, ask)
         read = dataclasses.replace(planning.lens_spec(plan.ids, [n - 1], 1, (LOGIT.name,), n, []),
                                    keep_layers=tuple(plan.layers), keep_positions=(plan.position,))
         source = cost.forward(len(plan.ids), 1, 1)
-        kept = s.engine.lens([read], s.deadline(source), ask.client)[0].kept.cpu()           # [len(layers), 1, d_model]
         placeholder = len(plan.inspect_ids) - 1
-        specs = [LensSpec(input_ids=tuple(plan.inspect_ids), read_layers=(n - 1,), rows=(0,), k=1, lenses=(LOGIT.name,),
-                          edits=(Edit(layer, "replace", kept[i].float(), positions=(placeholder,)),), read_prompt=False)
-                 for i, layer in enumerate(plan.inspect_layers)]
-        outs = s.engine.generate_all(specs, Sampling(req.max_tokens), s.deadline(plan.cost), ask.client)
+        with s.admitted(plan.cost, ask):
+            kept = s.engine.lens([read], s.deadline(source), ask.client)[0].kept.cpu()       # [len(layers), 1, d_model]
+            specs = [LensSpec(input_ids=tuple(plan.inspect_ids), read_layers=(n - 1,), rows=(0,), k=1,
+                              lenses=(LOGIT.name,), read_prompt=False,
+                              edits=(Edit(layer, "replace", kept[i].float(), positions=(placeholder,)),))
+                     for i, layer in enumerate(plan.inspect_layers)]
+            outs = s.engine.generate_all(specs, Sampling(req.max_tokens), s.deadline(plan.cost), ask.client)
         source_token = in_context(s.prompts.decode, plan.ids)[plan.position]
         return [Description(prompt=req.prompt, layer=layer, position=plan.position, source_token=source_token,
                             inspection_prompt=plan.inspection_prompt, inspect_layer=inspect_layer,

@@ -6,7 +6,8 @@ make of a generation or a reply, are `branching.py`'s, which builds on these.
 
 Either may be streamed (`generate_stream`, `chat_stream`): a `Partial` for each step as the engine hands it out
 (engine/run/step_stream.py), then the result, exactly the one-shot path's (and cached as it is). A stream closed
-before its end stops the engine's work and keeps nothing.
+before its end stops the engine's work and keeps nothing. Either pays for the steps it made (`made`): a generation
+stopped after one token, or ended by the model before its last, gives back what its other steps were planned to cost.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class ChatWork(NamedTuple):
     sampling: Sampling
     cost: cost.Cost
     reply: Callable[[ChatOutput], ChatReply]     # the reply of the engine's output
+    steps: Callable[[int], cost.Cost]            # what it costs once n tokens are written (n = max_tokens: `cost`)
 
 
 class Generator:
@@ -81,8 +83,9 @@ class Generator:
         sampling = sampling_of(req)
 
         def compute() -> GenerationResult:
-            s.admit(plan.cost, ask)
-            out = s.engine.generate(plan.specs[0], sampling, s.deadline(plan.cost), ask.client)
+            out = None
+            with s.admitted(plan.cost, ask, made(self._steps(plan), lambda: len(out.token_ids))):
+                out = s.engine.generate(plan.specs[0], sampling, s.deadline(plan.cost), ask.client)
             return self._result(req, plan, out)
 
         if not reproducible(sampling):
@@ -96,11 +99,12 @@ class Generator:
         sampling = sampling_of(req)
 
         def stream() -> Iterator[Partial | GenerationResult]:
-            s.admit(plan.cost, ask)
             growing = GrowingGeneration(prompt=req.prompt, ids=plan.ids[0], layers=plan.layers, decode=s.prompts.decode,
                                         model=s.info.name, seed=req.seed, temperature=req.temperature, k=req.k)
-            for item in s.engine.generate_steps(plan.specs[0], sampling, s.deadline(plan.cost), ask.client):
-                yield grown(growing, item, s.prompts.text) if isinstance(item, Step) else self._result(req, plan, item)
+            with s.admitted(plan.cost, ask, made(self._steps(plan), lambda: len(growing.token_ids))):
+                for item in s.engine.generate_steps(plan.specs[0], sampling, s.deadline(plan.cost), ask.client):
+                    yield (grown(growing, item, s.prompts.text) if isinstance(item, Step) else
+                           self._result(req, plan, item))
 
         if not reproducible(sampling):
             return stream()
@@ -111,6 +115,10 @@ class Generator:
         return GenerationResult.from_output(out, prompt=req.prompt, ids=plan.ids[0], layers=plan.layers,
                                             decode=s.prompts.decode, text=s.prompts.text(out.token_ids),
                                             model=s.info.name, seed=req.seed, temperature=req.temperature, k=req.k)
+
+    def _steps(self, plan: planning.Plan) -> Callable[[int], cost.Cost]:
+        """What the plan's generation costs once it has written n tokens (its cost as planned for n = max_tokens)."""
+        return lambda n: cost.generation(plan.specs[0], n, self.service.cfg.limits.part_cells)
 
     @staticmethod
     def _key(req: GenerateRequest, plan: planning.Plan, sampling: Sampling) -> tuple:
@@ -134,8 +142,10 @@ class Generator:
         w = self._chat_work(req)
 
         def compute() -> ChatReply:
-            s.admit(w.cost, ask)
-            return w.reply(s.engine.chat(w.spec, w.sampling, s.deadline(w.cost), ask.client))
+            out = None
+            with s.admitted(w.cost, ask, made(w.steps, lambda: len(out.token_ids))):
+                out = s.engine.chat(w.spec, w.sampling, s.deadline(w.cost), ask.client)
+            return w.reply(out)
 
         if not reproducible(w.sampling):
             return compute()
@@ -147,10 +157,10 @@ class Generator:
         w = self._chat_work(req)
 
         def stream() -> Iterator[Partial | ChatReply]:
-            s.admit(w.cost, ask)
             growing = GrowingChat(decode=s.prompts.decode, lens=req.lens, layer=w.layer, dropped_turns=w.dropped)
-            for item in s.engine.chat_steps(w.spec, w.sampling, s.deadline(w.cost), ask.client):
-                yield grown(growing, item, s.prompts.text) if isinstance(item, Step) else w.reply(item)
+            with s.admitted(w.cost, ask, made(w.steps, lambda: len(growing.token_ids))):
+                for item in s.engine.chat_steps(w.spec, w.sampling, s.deadline(w.cost), ask.client):
+                    yield grown(growing, item, s.prompts.text) if isinstance(item, Step) else w.reply(item)
 
         if not reproducible(w.sampling):
             return stream()
@@ -167,12 +177,19 @@ class Generator:
         def reply(out) -> ChatReply:
             return ChatReply.from_output(out, decode=s.prompts.decode, text=s.prompts.text(out.token_ids),
                                          lens=req.lens, layer=layer, dropped_turns=dropped)
-        return ChatWork(layer, dropped, spec, sampling_of(req), work, reply)
+        return ChatWork(layer, dropped, spec, sampling_of(req), work, reply, lambda n: cost.chat(len(ids), n))
 
 
 def chat_key(req: ChatRequest, layer: int, sampling: Sampling) -> tuple:
     return (tuple((m["role"], m["content"]) for m in req.messages), req.lens, layer, req.max_tokens, req.k,
             sampling.decides)
+
+
+def made(steps: Callable[[int], cost.Cost], written: Callable[[], int]) -> Callable[[], cost.Cost]:
+    """What a generation has run (its engine work paid for: `LensService.admitted`) once `written()` tokens are
+    written: `steps(n)`, and at least its first step (its prompt's forward and readout, the heavy part, under way
+    from the moment the engine let it in: a stream can be closed only after that, at a step it handed out)."""
+    return lambda: steps(max(1, written()))
 
 
 def grown(growing: GrowingGeneration | GrowingChat, step: Step, text: Callable[[list[int]], str],

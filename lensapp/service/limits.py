@@ -8,21 +8,23 @@ Each address (an IPv6 one by its /56: `identity.bucket`) has two token buckets (
   seconds; at 60 a minute that was a fifth of a core for one visitor (bench/RESULTS.md, run AD).
 - work: `work_per_minute` units of the cost model (`cost.py`) a minute, in bursts of `work_burst`. A request's
   planned cost is taken whole when its engine work starts (`spend`, as the request's payer: `asks.Ask.pay`; a
-  result the cache answers costs nothing), or the request is refused then, saying when there will be enough. Work
+  result the cache answers costs nothing), or the request is refused then, saying when there will be enough. A
+  visitor pays for what ran: work the engine then refuses (busy, over the asker's share, down, restarted) is given
+  back whole, and a stream stopped early keeps only the steps it made (`asks.Ask.paying`), each to the buckets it
+  was taken from (`spend` says how), so a visitor who presses again after "busy" finds the budget as it was. Work
   in flight is taken before more is let in, so requests running at once share one budget: four at once cannot
   spend twice it a minute (they did while work was spent after the fact, from any bucket at or above zero). So
   twenty distinct heavy requests meet this limit long before the count's.
 An IPv6 /48 (`identity.site`) has buckets of its own, SITE_SHARE times a client's, which every /56 in it also
 draws from: a site that takes a fresh /56 for each request is limited as a few clients are.
 
-A person told apart behind an address (`identity.People`: a login, or a browser session one of whose requests was
-let in as the address's) has buckets of their own, as large as an address's: requests at once, and work once the
-session has earned standing (`identity.EARN_SECONDS` later; a login at once). A room of thirty behind one NAT
-address asks as thirty visitors do, and the address's own buckets are what everything else behind it shares (a
-session not yet known, an API call, a script taking a fresh session for every request). So what an address may ask
-grows by one visitor's worth with each person known behind it, up to `identity.ROOM_PEOPLE`; a script cannot
-multiply it by rotating sessions (a session seen once is the address's), only by keeping sessions alive as people
-do, and no more than that many.
+A person told apart behind an address (`identity.People`: a browser that loaded the page, by its visitor cookie,
+and a login) has buckets of their own, as large as an address's, from their first request. A room of thirty behind
+one NAT address asks as thirty visitors do, and the address's own buckets are what everything else behind it shares
+(an API call, gradio_client, a script, however many sessions it holds). So what an address may ask grows by one
+visitor's worth with each person seated behind it, up to `identity.ROOM_PEOPLE`; a script can multiply it only by
+loading the page for cookies as browsers do, no more than that many at once, and a fresh budget only as often as
+the address is given a new cookie (`identity.NEW_VISITORS`).
 
 A loopback IP is never limited: only a process on this machine has one (the host's own scripts, the tests,
 the bench), and behind trusted proxies the derived address is loopback only when the outermost proxy itself
@@ -42,10 +44,11 @@ tests/test_budgets.py.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from .field import RequestError
 from .identity import Asker, bucket, is_loopback, site, turn
@@ -89,8 +92,15 @@ class Bucket:
             return 0.0
         return (need - self.tokens) / self.per_second if self.per_second > 0 else float("inf")
 
-    def take(self, n: float) -> None:
+    def take(self, n: float) -> float:
+        """Take `n` (at most down to a burst below zero): what was taken."""
+        before = self.tokens
         self.tokens = max(self.tokens - n, -self.capacity)
+        return before - self.tokens
+
+    def give(self, n: float) -> None:
+        """Give back `n` taken before (never past its capacity)."""
+        self.tokens = min(self.capacity, self.tokens + n)
 
     def full(self, now: float) -> bool:
         return self.tokens + (now - self.at) * self.per_second >= self.capacity
@@ -133,25 +143,36 @@ class RateLimiter:
             busy = max(a.requests.wait(1.0) for a in asking) if self._limits(asker, self.requests) else 0.0
             heavy = max(a.work.wait(0.0) for a in working) if self._limits(asker, self.work) else 0.0
             if busy > 0 or heavy > 0:
-                self._refuse(f"too much work from {_you(asker, True)} for now" if heavy > busy else
-                             f"too many requests from {_you(asker, False)}", max(busy, heavy))
+                self._refuse(f"too much work from {_you(asker)} for now" if heavy > busy else
+                             f"too many requests from {_you(asker)}", max(busy, heavy))
             for a in asking:
                 a.requests.take(1.0)
 
-    def spend(self, client: Asker | str | None, units: float) -> None:
+    def spend(self, client: Asker | str | None, units: float) -> Callable[[float], None] | None:
         """Take `units` of engine work for `client` as the work starts, or raise RateLimited saying when its budget
         will hold them: what is running already has been taken. Work dearer than a whole burst (a fit may be)
-        goes from a full bucket and leaves it at most a burst below zero."""
+        goes from a full bucket and leaves it at most a burst below zero. Returns how to give some back
+        (`give_back(n)`: n of these units, to the very buckets they came from), or None when nothing was taken."""
         asker = _asker(client)
         if units <= 0 or not self._limits(asker, self.work):
-            return
+            return None
         with self._lock:
             working = self._working(asker)
             wait = max(a.work.wait(min(units, a.work.capacity)) for a in working)
             if wait > 0:
-                self._refuse(f"too much work from {_you(asker, True)} for now", wait)
-            for a in working:
-                a.work.take(units)
+                self._refuse(f"too much work from {_you(asker)} for now", wait)
+            taken = [(a.work, a.work.take(units)) for a in working]
+        return functools.partial(self._give_back, taken, units)
+
+    def _give_back(self, taken: list[tuple[Bucket, float]], units: float, n: float) -> None:
+        """`n` of `units` spent given back to each bucket they were taken from, in proportion to what it gave (a
+        bucket left at a burst below zero gave less than all). A bucket forgotten since was full: nothing owed."""
+        share = min(max(n, 0.0), units) / units
+        with self._lock:
+            now = self.clock()
+            for work, amount in taken:
+                work.refill(now)
+                work.give(amount * share)
 
     def charge(self, client: Asker | str | None, answer_bytes: int) -> None:
         """Count an answer of `answer_bytes` against `client` once it is made (one more request for each
@@ -172,8 +193,8 @@ class RateLimiter:
         return rate.per_second > 0 and asker.address is not None and not is_loopback(asker.address)
 
     def _working(self, asker: Asker) -> list[Account]:
-        """The accounts `asker`'s engine work comes from: a person's own once earned, else the address's."""
-        return self._refilled(asker, own=asker.person is not None and asker.earned)
+        """The accounts `asker`'s engine work comes from: a person's own, else the address's."""
+        return self._refilled(asker, own=asker.person is not None)
 
     def _refilled(self, asker: Asker, own: bool) -> list[Account]:
         """The accounts `asker` draws from, refilled to now, the lock held: the person's own (`own`), or the
@@ -219,6 +240,6 @@ def _asker(client: Asker | str | None) -> Asker:
     return client if isinstance(client, Asker) else Asker(client)
 
 
-def _you(asker: Asker, work: bool) -> str:
-    """Whose limit it is: the person's own, or the address's that everyone behind it not yet known shares."""
-    return "you" if asker.person is not None and (asker.earned or not work) else "your address"
+def _you(asker: Asker) -> str:
+    """Whose limit it is: the person's own, or the address's, which everything behind it not told apart shares."""
+    return "you" if asker.person is not None else "your address"

@@ -65,8 +65,8 @@ class Reader:
             keys = [keys[0] + (("from", read_from),)]
 
         def compute(todo: list[int]) -> list[LensResult]:
-            s.admit(plan.cost, ask)
-            outputs = s.engine.lens([plan.specs[i] for i in todo], s.deadline(plan.cost), ask.client)
+            with s.admitted(plan.cost, ask):
+                outputs = s.engine.lens([plan.specs[i] for i in todo], s.deadline(plan.cost), ask.client)
             return [LensResult.from_output(out, prompt=req.prompts[i], ids=plan.ids[i], layers=plan.layers,
                                            decode=s.prompts.decode, targets=plan.targets[i],
                                            continuation_of=plan.continuation_of[i], model=s.info.name,

@@ -8,14 +8,16 @@ and the result cache. It knows nothing of Gradio or charts.
 
 Each request kind is planned and run in a module of its own (reading.py, generating.py, branching.py,
 describing.py, components.py, evaluating.py, intervening/), through the service's public face only: the
-model's `info`, `prompts` and `engine`, the budget (`check_cost`, `admit`, `deadline`) and the result cache
+model's `info`, `prompts` and `engine`, the budget (`check_cost`, `admitted`, `deadline`) and the result cache
 (`cached`, `cached_many`). Who asks travels beside the request as a value (`asks.Ask`): each entry takes one
 (given none, the one its handler was called with: `asks.asked`) and hands it to those modules, which hand its
-client to the engine, its payer to `admit` and its wish to be kept to the cache.
+client to the engine, its payer to `admitted` (the engine calls run inside it: what the engine refuses is given
+back, a stopped generation keeps only its steps) and its wish to be kept to the cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -34,7 +36,7 @@ from ..results import ChatReply, Comparison, ComponentsResult, GenerationResult,
 from ..results.description import Descriptions
 from . import components, cost, evaluating, planning
 from .app_jlens import engine_stack, lens_key, load_configured_jlens, load_jlens
-from .asks import HOST, Ask, asked
+from .asks import HOST, Ask, Receipt, asked
 from .branching import Brancher
 from .cache import ResultCache
 from .describing import Describer
@@ -218,10 +220,19 @@ class LensService:
         """RequestError when `work` passes the budget (`max_work`), in one line saying what to reduce."""
         cost.check(work, self.token_weight, self.cfg.limits.max_work, what, advice)
 
-    def admit(self, work: cost.Cost, ask: Ask) -> None:
-        """Engine work of this cost starts now: whoever asked for it pays for it (`ask.pay`). Called where each
-        request's work starts, after the cache: an answer it already holds costs nothing."""
-        ask.pay(work.units(self.token_weight))
+    def admit(self, work: cost.Cost, ask: Ask) -> Receipt:
+        """Engine work of this cost starts now: whoever asked for it pays for it (`ask.pay`); its receipt. Called
+        where each request's work starts, after the cache: an answer it already holds costs nothing. `admitted` is
+        the form that gives back what the engine then refuses."""
+        return ask.pay(work.units(self.token_weight))
+
+    def admitted(self, work: cost.Cost, ask: Ask, made: Callable[[], cost.Cost] | None = None
+                 ) -> contextlib.AbstractContextManager[Receipt]:
+        """`admit` for the block its engine calls run in, paying for what ran (`Ask.paying`): work the engine
+        refuses (busy, over the asker's share, down, restarted) is given back whole; with `made` (what a
+        generation's steps so far cost), the block ended or its stream closed early keeps only that."""
+        weight = self.token_weight
+        return ask.paying(work.units(weight), None if made is None else lambda: made().units(weight))
 
     def deadline(self, work: cost.Cost) -> float:
         """The seconds a request of this cost may take before the engine cancels it."""

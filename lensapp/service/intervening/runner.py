@@ -53,9 +53,10 @@ class Intervener:
         return self.carry_out(planner.plan(req, inputs), inputs, progress)
 
     def carry_out(self, plan: Plan, inputs: Inputs, progress=None) -> InterventionResult:
-        """The result of a plan made with these `inputs` (`plan`); its work is paid for as it starts (`inputs.ask`)."""
-        inputs.ask.pay(plan.cost.units(inputs.limits.token_weight))
-        return Run(self, inputs, progress).result(plan)
+        """The result of a plan made with these `inputs` (`plan`); its work is paid for as it starts (`inputs.ask`),
+        and given back if the engine refuses it (`asks.Ask.paying`)."""
+        with inputs.ask.paying(plan.cost.units(inputs.limits.token_weight)):
+            return Run(self, inputs, progress).result(plan)
 
 
 class Run:
