@@ -1,4 +1,5 @@
-"""The result cache: bounded by entries and bytes, identical requests in flight computed once, failures shared."""
+"""The result cache: bounded by entries and bytes, identical requests in flight computed once, failures of the request
+shared, a first asker's own refusal not."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import time
 import numpy as np
 import pytest
 
+from lensapp.engine.run.errors import EngineBusy, EngineTimeout
 from lensapp.results.lens import LensResult
 from lensapp.results.readout import LensReadout, TargetScore
 from lensapp.service.cache import BoundedLRU, ResultCache, approx_bytes
+from lensapp.service.field import RequestError
+from lensapp.service.limits import RateLimited
 
 
 def test_identical_requests_in_flight_together_are_computed_once():
@@ -100,6 +104,55 @@ def test_a_failure_is_shared_with_the_waiters_but_never_cached():
     with pytest.raises(RuntimeError):
         cache.get_or_compute("k", lambda: (_ for _ in ()).throw(RuntimeError("engine died")))
     assert cache.get_or_compute("k", lambda: "fine") == "fine"
+
+
+def joined_after(first_fails: BaseException, streamed: bool) -> tuple[object, object]:
+    """Two identical requests: the first's computation fails with `first_fails` once the second has joined it.
+    (what the first was answered, what the second was answered)."""
+    cache, gate, out = ResultCache(8, 1 << 20), threading.Event(), {}
+
+    def first():
+        gate.wait(10)
+        raise first_fails
+
+    def ask(name, compute):
+        try:
+            out[name] = (list(cache.streamed("k", lambda: iter([compute()])))[-1] if streamed else
+                         cache.get_or_compute("k", compute))
+        except Exception as e:  # noqa: BLE001 - what each asker was answered
+            out[name] = e
+
+    threads = [threading.Thread(target=ask, args=("first", first)),
+               threading.Thread(target=ask, args=("second", lambda: "the second's own"))]
+    threads[0].start()
+    while cache.stats()["in_flight"] == 0:
+        time.sleep(0.001)
+    threads[1].start()
+    while cache.stats()["shared_in_flight"] == 0:
+        time.sleep(0.001)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    return out["first"], out["second"]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["one-shot", "streamed"])
+@pytest.mark.parametrize("refusal", [RateLimited("too much work from your address for now; try again in 9 s"),
+                                     EngineBusy("you already have 4 requests running or waiting here")],
+                         ids=["its-budget", "its-turn"])
+def test_a_waiter_is_asked_again_as_itself_when_the_first_asker_was_refused_for_its_own_reasons(refusal, streamed):
+    """The first asker's rate, budget or turn refused it: the waiter is not handed that refusal (worded "from your
+    address"), it computes its own answer. Before, only a stream abandoned by its reader was asked again."""
+    first, second = joined_after(refusal, streamed)
+    assert first is refusal and second == "the second's own"
+
+
+@pytest.mark.parametrize("failure", [RequestError("this request costs 30,000 units of work"),
+                                     EngineTimeout("the request took longer than its 120 s and was cancelled"),
+                                     RuntimeError("engine died")], ids=["bad-request", "timed-out", "fault"])
+def test_a_failure_of_the_request_itself_is_shared_with_its_waiter(failure):
+    first, second = joined_after(failure, streamed=False)
+    assert first is failure and second is failure
 
 
 def test_pinned_results_outlive_the_bounds_and_a_result_read_while_pinning_is_pinned():

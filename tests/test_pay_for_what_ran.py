@@ -1,12 +1,14 @@
 """A visitor pays for what ran (service/limits.py, asks.Ask.paying): work the engine refuses is given back to the
-buckets it was taken from, and a stopped generation pays for the steps it made. The real RateLimiter, Guard and
-engine on the tiny model; the clock stopped, so nothing refills behind the test's back."""
+buckets it was taken from, a stopped generation pays for the steps it made, and an identical request joined in
+flight is asked again as the waiter's own when the first asker was refused for its own reasons. The real
+RateLimiter, Guard and engine on the tiny model; the clock stopped, so nothing refills behind the test's back."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
+import time
 from types import SimpleNamespace
 
 import gradio as gr
@@ -15,7 +17,8 @@ import pytest
 from lensapp.engine.run.parts import Part
 from lensapp.service import GenerateRequest, LensRequest
 from lensapp.service import cost as costs
-from lensapp.service.limits import RateLimiter
+from lensapp.service.asks import Ask
+from lensapp.service.limits import RateLimited, RateLimiter
 from lensapp.ui.guard import Guard
 
 ADDRESS = "203.0.113.7"
@@ -113,3 +116,38 @@ def test_a_stopped_chat_pays_for_the_tokens_it_wrote(tiny_service):
     assert costs.chat(n_prompt, 24) == work.cost
     assert budget(limiter) == pytest.approx(full - costs.chat(n_prompt, 2).units(weight))      # was full - planned
 
+
+def test_a_waiter_is_asked_again_as_itself_when_the_first_asker_was_refused_its_own_budget(tiny_service):
+    """Two identical requests in flight together: the first asker's budget refuses it (its own RateLimited); the
+    second, joined to it, is not handed that refusal: it computes its own answer, on its own turn, and pays for it.
+    Before, it got "too much work from your address", the first asker's words."""
+    req = LensRequest(prompts=("Two identical requests at once",), layers="all", k=5, lens="logit")
+    units = tiny_service.check(req).units(tiny_service.token_weight)
+    gate, paid, out = threading.Event(), [], {}
+
+    def broke(n):
+        gate.wait(10)
+        raise RateLimited("too much work from your address for now; try again in 9 s")
+
+    def ask(name, who):
+        try:
+            out[name] = tiny_service.lens(req, ask=who)
+        except Exception as e:  # noqa: BLE001 - what each asker was answered
+            out[name] = e
+
+    first = threading.Thread(target=ask, args=("first", Ask("198.51.100.1", payer=broke)))
+    first.start()
+    shared = tiny_service.cache.stats()["shared_in_flight"]
+    second = threading.Thread(target=ask, args=("second", Ask("198.51.100.2", payer=paid.append)))
+    deadline = time.monotonic() + 10
+    while tiny_service.cache.stats()["in_flight"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    second.start()
+    while tiny_service.cache.stats()["shared_in_flight"] == shared and time.monotonic() < deadline:
+        time.sleep(0.005)
+    gate.set()
+    first.join(30)
+    second.join(30)
+    assert isinstance(out["first"], RateLimited)
+    assert isinstance(out["second"], list) and out["second"][0].prompt == req.prompts[0], out["second"]
+    assert paid == [units]

@@ -4,7 +4,11 @@ The key is everything that decides the answer (the model, the Jacobian lens's fi
 normalised request), built by the service. When the same link is opened by sixteen people at once,
 the first request computes and the other fifteen wait for it (they never reach the engine); later
 ones are served from memory until the entry is evicted. Bounded by entries and by bytes, both from
-`Config` (`cache_entries`, `cache_mb`). Failures are shared with the waiters but never cached.
+`Config` (`cache_entries`, `cache_mb`). Failures are never cached. A failure of the request itself (a bad
+request, an engine that failed on it or timed out, is down or restarted under it) is shared with the waiters; one
+that was the first asker's own (`THEIRS`: its rate or work budget, its turn at the engine or a busy engine's door, a
+stream its reader left) is not: each waiter asks again as itself, with its own turn and budget, and gets its own
+answer, never another's refusal worded as theirs.
 
 A result is sized (`approx_bytes`) before the cache's lock is taken: every hit takes that lock, and sizing
 a long readout used to hold it for 0.4 s (30 layers x 300 positions x top 100: 900k token strings walked).
@@ -30,12 +34,21 @@ from typing import Any, Callable, Hashable, Iterator, Sequence, TypeVar
 import numpy as np
 from cachetools import LRUCache
 
+from ..engine.run.errors import EngineBusy
+from .limits import RateLimited
+
 T = TypeVar("T")
 SAMPLED = 16        # a longer list (or dict, or object array) is sized from this many of its items, evenly spaced
 
 
 class Abandoned(RuntimeError):
     """A streamed computation stopped by its reader: whoever waited for it computes its own."""
+
+
+# Failures that were the first asker's, not the request's: a waiter computes its own instead. RateLimited: the
+# asker's requests or work budget; EngineBusy: the asker's turn (its requests at the engine: turns.OverShare), or the
+# engine's door full as it came (the waiter may find room); Abandoned: the asker left.
+THEIRS = (Abandoned, RateLimited, EngineBusy)
 
 
 class BoundedLRU(LRUCache):
@@ -136,7 +149,7 @@ class ResultCache:
         for i, future in waiting.items():
             try:
                 out[i] = future.result()
-            except Abandoned:               # its streamed computation was stopped by its reader: compute it here
+            except THEIRS:                  # the first asker's refusal (or its reader left): asked again, as ours
                 out[i] = self.get_many([keys[i]], lambda _, i=i: compute([i]), pin)[0]
         return out
 
@@ -144,7 +157,7 @@ class ResultCache:
         """`get_or_compute` for a computation that yields as it goes (a streamed generation): a value held is yielded
         alone, and so is one an identical request is computing (waited for); else `stream()`'s items are yielded as
         they come and its last is the value kept. Closed before its end (its reader left), it keeps nothing, and
-        whoever was waiting for it computes its own."""
+        whoever was waiting for it computes its own (as for any failure that was its asker's own: THEIRS)."""
         value, theirs, mine = None, None, None
         with self._lock:
             if key in self._pinned or key in self._done:
@@ -161,23 +174,28 @@ class ResultCache:
         if theirs is not None:
             try:
                 value = theirs.result()
-            except Abandoned:
+            except THEIRS:
                 yield from self.streamed(key, stream)
                 return
         yield value
 
     def _stream_into(self, key: Hashable, mine: Future, stream: Callable[[], Iterator]) -> Iterator:
-        last, ended = None, False
+        last, ended, items = None, False, None
         try:
-            for last in stream():
+            items = stream()
+            for last in items:
                 yield last
             ended = True
         finally:
             if not ended:                   # failed, or closed by its reader: nothing kept, the waiters told
-                with self._lock:
-                    self._in_flight.pop(key, None)
                 error = sys.exc_info()[1]
-                mine.set_exception(error if isinstance(error, Exception) else Abandoned("its reader left"))
+                try:
+                    if hasattr(items, "close"):
+                        items.close()       # now, not when collected: its work stopped and paid for first
+                finally:
+                    with self._lock:
+                        self._in_flight.pop(key, None)
+                    mine.set_exception(error if isinstance(error, Exception) else Abandoned("its reader left"))
         size = self.size(last)
         with self._lock:
             self._in_flight.pop(key, None)
