@@ -5,6 +5,7 @@ tests/test_ui_browser.py checks on the engine that the page's own request finds 
 
 import dataclasses
 import threading
+import time
 from types import SimpleNamespace
 from urllib.parse import quote
 
@@ -237,3 +238,117 @@ def test_a_sweeps_link_reads_its_pictures_change_first_then_the_whole(view, firs
     assert service.entries == ["intervene", "intervene"]
     assert service.asked == [dataclasses.replace(whole, **first, new_tokens=0), whole]
     assert whole.new_tokens == (3 if view.alphas else 0) and len(fields.DEFAULT_ALPHAS) > 1
+
+
+# -- a link's page and its first view, through the app's own middleware and route (server.py) --------------------
+
+PAGE = b"<!doctype html><html><head><title>page</title></head><body></body></html>"
+
+
+def page_app(prefetch, loop_threads: list):
+    """The app's middleware (`server.PrefetchLinks`) and `/first-view` route (`server.first_view_route`) around a
+    bare page, one proxy trusted (each test's address is its X-Forwarded-For)."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    from lensapp import server
+
+    async def page(request):
+        loop_threads.append(threading.get_ident())
+        return HTMLResponse(PAGE)
+
+    app = Starlette(routes=[Route("/", page), Route("/first-view", server.first_view_route(prefetch, 1))])
+    return server.PrefetchLinks(app, prefetch, trusted_proxies=1)
+
+
+def ticket_of(html: str) -> str | None:
+    import json
+    import re
+
+    from lensapp.ui import first_view
+
+    found = re.search(f'<script type="application/json" id="{first_view.SETTINGS_ID}">(.*?)</script>', html)
+    return json.loads(found.group(1))["ticket"] if found else None
+
+
+A, A2, B = {"x-forwarded-for": "203.0.113.7"}, {"x-forwarded-for": "203.0.113.7"}, {"x-forwarded-for": "198.51.100.4"}
+
+
+def test_a_links_get_reads_the_link_off_the_event_loop_and_only_into_an_idle_engine(monkeypatch):
+    """The link's parse (and a v=1 link's tokenizing, inside it) runs on the prefetch's thread, and only once the
+    engine was found idle with no prefetch running: a GET into a busy engine reads nothing of its link."""
+    from fastapi.testclient import TestClient
+
+    from lensapp.ui import prefetch as prefetching
+
+    read_on, real = [], permalinks.decode
+
+    def decode(query, **kwargs):
+        read_on.append(threading.get_ident())
+        return real(query, **kwargs)
+
+    monkeypatch.setattr(prefetching.permalinks, "decode", decode)
+    loop_threads = []
+    with TestClient(page_app(LinkPrefetch(StandIn(in_flight=1)), loop_threads)) as client:
+        assert client.get("/?" + link(tab="logit", prompt="x y z"), headers=A).text == PAGE.decode()
+    assert read_on == []                                 # a busy engine: the link is not even read
+
+    service = StandIn()
+    prefetch = LinkPrefetch(service)
+    with TestClient(page_app(prefetch, loop_threads)) as client:
+        assert ticket_of(client.get("/?" + link(tab="logit", prompt="x y z"), headers=A).text)
+    service.release.set()
+    prefetch._runner.shutdown(wait=True)
+    assert read_on and loop_threads and set(read_on).isdisjoint(loop_threads)   # read on the prefetch's thread
+
+
+def test_a_links_picture_goes_only_to_a_page_its_own_address_opened_and_says_nothing_of_others():
+    """While A's readout of a link is under way, B (another address) opening the same link is given no first view
+    (as for a link nobody opened: the engine is busy), A's room (its address) is; an ask with no ticket, or with
+    another's, is answered 204 at once; A's ticket gets the picture once."""
+    from fastapi.testclient import TestClient
+
+    service = StandIn()
+    prefetch = LinkPrefetch(service)
+    query = link(tab="logit", prompt="a secret prompt")
+    with TestClient(page_app(prefetch, [])) as client:
+        first = ticket_of(client.get("/?" + query, headers=A).text)
+        assert first and prefetch.started == 1
+        assert ticket_of(client.get("/?" + query, headers=B).text) is None        # as a link nobody opened
+        assert ticket_of(client.get("/?" + link(tab="logit", prompt="never"), headers=B).text) is None
+        second = ticket_of(client.get("/?" + query, headers=A2).text)             # A's room finds it
+        assert second and second != first and prefetch.started == 1
+        t = time.monotonic()
+        for ask, headers in ((f"/first-view?{query}", B), (f"/first-view?{query}", A), (f"/first-view?t={first}", B),
+                             ("/first-view?t=forged", A)):
+            assert client.get(ask, headers=headers).status_code == 204, ask
+        assert time.monotonic() - t < 1                                           # no wait for any of them
+        prefetch.first_views.put(A["x-forwarded-for"], query, '{"mark": "rect"}')  # the readout's picture
+        asked = client.get(f"/first-view?t={first}", headers=A)
+        assert asked.status_code == 200 and asked.json() == {"mark": "rect"}
+        assert client.get(f"/first-view?t={first}", headers=A).status_code == 204  # a ticket is good once
+        assert client.get(f"/first-view?t={second}", headers=A2).json() == {"mark": "rect"}
+    service.release.set()
+    prefetch._runner.shutdown(wait=True)
+
+
+def test_a_pages_ask_is_woken_when_its_picture_comes():
+    """Waited for by an event: the answer follows the picture within a few ms (a 50 ms poll: 25 ms on average)."""
+    import asyncio
+
+    from lensapp.ui.first_view import FirstViews
+
+    async def lags() -> list[float]:
+        views, out = FirstViews(), []
+        for i in range(9):
+            views.expect("a", f"q{i}")
+            ask = asyncio.create_task(views.get(views.ticket("a", f"q{i}"), "a", wait=5))
+            await asyncio.sleep(0.02)
+            put = time.monotonic()
+            threading.Thread(target=views.put, args=("a", f"q{i}", "{}")).start()
+            assert await ask == "{}"
+            out.append(time.monotonic() - put)
+        return sorted(out)
+
+    assert asyncio.run(lags())[4] < 0.012

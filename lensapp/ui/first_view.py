@@ -6,14 +6,20 @@ the form's settings.
   build and mount a tab's ~60 components before the page sends its first event, where a bare page with one chart
   is drawn in ~1 s (bench/RESULTS.md). The link's GET has started its readout already (`prefetch.py`), which then
   keeps the chart the page will draw first (`FirstViews`, the tab's own: `lens_tab.first_heatmap`, the other
-  tabs' `picture`). The page's HTML carries a script for it at the top of its head (`server.WithFirstView`),
-  which asks for it (`/first-view`, the link's query) and draws it with Gradio's own Vega (`FIRST_VIEW`) over the
-  page while the page starts, until the tab's own chart is drawn. A link whose readout the prefetch did not start
-  has none: its page is as it was.
+  tabs' `picture`), for the address whose GET started it. The page's HTML carries a script for it at the top of
+  its head (`server.WithFirstView`; `static/first_view.js`, its settings as JSON: `settings_tag`), which asks for it
+  with the ticket its own GET was handed (`/first-view?t=`: `FirstViews`) and draws it with Gradio's own Vega over
+  the page while the page starts, until the tab's own chart is drawn and shown: the tab's first chart, found by the
+  class each tab gives it (`FIRST_CHART`), not by a list of its own. While it covers the page it takes every click
+  (the controls under it are not seen): a visitor who clicks on a picture expects to reach what they see, never a
+  control hidden under it; and it stays until the chart that replaces it is there (gone at Gradio's start, the page
+  would show that tab without its chart for the ~1-1.5 s Gradio takes to send its first event and draw the answer).
+  A link whose readout the prefetch did not start has none: its page is as it was.
 - Gradio's start (~0.5-0.8 s of the browser's main thread in one go, as it mounts the page) is held until the
-  picture is painted, for at most `FIRST_VIEW_HOLD_MS`: the picture's answer came while Gradio started and waited
-  for it, and was drawn 0.6-0.9 s after it had come (bench/RESULTS.md). Meanwhile the browser fetches and compiles
-  the modules that start imports (`start_preloads`).
+  picture is painted: until `FIRST_VIEW_HOLD_MS` (1.2 s) after the navigation, unless by then all the picture needs
+  is to be drawn, and never past `FIRST_VIEW_MAX_HOLD_MS` (1.6 s): the picture's answer came while Gradio started
+  and waited for it, and was drawn 0.6-0.9 s after it had come (bench/RESULTS.md). Meanwhile the browser fetches
+  and compiles the modules that start imports (`start_preloads`).
 
 - The chart's code (Gradio's Altair plot and Vega, ~300 kB) is fetched when the first chart's data arrives, after
   the page has started; named in the page's head, the browser fetches and compiles it while the page starts
@@ -29,22 +35,22 @@ the form's settings.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
+import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Callable
 
 # Classes a tab gives its parts (a component's elem_classes).
 PHONE_LATER = "phone-later"          # settings and examples: after the first chart on a phone
 FIRST_CHART = "first-chart"          # a tab's first chart: sent first (landing.py); on a phone, before the settings
 
 FIRST_VIEW_ID = "lens-first-view"    # the picture drawn before the page (removed once the tab's chart is drawn)
-# Each tab whose link has one (`prefetch.py` keeps its first chart), and that chart's element on the page.
-LINK_CHARTS = {"logit": "logit-heatmap", "jacobian": "jacobian-heatmap", "generate": "generate-heatmap",
-               "compare": "compare-heatmaps",
-               "intervene": "intervene-pair", "components": "components-by-layer"}
 
 CSS = f"""
 @media (max-width: 640px) {{
@@ -55,11 +61,12 @@ CSS = f"""
 # The picture's own style, sent with its script: it is drawn before Gradio has started and written its styles in.
 # Dark where Gradio's page will be (`?__theme=dark`, or a browser that prefers dark): Gradio's dark body and text.
 DARK_BACKGROUND, DARK_TEXT = "#0f0f11", "#f4f4f5"     # as Gradio 6 draws them (the test compares the two)
+# It takes the pointer's events (the default): a click on the picture reaches no control under it.
 FIRST_VIEW_CSS = f"""<style>
 #{FIRST_VIEW_ID} {{
   position: fixed; inset: 0; z-index: 1000; overflow: auto; padding: 16px;
   background: var(--body-background-fill, #fff); color: var(--body-text-color, #27272a);
-  font-family: ui-sans-serif, system-ui, sans-serif; pointer-events: none;
+  font-family: ui-sans-serif, system-ui, sans-serif;
 }}
 #{FIRST_VIEW_ID}.dark {{ background: {DARK_BACKGROUND}; color: {DARK_TEXT}; }}
 #{FIRST_VIEW_ID} p {{ margin: 0 0 12px; font-size: 14px; }}
@@ -110,46 +117,88 @@ SCROLL_TO_LAST_COLUMN = """<script>
 
 
 class FirstViews:
-    """The first heatmap of each link whose readout the prefetch started, by the link's query, until its page asks
-    for it: the newest `entries`, at most `max_bytes` of chart JSON in all (a cache: a picture forgotten is a page
-    as it was). A query being read is pending: its page's ask waits for it."""
+    """The first heatmap of each link whose readout the prefetch started, kept for the address whose GET started it
+    (`owner`: as the guard derives it; a room behind one address finds what one of them opened), the newest
+    `entries`, at most `max_bytes` of chart JSON in all (a cache: a picture forgotten is a page as it was). A query
+    being read is pending: its page's ask waits for it, woken when it comes (`put`).
 
-    def __init__(self, entries: int = 16, max_bytes: int = 8 << 20):
+    A page asks with the ticket its own GET was handed (`ticket`: one ask each, from the address it was handed to,
+    within `ticket_s`): an ask without one (a script's, another address's) is answered at once with nothing, the
+    same whether or not anyone opened that link, and waits for nothing. So the asks that wait are at most the link
+    GETs that started or found a readout of their own address, `tickets` of them at most (`tickets_each` per address:
+    a room's worth) at any time."""
+
+    def __init__(self, entries: int = 16, max_bytes: int = 8 << 20, tickets: int = 1024, tickets_each: int = 64,
+                 ticket_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
         self.entries, self.max_bytes = entries, max_bytes
-        self._charts: OrderedDict[str, str] = OrderedDict()
-        self._pending: set[str] = set()
+        self.tickets, self.tickets_each, self.ticket_s, self.clock = tickets, tickets_each, ticket_s, clock
+        self._charts: OrderedDict[tuple[str | None, str], str] = OrderedDict()
+        self._pending: dict[tuple[str | None, str], Future] = {}        # (owner, query) -> its chart, once read
+        self._tickets: OrderedDict[str, tuple[str | None, str, float]] = OrderedDict()   # -> (owner, query, until)
+        self._held: Counter[str | None] = Counter()                     # owner -> its tickets
         self._lock = threading.Lock()
 
-    def expect(self, query: str) -> None:
-        """`query`'s readout has started: its chart follows (`put`)."""
+    def expect(self, owner: str | None, query: str) -> None:
+        """`query`'s readout has started for `owner`: its chart follows (`put`)."""
         with self._lock:
-            self._pending.add(query)
+            self._pending.setdefault((owner, query), Future())
 
-    def put(self, query: str, chart: str | None) -> None:
-        """`query`'s chart as JSON (None: none; its readout failed or was refused)."""
+    def put(self, owner: str | None, query: str, chart: str | None) -> None:
+        """`query`'s chart as JSON for `owner` (None: none; its readout failed or was refused)."""
         with self._lock:
             if chart is not None and len(chart) <= self.max_bytes:
-                self._charts[query] = chart
-                self._charts.move_to_end(query)
+                self._charts[owner, query] = chart
+                self._charts.move_to_end((owner, query))
                 while len(self._charts) > self.entries or sum(map(len, self._charts.values())) > self.max_bytes:
                     self._charts.popitem(last=False)
-            self._pending.discard(query)
+            waiting = self._pending.pop((owner, query), None)
+        if waiting is not None:
+            waiting.set_result(chart)
 
-    def knows(self, query: str) -> bool:
-        """Whether `query`'s chart is kept or on its way (a room opening one link: the first visit started its
-        readout, the others find it)."""
+    def knows(self, owner: str | None, query: str) -> bool:
+        """Whether `query`'s chart is kept or on its way for `owner` (a room opening one link: the first visit
+        started its readout, the others find it)."""
         with self._lock:
-            return query in self._charts or query in self._pending
+            return (owner, query) in self._charts or (owner, query) in self._pending
 
-    async def get(self, query: str, wait: float) -> str | None:
-        """`query`'s chart, waiting up to `wait` seconds while its readout is under way; None: there is none."""
-        deadline = time.monotonic() + wait
-        while True:
-            with self._lock:
-                chart, pending = self._charts.get(query), query in self._pending
-            if chart is not None or not pending or time.monotonic() >= deadline:
-                return chart
-            await asyncio.sleep(0.05)
+    def ticket(self, owner: str | None, query: str) -> str:
+        """A ticket for one ask of `query`'s chart by `owner` (its page's: `get`)."""
+        ticket, now = secrets.token_urlsafe(16), self.clock()
+        with self._lock:
+            while self._tickets and (next(iter(self._tickets.values()))[2] < now or len(self._tickets) >= self.tickets):
+                self._drop(next(iter(self._tickets)))
+            if self._held[owner] >= self.tickets_each:
+                self._drop(next(t for t, (o, _, _) in self._tickets.items() if o == owner))
+            self._tickets[ticket] = (owner, query, now + self.ticket_s)
+            self._held[owner] += 1
+        return ticket
+
+    async def get(self, ticket: str | None, owner: str | None, wait: float) -> str | None:
+        """The chart `ticket` names, for `owner` (the address asking), waiting up to `wait` seconds while its
+        readout is under way; None at once for a ticket that is not `owner`'s, used or unknown."""
+        with self._lock:
+            named = self._tickets.get(ticket) if isinstance(ticket, str) else None
+            if named is None or named[0] != owner:
+                return None
+            self._drop(ticket)
+            if named[2] < self.clock():
+                return None
+            key = named[:2]
+            chart, pending = self._charts.get(key), self._pending.get(key)
+        if chart is not None or pending is None:
+            return chart
+        try:           # shielded: the read's own future is not cancelled with this ask
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(pending)), wait)
+        except TimeoutError:
+            return None
+
+    def _drop(self, ticket: str) -> tuple[str | None, str, float] | None:
+        named = self._tickets.pop(ticket, None)
+        if named is not None:
+            self._held[named[0]] -= 1
+            if not self._held[named[0]]:
+                del self._held[named[0]]
+        return named
 
 
 def embed_module(assets: Path | None = None) -> str | None:
@@ -162,84 +211,39 @@ def embed_module(assets: Path | None = None) -> str | None:
     return None
 
 
-# Run by a link's page as it reads its HTML (`server.WithFirstView` puts it there): the link's first chart
-# asked for (`/first-view`) and Gradio's vega-embed module loaded at once, the picture drawn over the page (it lets
-# every click through: the page under it is the page) unless the tab has drawn its own already, and removed as soon
-# as it has, or an error is shown, or after MAX_MS.
-FIRST_VIEW = """<script>
-(() => {
-  const charts = LINKS, tab = new URLSearchParams(location.search).get("tab");
-  if (!Object.hasOwn(charts, tab)) { return; }
-  // Gradio starts the page when its <gradio-app> element is defined (its index module, which Vega's module
-  // imports too): held until the picture is painted or there is none, so that its start does not keep the
-  // picture's answer waiting on the browser's main thread; at HOLD_MS after the navigation, unless all the picture
-  // needs by then is to be drawn (its answer and Vega are in), it starts anyway.
-  const define = customElements.define;
-  let started = false, held = null;
-  const start = () => {
-    if (started) { return; }
-    started = true;
-    customElements.define = define;
-    if (held) { held(); }
-  };
-  customElements.define = function (name, ...rest) {
-    if (name !== "gradio-app" || started) { return define.call(this, name, ...rest); }
-    held = () => define.call(customElements, name, ...rest);
-  };
-  const times = window.lensFirstView = {};            // when each part came (bench/link_speed.py reads them)
-  setTimeout(() => { if (!times.asked || !times.vega) { start(); } }, Math.max(0, HOLD_MS - performance.now()));
-  setTimeout(start, Math.max(0, 3 * HOLD_MS - performance.now()));   // whatever the drawing does, the page starts
-  const chart = `#${charts[tab]} svg.marks g.role-mark path`;
-  const asked = fetch(new URL("first-view" + location.search, location.href))
-    .then((r) => (r.status === 200 ? r.json() : null)).catch(() => null)
-    .then((spec) => { times.asked = performance.now(); return spec; });
-  const vega = import("./assets/EMBED").then((m) => m.default).catch(() => null)
-    .then((embed) => { times.vega = performance.now(); return embed; });
-  Promise.all([asked, vega]).then(async ([spec, embed]) => {
-    if (!spec || !embed || document.querySelector(chart)) { start(); return; }
-    spec.usermeta = { ...spec.usermeta, embedOptions: { ...spec.usermeta?.embedOptions, actions: false } };
-    const view = document.createElement("div");
-    view.id = "ID";
-    // Gradio's page is dark where the link says so or the browser prefers it: the picture's page is too (its chart
-    // as Gradio draws it there, on Vega's white)
-    const theme = new URLSearchParams(location.search).get("__theme");
-    const dark = (theme || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light")) === "dark";
-    view.classList.toggle("dark", dark);
-    view.setAttribute("aria-hidden", "true");         // the page under it reads the same cells, and more
-    view.innerHTML = "<p>The link's picture, while the page opens: hovering, the settings and the rest " +
-      "follow in a moment.</p>";
-    const box = document.createElement("div");
-    box.className = "altair";                         // scrolled to its first chart's last column, as every chart
-    const plot = document.createElement("div");
-    plot.className = "lens-plot";
-    plot.appendChild(box);
-    view.appendChild(plot);
-    document.body.appendChild(view);
-    const gone = () => view.remove();
-    const watch = new MutationObserver(() => {
-      if (document.querySelector(chart) || document.querySelector(".toast-body.error")) { watch.disconnect(); gone(); }
-    });
-    watch.observe(document, { childList: true, subtree: true });
-    setTimeout(() => { watch.disconnect(); gone(); }, MAX_MS);
-    await embed(box, spec, { renderer: "svg" });
-    times.drawn = performance.now();
-    times.started = started;                          // whether the page started before the picture was drawn
-    requestAnimationFrame(() => setTimeout(start, 0));   // painted: the page starts
-  }).catch(start);
-})();
-</script>"""
-FIRST_VIEW_MAX_MS = 20_000
+# Run by a link's page as it reads its HTML (`server.WithFirstView` puts it there, after its settings: `settings_tag`):
+# the link's first chart asked for and drawn over the page while it starts, Gradio's start held meanwhile. A file
+# shipped with the package, written into the page whole (a script fetched on its own would wait for its own round
+# trip before it could ask for the picture).
+FIRST_VIEW_JS = Path(__file__).parent / "static" / "first_view.js"
+SETTINGS_ID = "lens-first-view-settings"
+FIRST_VIEW_MAX_MS = 20_000          # the picture goes by then whatever the page does
+# Gradio's start waits for the picture until FIRST_VIEW_HOLD_MS after the navigation, unless by then all the picture
+# needs is to be drawn (its answer and Vega are in: 0.25-0.3 s more, bench/RESULTS.md), and never past
+# FIRST_VIEW_MAX_HOLD_MS.
 FIRST_VIEW_HOLD_MS = 1_200
+FIRST_VIEW_MAX_HOLD_MS = 1_600
+
+
+@functools.cache
+def first_view_settings() -> dict:
+    """The first view's settings but a page's ticket (vega-embed's module: None where this Gradio has none)."""
+    return {"embed": embed_module(), "id": FIRST_VIEW_ID, "chart": f".{FIRST_CHART}", "holdMs": FIRST_VIEW_HOLD_MS,
+            "maxHoldMs": FIRST_VIEW_MAX_HOLD_MS, "maxMs": FIRST_VIEW_MAX_MS}
+
+
+def settings_tag(ticket: str) -> str:
+    """A link's page's first-view settings, its ticket among them (`FirstViews.ticket`), as JSON the script reads."""
+    text = json.dumps({**first_view_settings(), "ticket": ticket}).replace("<", "\\u003c")
+    return f'<script type="application/json" id="{SETTINGS_ID}">{text}</script>'
 
 
 def first_view_script(assets: Path | None = None) -> str:
-    """`FIRST_VIEW` for this Gradio ("" where it has no vega-embed module by that name: links open as before)."""
-    embed = embed_module(assets)
-    if embed is None:
+    """The first view's script and what it needs in a page's head, but its settings ("" where this Gradio has no
+    vega-embed module by that name: links open as before)."""
+    if embed_module(assets) is None:
         return ""
-    script = (FIRST_VIEW.replace("LINKS", json.dumps(LINK_CHARTS)).replace("EMBED", embed)
-              .replace('"ID"', f'"{FIRST_VIEW_ID}"').replace("MAX_MS", str(FIRST_VIEW_MAX_MS))
-              .replace("HOLD_MS", str(FIRST_VIEW_HOLD_MS)))
+    script = f"<script>\n{FIRST_VIEW_JS.read_text(encoding='utf-8')}</script>"
     return start_preloads(assets) + preload_links(assets) + FIRST_VIEW_CSS + SCROLL_TO_LAST_COLUMN + script
 
 

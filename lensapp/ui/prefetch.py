@@ -18,19 +18,24 @@ is already cached was the other choice, and no choice: the page's own request fi
 would start nothing worth having.
 
 Only into idle capacity besides: only while the engine is ready with nothing running or queued (two counters
-read, nothing walked), one at a time. It is not counted in a workshop's usage (the page's own request is). Not
-with a login (the page is the login form) or without a result cache. Every tab's link but a fitted vector's and
-a sample's without a seed (its page draws a fresh sample). A generation's link is read whole, as its page reads it
-(the page's own Generate streams; a link's restore asks the generation once, with the branches it names).
+read, nothing walked), one at a time; only then is the link read (its parse, a v=1 link's tokenizing), on the
+prefetch's thread, never on the app's event loop (`start`). It is not counted in a workshop's usage (the page's own
+request is). Not with a login (the page is the login form) or without a result cache. Every tab's link but a fitted
+vector's and a sample's without a seed (its page draws a fresh sample). A generation's link is read whole, as its
+page reads it (the page's own Generate streams; a link's restore asks the generation once, with the branches it
+names).
 
 Once read, the tab's first chart of the answer is kept for the link's page (`first_view.FirstViews`), which draws
-it before it has started. Where that chart needs less than the whole readout (an intervention's sweep: its first
-chart is the readout before and the last change), that part is read first and kept, then the whole (its
-budget pays both).
+it before it has started: kept for the address whose GET started it, and handed only to a page whose own GET was
+given a ticket for it (`open`): one that started the readout, or found it started or kept for its own address
+(a room opening one link). An ask without one is answered at once with nothing, whoever else opened that link.
+Where that chart needs less than the whole readout (an intervention's sweep: its first chart is the readout before
+and the last change), that part is read first and kept, then the whole (its budget pays both).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import threading
@@ -86,29 +91,58 @@ class LinkPrefetch:
         """Stop the prefetch thread (the app closing): what is queued is dropped, a prefetch under way finishes."""
         self._runner.shutdown(wait=True, cancel_futures=True)
 
+    async def open(self, query: str, client: str | None = None) -> str | None:
+        """A link's page asked for by `client` (its address, as the guard derives it), on the app's event loop: the
+        readout it links to started (`start`) or found under way or kept for that address, and the ticket its page
+        asks for its first chart with (`first_views.get`); None: it has none."""
+        if not self.enabled or not query:
+            return None
+        if not self.first_views.knows(client, query) and not await self.start(query, client):
+            return None
+        return self.first_views.ticket(client, query)
+
+    async def start(self, query: str, client: str | None = None) -> bool:
+        """`__call__` from the app's event loop: the link is read (its parse, a v=1 link's tokenizing) on the
+        prefetch's thread, and only once the engine is found idle with no prefetch running."""
+        if not self._claim(query):
+            return False
+        try:
+            done = self._runner.submit(self._launch, query, client)
+        except RuntimeError:                          # closed: the app is stopping
+            self._one.release()
+            return False
+        # shielded: a visitor who leaves meanwhile leaves the launch to finish (it lets go of `_one`)
+        return await asyncio.shield(asyncio.wrap_future(done))
+
     def __call__(self, query: str, client: str | None = None) -> bool:
         """Start the readout `query` (a page URL's query) links to, for `client` (its address, as the guard
-        derives it), if its page asks one (`_job`), the engine is idle and the client's budget allows. Never raises;
-        True when a prefetch started."""
-        if not self.enabled or not query:
-            return False
+        derives it), if the engine is idle, no prefetch runs, its page asks one (`_job`) and the client's budget
+        allows. Never raises; True when a prefetch started."""
+        return self._claim(query) and self._launch(query, client)
+
+    def _claim(self, query: str) -> bool:
+        """Whether a prefetch may start, nothing of the link read yet (two counters and a lock): enabled, a query,
+        the engine idle, none running. True: `_one` is held for `_launch`."""
+        return self.enabled and bool(query) and self.service.idle() and self._one.acquire(blocking=False)
+
+    def _launch(self, query: str, client: str | None) -> bool:
+        """With `_one` held: the link read, and its prefetch started as `client`'s request (`_one` let go if not)."""
         try:
             job = self._job(query)
         except Exception as e:  # noqa: BLE001 - a link the page itself will explain
             log.debug("not prefetching %r: %s", query[:80], e)
-            return False
-        if job is None or not self.service.idle() or not self._one.acquire(blocking=False):
-            return False
-        if not self._takes_a_request(client):
+            job = None
+        if job is None or not self._takes_a_request(client):
             self._one.release()
             return False
         self.started += 1
-        self.first_views.expect(query)
+        self.first_views.expect(client, query)
         self._runner.submit(self._run, job, client, query)
         return True
 
-    def _job(self, query: str) -> Callable[[Ask], None] | None:
-        """What the link's page will ask, as a call of who asks; None: nothing to start."""
+    def _job(self, query: str) -> Callable[[Ask, str | None], None] | None:
+        """What the link's page will ask, as a call of who asks (its ask, and its address: whose first view it
+        keeps); None: nothing to start."""
         service = self.service
         view, _ = permalinks.decode(query, **permalinks.as_read_by(service))
         tab = LENS_TABS.get(view.tab)
@@ -127,27 +161,27 @@ class LinkPrefetch:
             return None
         return partial(self._read_once, query, ONE_SHOT[view.tab], req, values)
 
-    def _read_lens(self, query: str, tab, values: dict, req, ask: Ask) -> None:
+    def _read_lens(self, query: str, tab, values: dict, req, ask: Ask, owner: str | None) -> None:
         """A lens link's readout: a long prompt's drawn window first, then the whole prompt (`lens_tab.readout`).
         Its first heatmap is kept for the link's page as soon as it can be drawn (`first_views`)."""
         first = first_read(self.service, req, START(values.get("start")))
         results = self.service.lens(req, read_from=first, ask=ask)
-        self._keep_first_view(query, lambda: first_heatmap(tab, self.service, values, results[0]))
+        self._keep_first_view(owner, query, lambda: first_heatmap(tab, self.service, values, results[0]))
         if first:
             self.service.lens(req, ask=ask)
 
-    def _read_once(self, query: str, tab: OneShot, req, values: dict, ask: Ask) -> None:
+    def _read_once(self, query: str, tab: OneShot, req, values: dict, ask: Ask, owner: str | None) -> None:
         """Another tab's link's readout, and its first chart kept for its page: read first on its own where it
         needs less than the whole (`OneShot.first`; an intervention's sweep: ~0.9 s sooner, bench/RESULTS.md)."""
         first = tab.first(self.service, req) if tab.first is not None else None
         if first is not None:
             shown = tab.read(self.service, first, ask)
-            self._keep_first_view(query, lambda: tab.picture(first, values, shown))
+            self._keep_first_view(owner, query, lambda: tab.picture(first, values, shown))
         result = tab.read(self.service, req, ask)
         if first is None:
-            self._keep_first_view(query, lambda: tab.picture(req, values, result))
+            self._keep_first_view(owner, query, lambda: tab.picture(req, values, result))
 
-    def _keep_first_view(self, query: str, draw: Callable) -> None:
+    def _keep_first_view(self, owner: str | None, query: str, draw: Callable) -> None:
         """The first chart of a link's page (`draw()`), kept for it: a picture that cannot be drawn is none (the
         page draws its own)."""
         try:
@@ -155,7 +189,7 @@ class LinkPrefetch:
         except Exception as e:  # noqa: BLE001 - the page's own readout will meet and report it
             log.debug("no first view for %r: %s", query[:80], e)
             return
-        self.first_views.put(query, chart.plot if chart is not None else None)
+        self.first_views.put(owner, query, chart.plot if chart is not None else None)
 
     def _takes_a_request(self, client: str | None) -> bool:
         """One of `client`'s requests taken, as an API call takes it; False when its rate refuses."""
@@ -167,17 +201,17 @@ class LinkPrefetch:
             return False
         return True
 
-    def _run(self, job: Callable[[Ask], None], client: str | None, query: str) -> None:
+    def _run(self, job: Callable[[Ask, str | None], None], client: str | None, query: str) -> None:
         read = False
         try:
             ask = dataclasses.replace(self.guard.ask_of(client) if self.guard is not None else HOST, counted=False)
-            job(ask)
+            job(ask, client)
             read = True
         except Exception as e:  # noqa: BLE001 - the page's own request will meet and report it
             log.debug("prefetch failed: %s", e)
         finally:
             self.read += read
-            self.first_views.put(query, None)          # its page waits no longer (a chart kept stays)
+            self.first_views.put(client, query, None)  # its page waits no longer (a chart kept stays)
             self._one.release()
 
 
