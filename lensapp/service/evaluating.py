@@ -146,9 +146,9 @@ def compute(service, p: Plan, ask: Ask = HOST) -> EvaluationResult:
     """Every batch through the engine, for `ask`, then the result."""
     ranks: dict[str, list] = {name: [] for g in p.groups for name in g.lenses}
     for (start, stop), work in zip(p.batches, p.batch_costs):
-        service.admit(work, ask)
         specs = [spec for i in range(start, stop) for spec in p.specs[i]]
-        outs = iter(service.engine.lens(specs, service.deadline(work), ask.client))
+        with service.admitted(work, ask):          # a batch the engine refuses is given back
+            outs = iter(service.engine.lens(specs, service.deadline(work), ask.client))
         for _ in range(start, stop):
             for g in p.groups:
                 out = next(outs)

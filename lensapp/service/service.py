@@ -220,15 +220,10 @@ class LensService:
         """RequestError when `work` passes the budget (`max_work`), in one line saying what to reduce."""
         cost.check(work, self.token_weight, self.cfg.limits.max_work, what, advice)
 
-    def admit(self, work: cost.Cost, ask: Ask) -> Receipt:
-        """Engine work of this cost starts now: whoever asked for it pays for it (`ask.pay`); its receipt. Called
-        where each request's work starts, after the cache: an answer it already holds costs nothing. `admitted` is
-        the form that gives back what the engine then refuses."""
-        return ask.pay(work.units(self.token_weight))
-
     def admitted(self, work: cost.Cost, ask: Ask, made: Callable[[], cost.Cost] | None = None
                  ) -> contextlib.AbstractContextManager[Receipt]:
-        """`admit` for the block its engine calls run in, paying for what ran (`Ask.paying`): work the engine
+        """Engine work of this cost starts in this block: whoever asked for it pays (`Ask.paying`), where each
+        request's work starts, after the cache (an answer it already holds costs nothing). Work the engine
         refuses (busy, over the asker's share, down, restarted) is given back whole; with `made` (what a
         generation's steps so far cost), the block ended or its stream closed early keeps only that."""
         weight = self.token_weight
