@@ -89,7 +89,12 @@ def test_identity_lens_has_every_source_layer():
 
 def test_hub_spec_resolves_from_the_hub_cache_offline(tmp_path, monkeypatch):
     """`REPO:PATH` goes through huggingface_hub; a cached snapshot is found without the network."""
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads the variable once, when it is first imported (by now it is): without its constant the
+    # missing file below was asked of the hub, retried for ~20 s until the closed network refused it
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     snapshot = tmp_path / "models--org--lenses" / "snapshots" / ("a" * 40)
     (snapshot / "tiny").mkdir(parents=True)
     lens_file(snapshot / "tiny" / "lens.pt")
