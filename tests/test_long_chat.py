@@ -38,11 +38,12 @@ def test_recent_turns_drop_the_oldest_whole_turns():
     assert recent_turns([{"role": "user", "content": "x"}], 0) == ([{"role": "user", "content": "x"}], 0)
 
 
-def test_a_chat_keeps_answering_for_100_exchanges(app, tiny_service, monkeypatch):
+def test_a_chat_keeps_answering_past_what_the_model_reads(app, tiny_service, monkeypatch):
+    exchanges = MAX_CHAT_MESSAGES // 2 + 8          # its older turns left out for the last eight of them
     said = []
     monkeypatch.setattr(chat_tab, "warn", said.append)
     values = {**chat_tab.CHAT.initial(), "lens": "logit", "layer": None, "max_tokens": 1, "chatbot": []}
-    for i in range(100):
+    for i in range(exchanges):
         out = chat_tab.send(chat_tab.CHAT, tiny_service, app.guard, {**values, "message": f"Question {i}?"})
         talk = chat_tab.conversation(out["chatbot"])          # the conversation lives on the page
         assert talk[-2] == {"role": "user", "content": f"Question {i}?"} and talk[-1]["role"] == "assistant"
@@ -50,7 +51,7 @@ def test_a_chat_keeps_answering_for_100_exchanges(app, tiny_service, monkeypatch
         values = {**values, "chatbot": out["chatbot"]}
     assert said and "oldest messages were left out" in said[-1]
     req, _ = out["chat_last"].value           # the page sent at most what the model reads, its latest turns
-    assert len(req.messages) <= MAX_CHAT_MESSAGES and req.messages[-1]["content"] == "Question 99?"
+    assert len(req.messages) <= MAX_CHAT_MESSAGES and req.messages[-1]["content"] == f"Question {exchanges - 1}?"
 
 
 def test_the_conversation_on_the_page_is_the_text_as_written(app, tiny_service):
