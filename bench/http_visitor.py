@@ -45,6 +45,13 @@ def endpoints(url: str) -> dict[str, tuple[int, list[tuple[str, object]]]]:
     return out
 
 
+def page_cookie(url: str, headers: dict | None = None) -> str | None:
+    """What a browser keeps from loading the page: the `Cookie` header its page's requests then carry (the app's
+    visitor cookie, which makes it a person of its own behind a shared address: service/identity.py), or None."""
+    page = httpx.get(url, headers=headers or {}, timeout=30)
+    return "; ".join(f"{name}={value}" for name, value in page.cookies.items()) or None
+
+
 class HttpVisitor:
     def __init__(self, url: str, api: dict, headers: dict | None = None, session: str | None = None):
         """session: one session hash for every request, as a page keeps one while it is open (one request at a

@@ -1,17 +1,17 @@
 """A workshop for five minutes: thirty visitors, one of them replaying the heaviest legal request in a loop.
 
 A room reaches a Space through one NAT address, and that is how the thirty come here: from one address of a network
-namespace the bench makes (tests/netns.py: a veth pair on a private /29; needs root), each with a session of its
-own as a page keeps one, to `lensapp serve` listening on the pair's host end, serving the example workshop file
-(its settings: `--workshop`). Not from loopback, which no per-address limit touches. The hostile crowd and the
-bench's own probes come from this machine with an address of their own in X-Forwarded-For (10.77.N.M, private,
-made up here), which the app takes from its one trusted proxy hop (`--trusted-proxies 1`), as a Space's proxy
-appends it. `--own-addresses` gives each of the thirty its own X-Forwarded-For address instead, the app on
-loopback (the runs before issue 48). Nothing leaves this machine. Each of the thirty first opens the page (a
-readout of the front page's example, ARRIVAL_GAP apart: a room arriving), then all begin at once. The visitors,
-each in its own process (as thirty browsers are: one visitor reading a 30 MB answer does not hold up the others'
-clocks), ask through the page's own route (Gradio's queue) with a client as light as a browser's
-(`http_visitor.py`; `--client gradio` for gradio_client, whose own CPU took a third of these two cores):
+namespace the bench makes (tests/netns.py: a veth pair on a private /29; needs root), each with the cookie its
+browser got from loading the page and a session of its own as a page keeps one, to `lensapp serve` listening on the
+pair's host end, serving the example workshop file (its settings: `--workshop`). Not from loopback, which no
+per-address limit touches. The hostile crowd and the bench's own probes come from this machine with an address of
+their own in X-Forwarded-For (10.77.N.M, private, made up here), which the app takes from its one trusted proxy hop
+(`--trusted-proxies 1`), as a Space's proxy appends it. `--own-addresses` gives each of the thirty its own
+X-Forwarded-For address instead, the app on loopback (the runs before issue 48). Nothing leaves this machine. Each
+of the thirty first opens the page (a readout of the front page's example, ARRIVAL_GAP apart: a room arriving), then
+all begin at once. The visitors, each in its own process (as thirty browsers are: one visitor reading a 30 MB answer
+does not hold up the others' clocks), ask through the page's own route (Gradio's queue) with a client as light as a
+browser's (`http_visitor.py`; `--client gradio` for gradio_client, whose own CPU took a third of these two cores):
 
   link      16 open the same shared link, then read it again now and then (the result cache's case)
   short     4 read a short prompt with the logit lens at every layer, over and over (the measured one)
@@ -61,7 +61,7 @@ from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
 import psutil
-from http_visitor import HttpVisitor, endpoints
+from http_visitor import HttpVisitor, endpoints, page_cookie
 from load import REPO, App, fresh
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -111,9 +111,13 @@ def heavy_candidates() -> list[dict]:
 class Visitor:
     def __init__(self, url: str, n: int, kind: str, api: dict | None = None, room: bool = False):
         """api: the app's endpoints (`http_visitor.endpoints`) for a browser-light client; None: gradio_client.
-        room: one of the room (its process in the namespace): no forwarded address, a session of its own."""
+        room: one of the room (its process in the namespace): no forwarded address, a session of its own, and the
+        cookie its browser keeps from loading the page."""
         self.kind, self.n = kind, n
         headers = {} if room else {"X-Forwarded-For": f"10.77.{1 if kind in HOSTILE else 0}.{n + 1}"}
+        cookie = page_cookie(url) if room else None
+        if cookie:
+            headers["Cookie"] = cookie
         self.headers = headers
         if api is None:
             from gradio_client import Client

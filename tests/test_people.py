@@ -94,6 +94,10 @@ def test_without_a_valid_cookie_every_session_is_the_address(forged):
     assert sum(answered(guard, r) for r in requests) == 2                # the address's burst, and no more
     assert guard.people.count(ROOM) == 0
     assert answered(guard, page(real))                                  # the real one is a person still
+    now = [1000.0]                                                       # refilled: each asks once more
+    guard.limiter.clock = lambda: now[0]
+    turns = {turn_of(guard, r) for r in requests[:2]}
+    assert turns == {identity.turn(ROOM)}                               # one turn at the engine: one person's share
 
 
 def test_two_browsers_under_one_login_are_two_people_and_the_login_without_a_cookie_is_one():

@@ -190,6 +190,8 @@ def test_a_script_of_forty_sessions_beside_the_room_is_one_person_and_slows_no_o
     most = limits.rate_limit // 5 + limits.rate_limit / 60 * beside["seconds"] + 1
     assert sum(script.values()) == SCRIPT_SESSIONS * SCRIPT_ASKS and script.get("answered", 0) <= most, script
     assert all(k == "answered" or "from your address" in k or "running or waiting" in k for k in script), script
-    # The other address waits its turn among the room's thirty and the script's one: one more than without it.
+    # The other address waits its turn among the room's thirty and the script's one (test_people: the script's
+    # sessions share one turn): one more than without it. Its median against the phase without the script, with a
+    # second's room for a busy machine (its readout takes tenths of one).
     before, after = (statistics.median(s for _, s in got["other"]) for got in (alone, beside))
-    assert after <= before * (PEOPLE + 2) / (PEOPLE + 1) * 1.5 + 0.2, (before, after)
+    assert after <= before * (PEOPLE + 2) / (PEOPLE + 1) * 1.5 + 1.0, (before, after)
