@@ -129,16 +129,16 @@ class LinkPrefetch:
         """With `_one` held: the link read, and its prefetch started as `client`'s request (`_one` let go if not)."""
         try:
             job = self._job(query)
-        except Exception as e:  # noqa: BLE001 - a link the page itself will explain
+            if job is not None and self._takes_a_request(client):
+                self.first_views.expect(client, query)
+                self._runner.submit(self._run, job, client, query)
+                self.started += 1
+                return True
+        except Exception as e:  # noqa: BLE001 - a link the page itself will explain; its GET is answered all the same
             log.debug("not prefetching %r: %s", query[:80], e)
-            job = None
-        if job is None or not self._takes_a_request(client):
-            self._one.release()
-            return False
-        self.started += 1
-        self.first_views.expect(client, query)
-        self._runner.submit(self._run, job, client, query)
-        return True
+            self.first_views.put(client, query, None)
+        self._one.release()
+        return False
 
     def _job(self, query: str) -> Callable[[Ask, str | None], None] | None:
         """What the link's page will ask, as a call of who asks (its ask, and its address: whose first view it
