@@ -167,7 +167,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     what was run is counted (`service/usage.py`) and served to the host at `/workshop`."""
     import gradio as gr
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse
 
     from . import ui
     from .compressed import Compressed
@@ -187,7 +187,8 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     queue_handlers(demo, cfg.limits.max_batch + cfg.limits.queue_size, max(cfg.limits.queue_size, 16))
     prefetch = ui.LinkPrefetch(service, built.guard, enabled=not secrets.auth_pairs and web.cache_entries > 0)
     app = FastAPI(title="Lens Explorer", lifespan=lambda _app: running(trimmer, prefetch))
-    app.add_middleware(PrefetchLinks, trusted_proxies=config.resolve_trusted_proxies(web), prefetch=prefetch)
+    app.add_middleware(PrefetchLinks, trusted_proxies=config.resolve_trusted_proxies(web), prefetch=prefetch,
+                       people=built.guard.people)
     app.add_middleware(Compressed)
 
     def health(request):            # a plain Starlette route, as `what_was_run` below
@@ -201,17 +202,14 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
             held = pages["sessions"]
             h["sessions"] = {"held": len(held.session_data), "capacity": held.capacity, "dropped": held.dropped,
                              "kept": pages["kept"].stats()}
+            h["mends"] = pages["mends"]          # what of Gradio's internals this app reaches into still takes
         if not is_host(request, secrets, web):
             h = {key: h[key] for key in PUBLIC_HEALTH if key in h}
         return JSONResponse(h, status_code=200 if h["state"] in ("ready", "starting") else 503)
 
     app.add_route("/health", health, methods=["GET"])
 
-    async def first_view(request):  # a link's first chart, kept by its prefetch (ui/first_view.py)
-        chart = await prefetch.first_views.get(request.url.query, FIRST_VIEW_WAIT)
-        return Response(chart, media_type="application/json") if chart else Response(status_code=204)
-
-    app.add_route("/first-view", first_view, methods=["GET"])
+    app.add_route("/first-view", first_view_route(prefetch, config.resolve_trusted_proxies(web)), methods=["GET"])
 
     def what_was_run(request):      # a plain Starlette route: FastAPI cannot read this module's lazy annotations
         # The host is auth's first login: a workshop gives its participants logins too, and what was run may hold
@@ -231,7 +229,9 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
                               auth=secrets.auth_pairs or None, server_name=web.host, server_port=web.port)
     sessions = ui.sessions.install(app, web.sessions, web.session_idle, on_drop=built.kept.drop_owner)
     ui.event_stream.install(ui.sessions.mounted(app))       # a page never loses an answer to its stream's close
-    pages.update(sessions=sessions, kept=built.kept)
+    from .ui import mends
+
+    pages.update(sessions=sessions, kept=built.kept, mends=mends.check(ui.sessions.mounted(app)))
     return app
 
 
@@ -250,25 +250,30 @@ async def running(trimmer, prefetch):
 
 
 class PrefetchLinks:
-    """ASGI middleware: a link's readout starts when its page is first asked for, as the visitor asking for it
-    (see `ui.prefetch`: its turn, its budget).
+    """ASGI middleware on the page's GET: it gives a browser without one its visitor cookie (`visitor_cookie`), and a
+    link's readout starts when its page is first asked for, as the address asking for it (see `ui.prefetch`: its
+    turn, its budget).
 
     Plain ASGI rather than FastAPI's `@app.middleware("http")`, whose wrapper would sit in every
     response, each API call's event stream included; this one only looks at the request line.
     """
 
-    def __init__(self, app, prefetch, trusted_proxies: int = 0):
+    def __init__(self, app, prefetch, trusted_proxies: int = 0, people=None):
         from .ui import first_view
 
-        self.app, self.prefetch, self.trusted_proxies = app, prefetch, trusted_proxies
-        self.first_view = first_view.first_view_script()
+        self.app, self.prefetch, self.trusted_proxies, self.people = app, prefetch, trusted_proxies, people
+        self.first_view, self.settings_tag = first_view.first_view_script(), first_view.settings_tag
 
     async def __call__(self, scope, receive, send):
-        if (scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/"
-                and scope.get("query_string")):
-            query = scope["query_string"].decode("utf-8", "replace")
-            if self.prefetch(query, self.client(scope)) or self.prefetch.first_views.knows(query):
-                send = WithFirstView(send, self.first_view)
+        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/":
+            cookie = self.visitor_cookie(scope)
+            if cookie is not None:
+                send = WithHeader(send, b"set-cookie", cookie.encode("latin-1"))
+            if scope.get("query_string"):
+                query = scope["query_string"].decode("utf-8", "replace")
+                ticket = await self.prefetch.open(query, self.client(scope))
+                if ticket is not None and self.first_view:    # its page's ask for the picture: `first_view_route`
+                    send = WithFirstView(send, self.settings_tag(ticket) + self.first_view)
         await self.app(scope, receive, send)
 
     def client(self, scope) -> str:
@@ -276,13 +281,69 @@ class PrefetchLinks:
         from .service import identity
 
         peer = (scope.get("client") or (None,))[0]
-        forwarded = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-forwarded-for"]
-        return identity.client_address(peer, forwarded, self.trusted_proxies) or identity.UNIDENTIFIED
+        return identity.client_address(peer, _header_lines(scope, b"x-forwarded-for"),
+                                       self.trusted_proxies) or identity.UNIDENTIFIED
+
+    def visitor_cookie(self, scope) -> str | None:
+        """The Set-Cookie line that makes the browser asking a person (`identity.People`): None when it holds a
+        valid visitor cookie already, or its address was given its share of new ones lately. HttpOnly (no script
+        reads it); over HTTPS `SameSite=None; Secure; Partitioned`, so a page framed by another site (a Space in
+        huggingface.co's page) keeps it in that frame, else `SameSite=Lax`. No expiry: the browser's session."""
+        from starlette.requests import cookie_parser
+
+        from .service import identity
+
+        if self.people is None:
+            return None
+        sent = "; ".join(_header_lines(scope, b"cookie"))
+        if self.people.visitor(cookie_parser(sent).get(identity.VISITOR_COOKIE)) is not None:
+            return None
+        value = self.people.new_visitor(self.client(scope))
+        if value is None:
+            return None
+        https = identity.scheme(scope.get("scheme"), _header_lines(scope, b"x-forwarded-proto"),
+                                self.trusted_proxies) == "https"
+        same_site = "SameSite=None; Secure; Partitioned" if https else "SameSite=Lax"
+        return f"{identity.VISITOR_COOKIE}={value}; Path=/; HttpOnly; {same_site}"
+
+
+def _header_lines(scope, name: bytes) -> list[str]:
+    return [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == name]
+
+
+class WithHeader:
+    """An ASGI `send` that adds one header line to the response."""
+
+    def __init__(self, send, name: bytes, value: bytes):
+        self.send, self.header = send, (name, value)
+
+    async def __call__(self, message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), self.header]}
+        await self.send(message)
 
 
 # How long a link's page's ask for its first heatmap waits for the readout its GET started: a page draws its own
 # after ~1.5-2.5 s (bench/link_speed.py), and the ask holds one of the browser's connections meanwhile.
 FIRST_VIEW_WAIT = 5.0
+
+
+def first_view_route(prefetch, trusted_proxies: int = 0):
+    """`GET /first-view?t=<ticket>`: a link's first chart (`ui/first_view.py`) for the page whose own GET was handed
+    that ticket (`LinkPrefetch.open`), once, from the address it was handed to, waited for while its readout is
+    under way (woken when it comes); 204 at once for anything else, whoever opened the link."""
+    from starlette.responses import Response
+
+    from .service import identity
+
+    async def first_view(request):
+        peer = request.client.host if request.client is not None else None
+        address = identity.client_address(peer, request.headers.getlist("x-forwarded-for"),
+                                          trusted_proxies) or identity.UNIDENTIFIED
+        chart = await prefetch.first_views.get(request.query_params.get("t"), address, FIRST_VIEW_WAIT)
+        return Response(chart, media_type="application/json") if chart else Response(status_code=204)
+
+    return first_view
 
 
 class WithFirstView:
