@@ -33,7 +33,6 @@ START_TIMEOUT = 360                           # s for `python app.py` to serve i
 APP_LOG: list[Path] = []                      # the running app's log, quoted when a wait fails
 APP_PID: list[int] = []                       # the running app's process (other children of pytest may be zombies)
 APP_JLENS: list[Path] = []                    # the running app's lens file (a service here can read the same)
-APP_BOX: list = []                            # the running app's 4 GB container (tests/container.py), if made
 
 # Hypothesis's own deadline only reports a slow example after it returns (and torch.compile's first calls
 # on a new shape are slow by nature): the hostile tests bound every call with their own watchdog instead.
@@ -182,16 +181,9 @@ def hf_service(embedded_dir):
 @pytest.fixture(scope="session")
 def app_url(tmp_path_factory, model_dims):
     """`python app.py --jlens <random lens> --workshop tests/data/workshop.yaml --cache-mb 64 --session-mb 32` (every
-    tab, three exercises) on a free port, one for the session (the browser tests and the API's hostile-input test
-    share it); SIGTERM at the end leaves no vLLM process.
-
-    Where this machine can make one (root, a memory cgroup: tests/container.py), the app runs in a 4 GB container on
-    a node that says it has 512 GB, as a small container host would run it: every test that uses the app then also
-    shows that it serves in 4 GB (tests/test_small_hosts.py reads the box's peak and its OOM kills), and the suite
-    starts one vLLM app where it started two (an app start is minutes on an AVX2-only machine)."""
-    import contextlib
-
-    import container
+    tab, three exercises) on
+    a free port, one for the session (the browser tests and the API's hostile-input test share it); SIGTERM at
+    the end leaves no vLLM process."""
     import psutil
     import torch
 
@@ -212,35 +204,30 @@ def app_url(tmp_path_factory, model_dims):
     APP_LOG[:] = [tmp / "app.log"]
     # Small result stores (the cache and the pages' kept results), so tests see what a full one does: evictions,
     # and memory that stays within the plan (tests/test_visitors_memory.py).
-    argv = [sys.executable, "app.py", "--jlens", str(lens_path), "--workshop", str(WORKSHOP),
-            "--cache-mb", "64", "--session-mb", "32"]
-    with contextlib.ExitStack() as stack:
-        if container.unavailable() is None:
-            box = stack.enter_context(container.Container(memory_limit=4 << 30, node_memory=512 << 30))
-            APP_BOX[:] = [box]
-            argv = box.wrap(argv)
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        APP_PID[:] = [proc.pid]
-        url = f"http://127.0.0.1:{port}/"
+    proc = subprocess.Popen([sys.executable, "app.py", "--jlens", str(lens_path), "--workshop", str(WORKSHOP),
+                             "--cache-mb", "64", "--session-mb", "32"],
+                            cwd=REPO, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    APP_PID[:] = [proc.pid]
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        _wait_for(url, proc, tmp / "app.log")
+        children = psutil.Process(proc.pid).children(recursive=True)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
         try:
-            _wait_for(url, proc, tmp / "app.log")
-            children = psutil.Process(proc.pid).children(recursive=True)
-            yield url
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("app.py did not exit within 90 s of SIGTERM")
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                pytest.fail("app.py did not exit within 90 s of SIGTERM")
-            finally:
-                log.close()
-        _, alive = psutil.wait_procs(children, timeout=30)
-        for p in alive:
-            p.kill()
-        assert not alive, f"processes outlived the app: {[p.pid for p in alive]}"
-        assert proc.returncode == 0, (tmp / "app.log").read_text()[-3000:]
-        assert not APP_BOX or APP_BOX[0].oom_kills() == 0, "the kernel killed a process of the app for memory"
+            log.close()
+    _, alive = psutil.wait_procs(children, timeout=30)
+    for p in alive:
+        p.kill()
+    assert not alive, f"processes outlived the app: {[p.pid for p in alive]}"
+    assert proc.returncode == 0, (tmp / "app.log").read_text()[-3000:]
 
 
 # -- the browser (Debian's Chromium, driven by Playwright) ----------------------------------------------

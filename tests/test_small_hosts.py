@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import container
 import pytest
-from conftest import APP_BOX, REPO, _free_port
+from conftest import REPO, _free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow,
               pytest.mark.skipif(container.unavailable() is not None, reason=str(container.unavailable()))]
@@ -102,23 +102,21 @@ def eight_generations(url: str) -> list[dict]:
                                                         api_name="/generate"), range(8)))
 
 
-def test_a_4_gb_container_on_a_big_host_serves_a_long_lens_and_eight_generations(embedded_dir, app_url):
-    """vLLM's old share of the node (512 GB here) would have asked for 51 GB; the container allows 4. The box is the
-    session's running app's (conftest.app_url), so the browser and API tests around this one run in 4 GB too."""
-    if not APP_BOX:
-        pytest.skip("the running app is not in a container here")
-    box, url = APP_BOX[0], app_url.rstrip("/")
-    plan = health(url)["memory"]["plan"]
-    assert plan["limit_mb"] == 4096 and "cgroup" in plan["limit_source"]
-    result = lens(url, prompt_of(embedded_dir, 256))
-    assert len(result["input_ids"]) == 256 and len(result["layers"]) == 30
-    generations = eight_generations(url)
-    assert all(len(g["steps"]) == 16 for g in generations)
-    h = health(url)
-    assert h["state"] == "ready" and h["restarts"] == 0
-    peak = box.peak_bytes()
-    print(f"4 GB container: peak charge {peak / GiB:.2f} GiB, plan {plan['total_mb']} MB")
-    assert box.oom_kills() == 0
+def test_a_4_gb_container_on_a_big_host_serves_a_long_lens_and_eight_generations(embedded_dir):
+    """vLLM's old share of the node (512 GB here) would have asked for 51 GB; the container allows 4."""
+    with container.Container(memory_limit=4 * GiB, node_memory=512 * GiB) as box:
+        with app_in(box) as (url, proc):
+            plan = health(url)["memory"]["plan"]
+            assert plan["limit_mb"] == 4096 and "cgroup" in plan["limit_source"]
+            result = lens(url, prompt_of(embedded_dir, 256))
+            assert len(result["input_ids"]) == 1 + 256 and len(result["layers"]) == 30   # the shipped lens: BOS first
+            generations = eight_generations(url)
+            assert all(len(g["steps"]) == 16 for g in generations)
+            h = health(url)
+            assert h["state"] == "ready" and h["restarts"] == 0
+            peak = box.peak_bytes()
+            print(f"4 GB container: peak charge {peak / GiB:.2f} GiB, plan {plan['total_mb']} MB")
+        assert box.oom_kills() == 0
 
 
 @pytest.mark.extended      # CI's 25 minutes: the 4 GB container above keeps the memory plan honest in CI
