@@ -36,7 +36,8 @@ def stand_in(**health):
                            jlens_layers=[], jlens_error=None, chat_layers=lambda lens: [0, 1, 2, 3],
                            model=SimpleNamespace(path="stand-in", family=None), observer=None,
                            health=lambda: dict(full),
-                           status=lambda: {k: full[k] for k in ("state", "reason", "queue_depth")})
+                           status=lambda: {k: full[k] for k in ("state", "reason", "queue_depth")},
+                           idle=lambda: full["state"] == "ready" and not full["queue_depth"])
 
 
 def server_paths(*extra) -> list[str]:
