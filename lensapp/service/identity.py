@@ -52,6 +52,7 @@ from typing import Iterable
 from cachetools import LRUCache
 
 from ..config import is_loopback_host
+from .buckets import Bucket, Rate
 
 IPV6_PREFIX = 56          # one client
 IPV6_SITE = 48            # one site: at most limits.SITE_SHARE clients' worth, one turn
@@ -61,6 +62,7 @@ STANDING_SECONDS = 1800.0 # a visitor unseen this long is forgotten: a workshop'
 ROOM_PEOPLE = 40          # visitors seated behind one address at most (a classroom); the rest share the address
 NEW_VISITORS = ROOM_PEOPLE            # visitor cookies an address is given at once (a room loading the page)...
 NEW_VISITOR_SECONDS = 600.0           # ... and as many again over this long
+NEW_VISITOR_RATE = Rate(NEW_VISITORS / NEW_VISITOR_SECONDS, float(NEW_VISITORS))
 ROOMS = 4096              # addresses whose people are remembered, the least recently seen forgotten first
 VISITOR_COOKIE = "lensapp_visitor"
 
@@ -156,7 +158,7 @@ class People:
         self.clock, self.most = clock, most
         self._secret = secret if secret is not None else secrets.token_bytes(32)   # this process's alone
         self._rooms: LRUCache = LRUCache(ROOMS)       # turn(address) -> {person key: [first seen, last seen]}
-        self._minted: LRUCache = LRUCache(ROOMS)      # turn(address) -> [visitors it may still be given, when]
+        self._minted: LRUCache = LRUCache(ROOMS)      # turn(address) -> the Bucket of cookies it may still be given
         self._lock = threading.Lock()
 
     def new_visitor(self, address: str | None) -> str | None:
@@ -167,12 +169,13 @@ class People:
         if address is not None:
             with self._lock:
                 now = self.clock()
-                left, at = self._minted.get(turn(address), (float(NEW_VISITORS), now))
-                left = min(float(NEW_VISITORS), left + (now - at) * NEW_VISITORS / NEW_VISITOR_SECONDS)
-                if left < 1.0:
-                    self._minted[turn(address)] = (left, now)
+                minted = self._minted.get(turn(address))
+                if minted is None:
+                    minted = self._minted.setdefault(turn(address), Bucket(NEW_VISITOR_RATE, 1, now))
+                minted.refill(now)
+                if minted.tokens < 1.0:
                     return None
-                self._minted[turn(address)] = (left - 1.0, now)
+                minted.take(1.0)
         visitor = secrets.token_urlsafe(12)
         return f"{visitor}.{self._sign(visitor)}"
 
