@@ -3,6 +3,7 @@ every tab's link but a fitted vector's and an unseeded sample's, the request its
 one at a time, as the visitor asking (one of its requests, its turn, its budget, not counted); nothing else.
 tests/test_ui_browser.py checks on the engine that the page's own request finds the prefetch's in the cache."""
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -23,6 +24,11 @@ from lensapp.ui.guard import Guard
 from lensapp.ui.lens_tab import LOGIT_TAB, lens_request
 from lensapp.ui.prefetch import LinkPrefetch
 from lensapp.ui.views import TAB_VIEWS, View
+
+
+def started(prefetch: LinkPrefetch, query: str, client: str | None = None) -> bool:
+    """What a link's GET asks of the prefetch (`LinkPrefetch.start`, awaited on the app's loop), from a test."""
+    return asyncio.run(prefetch.start(query, client))
 
 
 class Words:
@@ -84,7 +90,7 @@ def link(**fields) -> str:
 def test_a_lens_link_prefetches_the_request_its_page_will_send():
     service = StandIn()
     prefetch = LinkPrefetch(service)
-    assert prefetch(link(tab="logit", prompt="The capital of France is", layers="1-3", k=7, targets="Paris"))
+    assert started(prefetch, link(tab="logit", prompt="The capital of France is", layers="1-3", k=7, targets="Paris"))
     service.release.set()
     prefetch._runner.shutdown(wait=True)
     want, _ = lens_request(LOGIT_TAB, service, {"prompt": "The capital of France is", "layers": "1-3", "k": 7,
@@ -103,7 +109,7 @@ def test_a_long_link_prefetches_its_drawn_window_then_the_whole_prompt():
         service.asked.clear()
         prefetch = LinkPrefetch(service)
         fields = {"tab": "logit", "prompt": prompt} | ({"start": start} if start is not None else {})
-        assert prefetch(link(**fields))
+        assert started(prefetch, link(**fields))
         prefetch._runner.shutdown(wait=True)
         want, _ = lens_request(LOGIT_TAB, service, {"prompt": prompt, "chat": False, "raw": False})
         assert service.asked == ([(want, first)] if first else []) + [want]
@@ -112,7 +118,7 @@ def test_a_long_link_prefetches_its_drawn_window_then_the_whole_prompt():
 def test_a_link_that_skips_punctuation_prefetches_that_request():
     service = StandIn()
     prefetch = LinkPrefetch(service)
-    assert prefetch(link(tab="logit", prompt="The Eiffel Tower is in the city of", punct=1))
+    assert started(prefetch, link(tab="logit", prompt="The Eiffel Tower is in the city of", punct=1))
     service.release.set()
     prefetch._runner.shutdown(wait=True)
     want, _ = lens_request(LOGIT_TAB, service, {"prompt": "The Eiffel Tower is in the city of", "layers": "all", "k": 5,
@@ -122,13 +128,13 @@ def test_a_link_that_skips_punctuation_prefetches_that_request():
 
 def test_only_into_an_idle_engine_and_one_at_a_time():
     busy = StandIn(in_flight=1)
-    assert not LinkPrefetch(busy)(link(tab="logit", prompt="x"))
-    assert not LinkPrefetch(StandIn(queue_depth=2))(link(tab="logit", prompt="x"))
-    assert not LinkPrefetch(StandIn(state="restarting"))(link(tab="logit", prompt="x"))
+    assert not started(LinkPrefetch(busy), link(tab="logit", prompt="x"))
+    assert not started(LinkPrefetch(StandIn(queue_depth=2)), link(tab="logit", prompt="x"))
+    assert not started(LinkPrefetch(StandIn(state="restarting")), link(tab="logit", prompt="x"))
     service = StandIn()
     prefetch = LinkPrefetch(service)
-    assert prefetch(link(tab="logit", prompt="first"))
-    assert not prefetch(link(tab="logit", prompt="second"))       # the first is still running
+    assert started(prefetch, link(tab="logit", prompt="first"))
+    assert not started(prefetch, link(tab="logit", prompt="second"))       # the first is still running
     service.release.set()
     prefetch._runner.shutdown(wait=True)
     assert [r.prompts for r in service.asked] == [("first",)] and busy.asked == []
@@ -140,9 +146,9 @@ def test_other_links_start_nothing_and_a_bad_field_falls_back_as_on_the_page():
     for query in ["", link(tab="jacobian", prompt="x"),                                    # no Jacobian lens here
                   link(tab="generate", prompt="x", temperature=0.8),       # a fresh sample: its page draws another
                   link(tab="intervene", prompt="x", word="Rome", layer=2, direction="fitted")]:
-        assert not prefetch(query), query
-    assert not LinkPrefetch(service, enabled=False)(link(tab="logit", prompt="x"))
-    assert prefetch(link(tab="logit", prompt="x", k="many", layers="\x00"))   # the page uses k=5, all layers
+        assert not started(prefetch, query), query
+    assert not started(LinkPrefetch(service, enabled=False), link(tab="logit", prompt="x"))
+    assert started(prefetch, link(tab="logit", prompt="x", k="many", layers="\x00"))   # the page uses k=5, all layers
     service.release.set()
     prefetch._runner.shutdown(wait=True)
     (req,) = service.asked
@@ -154,12 +160,12 @@ def test_a_prefetch_is_the_visitors_own_request_in_its_turn_and_budget_and_not_c
     guard = Guard(RateLimiter(per_minute=60, clock=lambda: 0.0, work_per_minute=6000, work_burst=4000))
     prefetch = LinkPrefetch(service, guard)
     service.release.set()
-    assert prefetch(link(tab="logit", prompt="one"), "203.0.113.7")
+    assert started(prefetch, link(tab="logit", prompt="one"), "203.0.113.7")
     prefetch._runner.shutdown(wait=True)
     assert service.turns == ["203.0.113.7"] and service.counted == [False]
     prefetch = LinkPrefetch(service, guard)
-    assert not prefetch(link(tab="logit", prompt="two"), "203.0.113.7")    # its budget is spent: nothing starts
-    assert prefetch(link(tab="logit", prompt="three"), "198.51.100.4")    # another visitor's is its own
+    assert not started(prefetch, link(tab="logit", prompt="two"), "203.0.113.7")  # its budget is spent: nothing starts
+    assert started(prefetch, link(tab="logit", prompt="three"), "198.51.100.4")    # another visitor's is its own
     prefetch._runner.shutdown(wait=True)
     assert [r.prompts for r in service.asked] == [("one",), ("three",)]
 
@@ -179,7 +185,7 @@ def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls_would_get()
     now = [0.0]
     prefetch = LinkPrefetch(service, stopped_guard(now))
     for i in range(40):
-        prefetch(link(tab="logit", prompt=f"page {i}"), crawler)
+        started(prefetch, link(tab="logit", prompt=f"page {i}"), crawler)
         prefetch._runner.submit(lambda: None).result()          # done: the engine idle before the next GET
         now[0] += 0.1
     api_now, answered = [0.0], 0
@@ -195,7 +201,7 @@ def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls_would_get()
     assert len(service.asked) == prefetch.read == prefetch.started <= answered < 40, (prefetch.started, answered)
     host = LinkPrefetch(service, stopped_guard([0.0]))
     for i in range(40):                                          # the host's own scripts: never limited
-        assert host(link(tab="logit", prompt=f"host {i}"), "127.0.0.1")
+        assert started(host, link(tab="logit", prompt=f"host {i}"), "127.0.0.1")
         host._runner.submit(lambda: None).result()
 
 
@@ -210,7 +216,7 @@ def test_forty_link_gets_start_no_more_readouts_than_forty_api_calls_would_get()
 def test_the_other_tabs_links_prefetch_the_request_their_page_will_send(view):
     service = StandIn()
     prefetch = LinkPrefetch(service)
-    assert prefetch(permalinks.query_string(view))
+    assert started(prefetch, permalinks.query_string(view))
     service.release.set()
     prefetch._runner.shutdown(wait=True)
     tab = TAB_VIEWS[view.tab]
@@ -231,7 +237,7 @@ def test_a_sweeps_link_reads_its_pictures_change_first_then_the_whole(view, firs
     service = StandIn()
     service.release.set()
     prefetch = LinkPrefetch(service)
-    assert prefetch(permalinks.query_string(view))
+    assert started(prefetch, permalinks.query_string(view))
     prefetch._runner.shutdown(wait=True)
     tab = TAB_VIEWS["intervene"]
     whole = asked_of(tab, service, tab.values_of(view))

@@ -102,8 +102,10 @@ class LinkPrefetch:
         return self.first_views.ticket(client, query)
 
     async def start(self, query: str, client: str | None = None) -> bool:
-        """`__call__` from the app's event loop: the link is read (its parse, a v=1 link's tokenizing) on the
-        prefetch's thread, and only once the engine is found idle with no prefetch running."""
+        """Start the readout `query` (a page URL's query) links to, for `client` (its address, as the guard derives
+        it), if the engine is idle, no prefetch runs, its page asks one (`_job`) and the client's budget allows;
+        from the app's event loop: the link is read (its parse, a v=1 link's tokenizing) on the prefetch's thread,
+        only once the engine is found idle with no prefetch running. Never raises; True when a prefetch started."""
         if not self._claim(query):
             return False
         try:
@@ -113,12 +115,6 @@ class LinkPrefetch:
             return False
         # shielded: a visitor who leaves meanwhile leaves the launch to finish (it lets go of `_one`)
         return await asyncio.shield(asyncio.wrap_future(done))
-
-    def __call__(self, query: str, client: str | None = None) -> bool:
-        """Start the readout `query` (a page URL's query) links to, for `client` (its address, as the guard
-        derives it), if the engine is idle, no prefetch runs, its page asks one (`_job`) and the client's budget
-        allows. Never raises; True when a prefetch started."""
-        return self._claim(query) and self._launch(query, client)
 
     def _claim(self, query: str) -> bool:
         """Whether a prefetch may start, nothing of the link read yet (two counters and a lock): enabled, a query,
