@@ -46,6 +46,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
+from ..service.cache import BoundedLRU
+
 # Classes a tab gives its parts (a component's elem_classes).
 PHONE_LATER = "phone-later"          # settings and examples: after the first chart on a phone
 FIRST_CHART = "first-chart"          # a tab's first chart: sent first (landing.py); on a phone, before the settings
@@ -132,7 +134,8 @@ class FirstViews:
                  ticket_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
         self.entries, self.max_bytes = entries, max_bytes
         self.tickets, self.tickets_each, self.ticket_s, self.clock = tickets, tickets_each, ticket_s, clock
-        self._charts: OrderedDict[tuple[str | None, str], str] = OrderedDict()
+        # (owner, query) -> its chart's JSON: the app's bounded-map shape, by entries and by bytes
+        self._charts = BoundedLRU(max_bytes, getsizeof=len, max_entries=entries)
         self._pending: dict[tuple[str | None, str], Future] = {}        # (owner, query) -> its chart, once read
         self._tickets: OrderedDict[str, tuple[str | None, str, float]] = OrderedDict()   # -> (owner, query, until)
         self._held: Counter[str | None] = Counter()                     # owner -> its tickets
@@ -148,9 +151,6 @@ class FirstViews:
         with self._lock:
             if chart is not None and len(chart) <= self.max_bytes:
                 self._charts[owner, query] = chart
-                self._charts.move_to_end((owner, query))
-                while len(self._charts) > self.entries or sum(map(len, self._charts.values())) > self.max_bytes:
-                    self._charts.popitem(last=False)
             waiting = self._pending.pop((owner, query), None)
         if waiting is not None:
             waiting.set_result(chart)
