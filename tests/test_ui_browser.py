@@ -266,6 +266,10 @@ def test_chat_reply_carries_a_readout(page, app_url):
     cells.first.wait_for(state="visible", timeout=30_000)             # each generated token over its top-1 ...
     page.wait_for_function("() => document.querySelectorAll('#chat .lens-readout details.lens-tok').length >= 2",
                            timeout=30_000)                            # ... written as the reply is (it streams)
+    # the reply done (its box offers Send again): a tap mid-stream is redrawn shut by the next step's readout
+    page.wait_for_function("() => !document.querySelector('#chat-message [data-testid=stop-button]')"
+                           " && !!document.querySelector('#chat-message [data-testid=submit-button]')",
+                           timeout=RUN_TIMEOUT)
     assert "%" in cells.first.get_attribute("title")                    # the top-3 on hover ...
     cells.first.locator("summary").click()                              # ... and on tap
     assert "%" in cells.first.locator(".topk").inner_text()
