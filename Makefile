@@ -82,7 +82,7 @@ space: $(BIN)/python
 # built and run with podman), run before a release.
 test: prereqs-tests $(DEVSTAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -rs --durations=15 -m "not extended" tests
+	$(BIN)/python -m pytest -q -rs --durations=15 -n 2 --dist loadgroup -m "not extended" tests
 
 test-all: prereqs-tests $(DEVSTAMP)
 	$(BIN)/ruff check .
