@@ -9,7 +9,7 @@ A page points `--engine-url` at the proxy as at one service. What Ray Serve adds
 - backpressure: a replica holds at most `--max-batch` requests (`max_ongoing_requests`, what its engine runs
   at once); past that the proxy queues up to `--max-queued`, and answers one more 429 at once, so a page with
   other engines asks elsewhere;
-- health: `check_health` raises once the replica's vLLM engine has died, and Serve replaces the replica (as
+- health: `check_health` (every 2 s) raises once the replica's vLLM engine has died, and Serve replaces the replica (as
   for one whose actor died); the proxy sends nothing to a replica while it starts (its engine's start, warm-up
   included, runs in the replica's constructor);
 - placement: `--replica-cpus` / `--replica-gpus` per replica, on one machine or a Ray cluster (`--ray-address`).
@@ -41,7 +41,9 @@ from .engine_service import add_engine_arguments, checked_config, served_app, st
 
 APP_NAME = "lensapp-engine"
 QUEUED_BATCHES = 4               # --max-queued's default: this many engine batches per replica wait at the proxy
-HEALTH_PERIOD_S = 5.0            # between two of Serve's check_health calls on a replica
+# Between two of Serve's check_health calls on a replica: Serve stops one after 3 failures in a row, and until
+# then routes requests to it, each answered at once with vLLM's EngineDeadError (as `lensapp engine` watches).
+HEALTH_PERIOD_S = 2.0
 HEALTH_TIMEOUT_S = 30.0          # a check_health that takes longer counts as failed
 REPLICA_OPTIONS = ("replicas", "replica_cpus", "replica_gpus", "max_queued", "ray_address")
 

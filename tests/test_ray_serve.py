@@ -37,11 +37,15 @@ ONE_READOUT = LensRequest(prompts=("The capital of France is",), lens="logit", k
 # Settings of a page, which the engine's memory check counts (engine/start/memory.py) though a replica holds
 # none of them: off, so that three engines (two replicas and the reference) pass it on a busy machine.
 NO_PAGE = {"LENSAPP_MAX_FIT_STEPS": "0", "LENSAPP_CACHE_ENTRIES": "0", "LENSAPP_SESSION_MB": "8"}
+# Ray's memory monitor kills Ray's own workers (replicas, and Serve's controller) when the machine's memory, other
+# programs' included, passes 95%: on a shared test machine that is not this test's doing.
+NO_RAY_OOM_KILLER = {"RAY_memory_monitor_refresh_ms": "0"}
+REASKS = 3                      # a readout told "the model restarted; please run again" is asked again, so often
 
 
 def start_replicas(port: int, lens_file, log_path) -> subprocess.Popen:
     """`lensapp engine --replicas 2` in its own process group, as test_engine_service.start_engine starts one."""
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"} | NO_PAGE | {
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"} | NO_PAGE | NO_RAY_OOM_KILLER | {
         "LENSAPP_ENGINE_KEY": KEY, "RAY_DEDUP_LOGS": "0"}
     return subprocess.Popen([sys.executable, "-m", "lensapp", "engine", "--port", str(port), "--replicas",
                              str(REPLICAS), "--replica-cpus", "1", "--jlens", str(lens_file), "--max-batch", "8",
@@ -130,22 +134,37 @@ def test_a_page_on_serve_reads_as_in_process(deployment, page, reference):
               f"({', '.join(title(p).split()[0] for p in engine)}) {rss_mb(engine):.0f} MB")
 
 
-def test_a_replica_whose_engine_is_killed_under_load_is_replaced_and_the_page_loses(deployment, page, reference):
+def test_a_replica_whose_engine_is_killed_under_load_is_replaced_and_the_page_loses_nothing(deployment, page,
+                                                                                           reference):
+    """kill -9 of one replica's vLLM EngineCore while 4 clients read: Serve's check_health fails, the replica is
+    replaced. A readout that met the dead engine comes back "the model restarted; please run again" (the page's
+    supervisor takes an answer naming EngineDeadError for its engine's death, and tells every request it had in
+    flight to run again); asked again, as a page's fail-over does, it is answered: nothing is lost."""
+    from lensapp.engine import EngineRestarted
+
     want = reference.lens(ONE_READOUT)[0]
     replicas = replica_processes(deployment)
     victim = next(p for p in next(iter(replicas.values())) if title(p).startswith("VLLM::EngineCore"))
     ready_before = replicas_ready(deployment.log)
-    stop, done, failed = threading.Event(), [], []
+    stop, done, told, lost = threading.Event(), [], [], []
 
     def client():
         while not stop.is_set():
             t = time.monotonic()
-            try:
-                got = page.lens(ONE_READOUT)[0]
+            for _ in range(1 + REASKS):
+                try:
+                    got = page.lens(ONE_READOUT)[0]
+                except EngineRestarted as e:
+                    told.append((t, time.monotonic(), str(e)))
+                    continue
+                except Exception as e:  # noqa: BLE001 - what the page saw is the measurement
+                    lost.append(f"{type(e).__name__}: {e}")
+                    break
                 done.append((t, time.monotonic()))
                 assert_same_lens(got, want)
-            except Exception as e:  # noqa: BLE001 - what the page saw is the measurement
-                failed.append((t, time.monotonic(), f"{type(e).__name__}: {e}"))
+                break
+            else:
+                lost.append(f"still 'run again' after {REASKS} re-asks")
 
     clients = [threading.Thread(target=client, daemon=True) for _ in range(LOAD_CLIENTS)]
     for c in clients:
@@ -162,13 +181,13 @@ def test_a_replica_whose_engine_is_killed_under_load_is_replaced_and_the_page_lo
     stop.set()
     for c in clients:
         c.join(timeout=300)
-    during = [(t1 - t0) for t0, t1 in done if t1 > killed]
+    waits = [t1 - t0 for t0, t1 in done if t1 > killed]
     print(f"\nkill -9 of a replica's vLLM EngineCore under {LOAD_CLIENTS} clients: {len(done)} readouts answered, "
-          f"{len(failed)} failed, longest wait after the kill {max(during, default=0):.1f} s, replica replaced "
-          f"and serving in {replaced:.0f} s")
-    for t0, t1, error in failed:
-        print(f"  failed after {t1 - t0:.1f} s: {error[:300]}")
+          f"{len(told)} times told 'run again' ({', '.join(f'{t1 - killed:.1f}' for _, t1, _ in told)} s after the "
+          f"kill), {len(lost)} lost; longest wait after the kill (re-asks included) {max(waits, default=0):.1f} s; "
+          f"the replica replaced and serving {replaced:.0f} s after the kill")
+    assert not lost, lost
+    assert all("run again" in error for *_, error in told)
     assert len(replica_processes(deployment)) == REPLICAS and deployment.proc.poll() is None
     assert victim.pid not in {p.pid for procs in replica_processes(deployment).values() for p in procs}
     assert_same_lens(page.lens(ONE_READOUT)[0], want)
-    assert len(failed) == 0, failed
