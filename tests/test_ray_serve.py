@@ -1,6 +1,8 @@
 """`lensapp engine --replicas 2` (ray_serve.py): the engine service as a Ray Serve deployment of two CPU replicas on
 a local Ray, a page on Serve's proxy (`--engine-url`): the in-process readouts, and one replica's vLLM engine
-killed under load, replaced by Serve (check_health) while the other answers.
+killed under load, replaced by Serve (check_health) while the other answers; (extended) a replica's own process
+killed under load, replaced by Ray. About 250 s here (the in-process reference's start included, ~50 s of it;
+each replacement is a new engine's start, ~60 s; the extended test ~95 s more).
 
 One deployment for the module, in its own process (the command a host runs); the in-process reference is the
 session's `vllm_service` with the same random lens (test_engine_service.py's fixtures). At the end the command
