@@ -61,17 +61,46 @@ OLD_KEY_FLAG = ("--key", "engine_key")
 def add_engine_arguments(parser) -> None:
     """`lensapp engine`'s flags: the engine's settings, where to listen, and the key's file."""
     config.add_arguments(parser, ENGINE_FLAGS)
+    add_replica_arguments(parser)
     # This command's old flag for the key: taken, to be refused in one line (config.from_args), never used.
     parser.add_argument(OLD_KEY_FLAG[0], dest="engine_key", default=None, help=argparse.SUPPRESS)
     parser.set_defaults(port=DEFAULT_PORT)
 
 
+def add_replica_arguments(parser) -> None:
+    """`lensapp engine --replicas N`'s flags: the service as a Ray Serve deployment (ray_serve.py)."""
+    group = parser.add_argument_group("replicas on Ray Serve (pip install 'lens-explorer[ray]'; docs/hosting.md)")
+    group.add_argument("--replicas", type=int, default=0, metavar="N",
+                       help="run N copies of this service as one Ray Serve deployment behind Serve's HTTP proxy on "
+                            "--host:--port (0: one service, no Ray)")
+    group.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica [1]")
+    group.add_argument("--replica-gpus", type=float, default=None,
+                       help="GPUs Ray gives each replica [tensor x pipeline parallel size where this machine has a "
+                            "GPU, else 0]")
+    group.add_argument("--max-queued", type=int, default=None, metavar="N",
+                       help="requests Serve's proxy holds while every replica is full; one more is answered 429 at "
+                            "once [4 x --max-batch per replica]")
+    group.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                       help="join this Ray cluster (`auto`: the one `ray start` made here) instead of starting a "
+                            "local Ray")
+
+
+def checked_config(args) -> config.Config:
+    """The service's settings from its flags and environment, its key checked: ConfigError where it cannot run."""
+    cfg = config.from_args(args)
+    config.check_engine_key(cfg.secrets.engine_key)
+    if cfg.remote.engine_url or not kind_for(cfg.engine.backend, config.resolve_device(cfg.engine)).ranks:
+        raise config.ConfigError("an engine service runs the model on vLLM here: drop --engine-url and --backend")
+    return cfg
+
+
 def main(args) -> int:
+    if getattr(args, "replicas", 0):
+        from .ray_serve import main as replicas_main
+
+        return replicas_main(args)
     try:
-        cfg = config.from_args(args)
-        config.check_engine_key(cfg.secrets.engine_key)
-        if cfg.remote.engine_url or not kind_for(cfg.engine.backend, config.resolve_device(cfg.engine)).ranks:
-            raise config.ConfigError("an engine service runs the model on vLLM here: drop --engine-url and --backend")
+        cfg = checked_config(args)
         web = cfg.web
         sock = shell.listen(web.host, web.port)
     except (config.ConfigError, shell.ListenError) as e:
@@ -129,12 +158,9 @@ def start_engine(cfg: config.Config):
 async def serve(backend, warm, web: config.WebSettings, engine_key: str, sock) -> int:
     """nnsight-serve's app on `sock` (`web`'s address), with its key, until stopped (0) or until vLLM dies (1)."""
     import uvicorn
-    from nnsight.modeling.vllm.serve import server
 
     await warm()
-    server.set_model(backend.model)
-    add_progress_route(server.app)
-    app = guarded(server.app, engine_key)
+    app = served_app(backend, engine_key)
     http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     died: list[str] = []
     watch = asyncio.get_running_loop().create_task(_watch(http, backend, web, died))
@@ -150,6 +176,16 @@ async def serve(backend, warm, web: config.WebSettings, engine_key: str, sock) -
         print(f"error: the engine died ({died[0]}); exiting for its supervisor to start it again", file=sys.stderr)
         return 1
     return 0
+
+
+def served_app(backend, engine_key: str):
+    """nnsight-serve's ASGI app on `backend`'s model, with our routes, behind the key: what this service serves
+    (and each of its Ray Serve replicas, ray_serve.py)."""
+    from nnsight.modeling.vllm.serve import server
+
+    server.set_model(backend.model)
+    add_progress_route(server.app)
+    return guarded(server.app, engine_key)
 
 
 def add_progress_route(app) -> None:

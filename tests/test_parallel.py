@@ -146,8 +146,13 @@ def test_ray_pipeline_across_two_local_nodes_equals_one_worker(readouts, monkeyp
     (2026-12-01, ray 2.60: both Ray nodes up, vLLM's engine started, then that ValueError, not retried),
     preflight now refuses it first (`executor_problem`), and the test skips with either message; on a GPU
     host it runs to the comparison."""
-    ray = pytest.importorskip("ray")
+    ray = pytest.importorskip("ray")             # in the `dev` extra since Ray Serve's tests (test_ray_serve.py)
     from ray.cluster_utils import Cluster
+
+    from lensapp.engine.start.preflight import executor_problem
+
+    if problem := executor_problem("ray"):     # before two Ray nodes are started for nothing
+        pytest.skip(f"refused before the engine starts: {problem}")
 
     short = tempfile.mkdtemp(prefix="ray")          # Ray's socket paths must stay under 107 bytes
     monkeypatch.setenv("RAY_TMPDIR", short)
