@@ -17,6 +17,7 @@ from test_stream import freed, same_readout, spec_of
 
 from lensapp.engine.run.protocol import Sampling
 from lensapp.engine.run.step_stream import Step
+from lensapp.service import planning
 
 pytestmark = pytest.mark.engine
 
@@ -50,33 +51,41 @@ def test_a_generation_and_a_chat_stream_each_step_as_in_process(page, reference)
     """Each step leaves the service as the worker writes it (the arrivals spread over the decoding; handed out at the
     end they would come within milliseconds of each other), equals the request's own saved step bitwise, and the
     whole equals the one-shot whole through the service and the in-process one (greedy, seeded, and a chat)."""
-    spec, here = spec_of(page, prompt=STORY), spec_of(reference, prompt=STORY)
+    spec, here = (spec_of(s, prompt=STORY, layers=LENS_LAYERS) for s in (page, reference))
     for sampling in (Sampling(16), Sampling(16, temperature=0.8, seed=11)):
-        t = time.perf_counter()
         one_shot = page.engine.generate(spec, sampling)
-        whole = time.perf_counter() - t
         arrivals, steps, out = timed(page.engine.generate_steps(spec, sampling))
         in_process = reference.engine.generate(here, sampling)
         assert [s.token_id for s in steps] == out.token_ids == one_shot.token_ids == in_process.token_ids
         assert [s.index for s in steps] == list(range(len(steps)))
         for step, saved, want, local in zip(steps, out.steps, one_shot.steps, in_process.steps):
             same_readout(step.readout, saved)
-            same_readout(saved, want)
+            close_to(saved, want)
             close_to(saved, local)
+        # Timed against this stream's own length (a machine shared with other work times each request differently).
         assert len(steps) >= 4, [s.token_id for s in steps]
-        decoding = whole * (len(steps) - 1) / (len(steps) + 4)       # a prefill of this prompt: ~5 steps' time
-        assert arrivals[-1] - arrivals[0] > 0.3 * decoding, (arrivals, whole)
+        decoding = arrivals[-1] * (len(steps) - 1) / (len(steps) + 4)    # a prefill of this prompt: ~5 steps' time
+        assert arrivals[-1] - arrivals[0] > 0.3 * decoding > 0.01, arrivals
         assert sum(a < arrivals[-1] - 0.1 * decoding for a in arrivals) >= len(steps) // 2, arrivals
 
-    chat, chat_here = (spec_of(s, layers=[LENS_LAYERS[1]], lenses=("jacobian",)) for s in (page, reference))
-    one_shot = page.engine.chat(chat, Sampling(12))
-    arrivals, steps, out = timed(page.engine.chat_steps(chat, Sampling(12)))
-    in_process = reference.engine.chat(chat_here, Sampling(12))
+    # A chat's reply ends with its end of text, before its max_tokens: the block's last statement never runs (where
+    # the one-shot route reads the tokens), and the stream's answer carries vLLM's own output.
+    chat, chat_here = (chat_spec(s) for s in (page, reference))
+    one_shot = page.engine.chat(chat, Sampling(40))
+    arrivals, steps, out = timed(page.engine.chat_steps(chat, Sampling(40)))
+    in_process = reference.engine.chat(chat_here, Sampling(40))
     assert [s.token_id for s in steps] == out.token_ids == one_shot.token_ids == in_process.token_ids
+    assert 4 <= len(steps) < 40 and steps[-1].token_id in page.prompts.stop_ids, [s.token_id for s in steps]
     assert [s.readout for s in steps] == list(zip(one_shot.top_ids, one_shot.top_probs))
     assert out.top_ids == in_process.top_ids
     torch.testing.assert_close(torch.tensor(out.top_probs), torch.tensor(in_process.top_probs))
-    assert len(steps) >= 4 and arrivals[-1] - arrivals[0] > 0.05, arrivals
+    assert arrivals[-1] - arrivals[0] > 0.05, arrivals
+
+
+def chat_spec(service):
+    """A question in the model's chat template, read through the Jacobian lens at one layer (a chat's readout)."""
+    ids = service.prompts.ids("What is the capital of France?", chat=True)
+    return planning.lens_spec(ids, [LENS_LAYERS[1]], 5, ("jacobian",), service.info.n_layers, service.jlens_layers)
 
 
 def until_idle(wire, within: float, window: float = 0.5, busy: float = 0.1) -> float:
@@ -143,7 +152,6 @@ def test_the_stream_route_is_behind_the_key_and_answers_bad_input_in_one_frame(e
     assert stream_post(engine.url, None)[0] == 401 and stream_post(engine.url, "wrong")[0] == 401
     status, _, body = stream_post(engine.url, KEY, stream_key="not hex!")
     assert status == 400 and b"lensapp-stream-key" in body
-    assert stream_post(engine.url, KEY, stream_key=None)[0] == 400
     assert "refused POST '/lensapp/stream' from 127.0.0.1: no key" in engine.log.read_text()
 
     async def frames(wire):

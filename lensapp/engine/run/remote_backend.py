@@ -12,9 +12,11 @@ so a readout over the wire is the in-process one. What differs:
   another;
 - liveness: the service is polled (`GET /health`) in a thread; a service that stops answering is this
   backend's death, and the engine reconnects (`served`, `Unreachable`) as soon as it answers again;
-- a streamed generation or chat (Stop, and each step on the page as it is written) goes to the service's stream
-  route (`served_stream.py`): the service takes each step from its worker as in-process and writes it at once; the
-  page's stream closed closes the request's HTTP stream, and the service aborts it on vLLM;
+- a generation or a chat goes to the service's stream route (`served_stream.py`): streamed (each step on the page
+  as it is written, and Stop), the service takes each step from its worker as in-process and writes it at once; the
+  page's stream closed closes the request's HTTP stream, and the service aborts it on vLLM. Its tokens come from
+  vLLM's own output there, as in-process (the one-shot route's come from the block's end, never reached by a
+  generation that ends before its max_tokens);
 - progress (the supervisor's stall watch): `steps` counts the outputs received (one per trace, one per step of a
   streamed one), `cpu_seconds` is the service's vLLM processes' CPU time, read by the same poll; so a
   long generation on a busy service is not taken for a stuck one, and a service that neither answers nor
@@ -88,8 +90,10 @@ class RemoteBackend(VLLMBackend):
         self.jlens_layers = list(stack.layers)
 
     async def _saved(self, tracer, with_output: bool = False, sink=None, key: str = ""):
-        """VLLMBackend's, a streamed trace (a key) sent to the service's stream route, its steps into `sink`."""
-        if key:
+        """VLLMBackend's, a generation or a chat (`with_output`) sent to the service's stream route: its steps into
+        `sink` as they come (a streamed one's, `key`), and its tokens from vLLM's own output. The one-shot route
+        reads them from the block's last statement, which a generation that ends before its max_tokens never runs."""
+        if with_output:
             stream_into(tracer.backend, key, sink)
         return await super()._saved(tracer, with_output, sink, key)
 

@@ -138,7 +138,7 @@ class Wire:
 
         from .served_stream import MEDIA_TYPE, STREAM_KEY_HEADER, STREAM_PATH, StreamBroken, frames_of
 
-        headers = {**http.headers(self.key), STREAM_KEY_HEADER: stream_key}
+        headers = {**http.headers(self.key), **({STREAM_KEY_HEADER: stream_key} if stream_key else {})}
         framed = False
         try:
             async with client.stream("POST", f"{self.url}{STREAM_PATH}", content=blob, headers=headers) as response:

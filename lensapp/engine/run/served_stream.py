@@ -2,8 +2,10 @@
 
 In-process, a streamed generation's trace publishes each step's readout in vLLM's worker under a key the page
 made (`outbox.py`), and the page's courier takes them between engine steps (`courier.py`). Through an engine
-service the trace is the same (the key travels in it); the service takes the steps with its own courier and
-writes them to the page as they come, on its stream route (`stream_route.py`, STREAM_PATH), in frames:
+service the trace is the same (the key travels in it, and in STREAM_KEY_HEADER); the service takes the steps with
+its own courier and writes them to the page as they come, on its stream route (`stream_route.py`, STREAM_PATH).
+Every generation and chat goes there, streamed or not (`RemoteBackend._saved`: without a key, its frames carry its
+tokens only), since there the answer carries vLLM's own finished output, as in-process. The frames:
 
 - a step frame, {"tokens": the tokens written so far (or None), "steps": [(index, readout), ...]}, as often as
   the engine steps and the worker's steps arrive;
@@ -82,7 +84,7 @@ async def outputs(trace, target: Target) -> AsyncIterator[Finished]:
         trace.blob = None
         async for frame in frames:
             if isinstance(frame, dict) and "steps" in frame:
-                for index, readout in frame["steps"]:
+                for index, readout in frame["steps"] if target.sink is not None else ():
                     target.sink.readout(index, readout)       # StreamClosed when the reader left: the stream closes
                 if frame.get("tokens") is not None:
                     yield Finished([Completion(list(frame["tokens"]))], finished=False)

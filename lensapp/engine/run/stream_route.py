@@ -24,7 +24,8 @@ import re
 import uuid
 from contextlib import aclosing
 
-from .replies import plain, plain_answer, plain_bytes
+from .errors import one_line
+from .replies import RESULT, plain, plain_answer, plain_bytes
 from .served_stream import MEDIA_TYPE, STREAM_KEY_HEADER, STREAM_PATH, framed
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,8 @@ class StreamRoute:
     async def __call__(self, scope, receive, send):
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
         key = headers.get(STREAM_KEY_HEADER, "")
-        if not KEY_FORM.fullmatch(key):
-            return await refuse(send, 400, f"a streamed trace needs its key in {STREAM_KEY_HEADER} (hex, at most 64)")
+        if key and not KEY_FORM.fullmatch(key):
+            return await refuse(send, 400, f"{STREAM_KEY_HEADER}: a streamed trace's key is hex, at most 64 long")
         model = self.backend.model
         if model.vllm_entrypoint is None:
             return await refuse(send, 503, "Engine not ready")
@@ -61,15 +62,15 @@ class StreamRoute:
         writer = asyncio.ensure_future(write(streamed(model, self.backend.courier, body, compress, key), send))
         gone = asyncio.ensure_future(until_gone(receive))
         try:
-            await asyncio.wait({writer, gone}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({writer, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (writer, gone):
                 task.cancel()
             await asyncio.gather(writer, gone, return_exceptions=True)
-        if gone.done() and not gone.cancelled() and not writer.done():
-            log.info("a page left its stream %s: its request aborted", key[:8])
-        elif writer.done() and not writer.cancelled() and writer.exception() is not None:
-            log.error("stream %s failed: %s", key[:8], writer.exception())
+        if writer not in done:
+            log.info("a page left its stream %s: its request aborted", key[:8] or "(no steps)")
+        elif writer.exception() is not None:
+            log.error("a stream failed: %s", one_line(writer.exception()))
 
 
 async def write(frames, send) -> None:
@@ -91,7 +92,7 @@ async def streamed(model, courier, body: bytes, compress: bool, key: str):
         yield framed(plain_bytes(plain_answer({}, capture_exception(e))))
         return
     events: asyncio.Queue = asyncio.Queue()
-    key = courier.open(Inbox(events), key) if courier is not None else ""
+    key = courier.open(Inbox(events), key) if key and courier is not None else ""
     run = asyncio.ensure_future(run_request(model.vllm_entrypoint, request, events, courier if key else None))
     try:
         while True:
@@ -156,7 +157,11 @@ async def run_request(engine, request: tuple, events: asyncio.Queue, courier) ->
                 courier.kick()
         entry = await acollect(engine, request_id, output)
         collected = True
-        events.put_nowait(("end", *((entry["saves"], entry["error"]) if entry is not None else ({}, None))))
+        saves, error = (dict(entry["saves"]), entry["error"]) if entry is not None else ({}, None)
+        # The block saves the finished output at its end (served.serialize); a generation that ended before its
+        # max_tokens (its end of text) never gets there: its output is the one vLLM gave, as in-process.
+        saves.setdefault(RESULT, output)
+        events.put_nowait(("end", saves, error))
     except Exception as e:  # noqa: BLE001 - the request's failure is its answer's error, as on the generate route
         log.exception("a streamed generation failed")
         events.put_nowait(("end", {}, capture_exception(e)))
