@@ -80,9 +80,10 @@ async def outputs(trace, target: Target) -> AsyncIterator[Finished]:
     then the finished output, which is also left on `trace.output`."""
     from .served import finished
 
+    framed = False
     async with contextlib.aclosing(trace.wire.astream(trace.client, trace.blob, target.key)) as frames:
-        trace.blob = None
         async for frame in frames:
+            trace.blob, framed = None, True
             if isinstance(frame, dict) and "steps" in frame:
                 for index, readout in frame["steps"] if target.sink is not None else ():
                     target.sink.readout(index, readout)       # StreamClosed when the reader left: the stream closes
@@ -92,7 +93,8 @@ async def outputs(trace, target: Target) -> AsyncIterator[Finished]:
             trace.output = finished(*read_answer(frame))
             yield trace.output
             return
-    raise StreamBroken(f"the engine service at {trace.wire.url} ended a stream without its answer")
+    raise (StreamBroken if framed else Unreachable)(f"the engine service at {trace.wire.url} ended a stream "
+                                                    "without its answer")
 
 
 # -- frames ------------------------------------------------------------------------------------------------------
