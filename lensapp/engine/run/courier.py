@@ -35,11 +35,12 @@ class Courier:
         self._again = False
         self.working = True
 
-    def open(self, sink) -> str:
-        """A key for a streamed request's trace to publish under, its steps handed to `sink`; "" when not streaming."""
+    def open(self, sink, key: str = "") -> str:
+        """A key for a streamed request's trace to publish under (`key`: the one its trace was written with, on an
+        engine service: `stream_route`), its steps handed to `sink`; "" when not streaming."""
         if not self.working:
             return ""
-        key = uuid.uuid4().hex
+        key = key or uuid.uuid4().hex
         self._sinks[key] = sink
         return key
 

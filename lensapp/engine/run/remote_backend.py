@@ -12,8 +12,13 @@ so a readout over the wire is the in-process one. What differs:
   another;
 - liveness: the service is polled (`GET /health`) in a thread; a service that stops answering is this
   backend's death, and the engine reconnects (`served`, `Unreachable`) as soon as it answers again;
-- progress (the supervisor's stall watch): `steps` counts the answers received (one per trace: the service
-  streams no steps), `cpu_seconds` is the service's vLLM processes' CPU time, read by the same poll; so a
+- a generation or a chat goes to the service's stream route (`served_stream.py`): streamed (each step on the page
+  as it is written, and Stop), the service takes each step from its worker as in-process and writes it at once; the
+  page's stream closed closes the request's HTTP stream, and the service aborts it on vLLM. Its tokens come from
+  vLLM's own output there, as in-process (the one-shot route's come from the block's end, never reached by a
+  generation that ends before its max_tokens);
+- progress (the supervisor's stall watch): `steps` counts the outputs received (one per trace, one per step of a
+  streamed one), `cpu_seconds` is the service's vLLM processes' CPU time, read by the same poll; so a
   long generation on a busy service is not taken for a stuck one, and a service that neither answers nor
   works while traces wait is;
 - a page whose model differs from the engine's (layers, d_model, vocabulary, dtype) is refused at connect.
@@ -32,6 +37,7 @@ from typing import Callable
 from .families import Family
 from .protocol import JStack, ModelInfo, Progress, StartFailed, Unreachable
 from .served import ServedVLLM, Wire
+from .served_stream import StreamKeys, stream_into
 from .service_checks import engine_facts, mismatch, stack_fingerprint
 from .stages import is_last_stage
 from .trace import SAVED
@@ -54,8 +60,8 @@ class RemoteBackend(VLLMBackend):
         self.head = functools.partial(vllm_head, self.layout)
         self.site = vllm_site(self.layout, self.head, info.d_model)
         self.jlens_layers: list[int] = []
-        self.steps = 0                                # answers received (`progress`)
-        self.courier = None                           # the service streams no steps: they come with each answer
+        self.steps = 0                                # outputs received, a streamed trace's steps too (`progress`)
+        self.courier = StreamKeys()                   # streamed traces' keys: the service writes each step as it comes
         model.wire.health()                           # Unreachable while the service is away
         facts = self._facts()
         problem = mismatch(facts, info)
@@ -82,6 +88,14 @@ class RemoteBackend(VLLMBackend):
                                   "as this one did; one engine serves one lens")
         self.engine_jlens = held
         self.jlens_layers = list(stack.layers)
+
+    async def _saved(self, tracer, with_output: bool = False, sink=None, key: str = ""):
+        """VLLMBackend's, a generation or a chat (`with_output`) sent to the service's stream route: its steps into
+        `sink` as they come (a streamed one's, `key`), and its tokens from vLLM's own output. The one-shot route
+        reads them from the block's last statement, which a generation that ends before its max_tokens never runs."""
+        if with_output:
+            stream_into(tracer.backend, key, sink)
+        return await super()._saved(tracer, with_output, sink, key)
 
     def progress(self) -> Progress:
         return Progress(self.steps, self._liveness.cpu_seconds)

@@ -71,27 +71,47 @@ def plain_reply(raw: bytes) -> bytes:
     """The service's side: nnsight-serve's answer (made in this process, so read unrestricted) made plain. A
     trace that saved something else gets a deferred error naming it, as its own error would come back."""
     reply = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=False)
-    saves, error = dict(reply.get("saves") or {}), reply.get("error")
+    return plain_bytes(plain_answer(reply.get("saves"), reply.get("error")))
+
+
+def plain_answer(saves: dict | None, error) -> dict:
+    """A trace's answer, its saves and its deferred error (on this service's side), as the plain dict a page reads
+    (`read_answer`); a trace that saved something else gets a deferred error naming it."""
+    saves = dict(saves or {})
     if RESULT in saves:
         saves[RESULT] = reduce_output(saves[RESULT])
     try:
-        out = {"saves": plain(saves), "error": plain(error, "error")}
+        return {"saves": plain(saves), "error": plain(error, "error")}
     except TypeError as e:
-        out = {"saves": {}, "error": {"type_name": "TypeError", "message": str(e), "traceback": "",
-                                      "is_control_flow": False}}
+        return {"saves": {}, "error": {"type_name": "TypeError", "message": str(e), "traceback": "",
+                                       "is_control_flow": False}}
+
+
+def plain_bytes(value) -> bytes:
+    """Plain data as it travels: torch.save's form, read back with `read_plain`."""
     buffer = io.BytesIO()
-    torch.save(out, buffer)
+    torch.save(value, buffer)
     return buffer.getvalue()
+
+
+def read_plain(content: bytes):
+    """The page's side: what `plain_bytes` wrote, read with torch's weights-only unpickler (NotPlain for anything
+    else: it refuses every global it does not know)."""
+    try:
+        return torch.load(io.BytesIO(content), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - an UnpicklingError, or whatever garbage raises: all mean "not plain"
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise NotPlain(first[:200]) from None
 
 
 def read_reply(content: bytes) -> tuple[dict, dict | None]:
     """The page's side: (saves, deferred error or None) of a plain answer, the output as `Finished`; NotPlain
     for anything else (torch's weights-only unpickler refuses every global it does not know)."""
-    try:
-        reply = torch.load(io.BytesIO(content), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - an UnpicklingError, or whatever garbage raises: all mean "not plain"
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise NotPlain(first[:200]) from None
+    return read_answer(read_plain(content))
+
+
+def read_answer(reply) -> tuple[dict, dict | None]:
+    """`read_reply` of an answer already read as plain data (the last frame of a stream: served_stream.py)."""
     if not (isinstance(reply, dict) and isinstance(reply.get("saves"), dict)
             and isinstance(reply.get("error"), (dict, type(None)))):
         raise NotPlain("not a dict of saves and an error")

@@ -10,7 +10,7 @@ Where nnsight's `serve=` backend sends at the `with` block's exit and waits ther
 when awaited or iterated, so many traces are in flight at once (the engine batches them), and what it
 gives is what nnsight's async engine gives (`await tracer.backend`, or `async for` over it): the
 finished output (`replies.Finished`: what a page reads of vLLM's `RequestOutput`) with the trace's saves on
-`.saves` (iterated: that one output, the stream's last).
+`.saves` (iterated: that one output; a streamed generation's each step's output first, `served_stream.py`).
 nnsight-serve answers with saved values only, so the block is sent with one
 more statement, which saves `tracer.result` (that output) under `RESULT`.
 
@@ -130,6 +130,33 @@ class Wire:
     def _away(self, error: Exception) -> str:
         return f"the engine service at {self.url} does not answer ({one_line(error)})"
 
+    async def astream(self, client, blob: bytes, stream_key: str):
+        """A streamed trace (served_stream.py) on an `httpx.AsyncClient`: its frames (plain data) as the service
+        writes them, the answer last. Unreachable until the first frame, StreamBroken after; StartFailed as `post`.
+        Closing this generator closes the response, and the service aborts the request."""
+        import httpx
+
+        from .served_stream import MEDIA_TYPE, STREAM_KEY_HEADER, STREAM_PATH, StreamBroken, frames_of
+
+        headers = {**http.headers(self.key), **({STREAM_KEY_HEADER: stream_key} if stream_key else {})}
+        framed = False
+        try:
+            async with client.stream("POST", f"{self.url}{STREAM_PATH}", content=blob, headers=headers) as response:
+                if response.status_code != 200 or not response.headers.get("content-type", "").startswith(MEDIA_TYPE):
+                    await response.aread()
+                    self._check(response)
+                    raise StartFailed(f"the engine service at {self.url} does not stream ({STREAM_PATH} answered "
+                                      f"{response.headers.get('content-type')!r}): is it `lensapp engine` of this "
+                                      "version?", permanent=False)
+                async for frame in frames_of(response.aiter_bytes()):
+                    framed = True
+                    yield frame
+        except httpx.HTTPError as e:
+            raise (StreamBroken if framed else Unreachable)(self._away(e)) from None
+        except NotPlain as e:
+            raise StartFailed(f"the engine service at {self.url} streamed what a page does not read ({e}): is it "
+                              "`lensapp engine` of this version? (a page loads plain data only)") from None
+
 
 class ServeTrace(TraceBackend):
     """A trace's backend: serialized at the block's exit, sent when awaited (or at once, `sync`)."""
@@ -148,8 +175,20 @@ class ServeTrace(TraceBackend):
         return self._send().__await__()
 
     async def __aiter__(self):
-        """The async engine's stream, as the service gives it: one output, the finished one."""
-        yield await self._send()
+        """The async engine's stream, as the service gives it: a streamed trace's (`served_stream.stream_into`) an
+        output per step as the service writes it, then the finished one; any other trace's one output, the finished
+        one."""
+        target = getattr(self, "stream", None)          # set by served_stream.stream_into
+        if target is None or self.output is not None:
+            yield await self._send()
+            return
+        from contextlib import aclosing
+
+        from .served_stream import outputs
+
+        async with aclosing(outputs(self, target)) as stream:
+            async for output in stream:
+                yield output
 
     async def _send(self):
         if self.output is None:

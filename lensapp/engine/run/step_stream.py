@@ -5,8 +5,10 @@ readout (`readout`) and the tokens written so far (`tokens`), which arrive apart
 each step's output; the readouts come from its worker's outbox, `outbox.py`). The sink hands a `Step` on once
 both its readout and its token are in, in order. A generation whose prompt is read apart (`parts.split_generation`)
 gets its step 0 from those lens parts (`prompt`). When the request ends, its output (from the trace's saves) is
-the authority: any step not handed on yet is handed on from it (`finish`), so a backend that cannot stream (an
-engine service) streams every step at the end, and the stream's steps are always the output's.
+the authority: any step not handed on yet is handed on from it (`finish`), so a backend that cannot stream (a vLLM
+worker without the outbox's method) streams every step at the end, and the stream's steps are always the output's.
+Through an engine service the steps come as in-process: the service takes them and writes each as it comes
+(`served_stream.py`), and a closed stream aborts the request there.
 
 `Streaming` is the engine's side (`core.Engine` is one): `generate_steps` and `chat_steps` are generators that
 yield each `Step`, then the output. Closing one before its end (a page closed, Stop, a client gone) cancels the
