@@ -3,10 +3,11 @@
 `Engines` offers what a page's model uses of one `served.Wire` (`apost`, `post`, `async_client`, `health`,
 `progress`), so `served.ServedVLLM` and `ServeTrace` send through it unchanged. Each trace goes to the engine that
 is up with the fewest of this page's traces in flight (ties: the one listed first): a count kept here, so it costs
-no look at the engines and sees every trace the moment it leaves. With another engine still to try, the trace
-carries `served.BUSY_HEADER`: a full engine answers 429 at once (`engine_service.BusyDoor`) and the next one is
-asked; when every engine is full the trace waits on the least loaded one, sent without the header. That is
-Neuronpedia's scheme (`fail_if_busy`, then a fallback that waits).
+no look at the engines and sees every trace the moment it leaves (other pages' traces on a shared engine it does
+not see: those the engine's 429 covers). Where there are several engines the trace carries `served.BUSY_HEADER`:
+a full engine answers 429 at once (`engine_service.BusyDoor`) and the next least loaded is asked; when every
+engine said so, the trace waits on the least loaded one, sent without the header. That is Neuronpedia's scheme
+(`fail_if_busy` to each host, then a fallback that waits).
 
 An engine that does not answer (a connection error, a 503, its vLLM engine dead under the trace) is left out at
 once, and the trace is asked again on another: a trace is pure (a readout, or a generation whose seed is drawn
@@ -100,9 +101,9 @@ class Engines:
 
     # -- choosing -------------------------------------------------------------------------------------
     def pick(self, tried: Sequence[Replica] = ()) -> Pick:
-        """The up engine with the fewest in flight not yet `tried` (asked with BUSY_HEADER while another is left);
-        when every up engine was tried (all full), the least loaded up one (asked to wait). Counted in flight on it
-        until `release`. `Unreachable` when none is up."""
+        """The up engine with the fewest in flight not yet `tried` (asked with BUSY_HEADER); when every up engine
+        was tried (all full), the least loaded up one (asked to wait). Counted in flight on it until `release`.
+        `Unreachable` when none is up."""
         with self._lock:
             up = [r for r in self.replicas if r.up]
             if not up:
@@ -110,11 +111,13 @@ class Engines:
             fresh = [r for r in up if r not in tried]
             replica = min(fresh or up, key=lambda r: r.in_flight)      # min keeps the first of equals
             replica.in_flight += 1
-            return Pick(replica, fail_if_busy=len(fresh) > 1)
+            # One engine alone has nowhere else to send it: it waits there at once.
+            return Pick(replica, fail_if_busy=bool(fresh) and len(up) > 1)
 
     def release(self, pick: Pick, error: BaseException | None = None) -> bool:
         """Count the request out of its engine: answered (no `error`), or not. True when it should be asked again
-        elsewhere: the engine was full (`Busy`) or did not answer (`Unreachable`: it is left out from now on)."""
+        elsewhere: the engine was full (`Busy`), did not answer (`Unreachable`: it is left out from now on), or
+        failed as a service (a non-200 that is not the trace's own error: another may not)."""
         replica = pick.replica
         with self._lock:
             replica.in_flight -= 1
@@ -124,28 +127,34 @@ class Engines:
             if isinstance(error, Busy):
                 replica.busy += 1
                 return True
-            if isinstance(error, Unreachable):
+            if isinstance(error, StartFailed) and (isinstance(error, Unreachable) or not error.permanent):
                 replica.failed_over += 1
-                self._left_out(replica, str(error))
+                if isinstance(error, Unreachable):
+                    self._left_out(replica, str(error))
                 return True
         return False
 
     async def ask(self, attempt: Callable[[Wire, bool], Awaitable[T]]) -> T:
-        """`attempt(wire, fail_if_busy)` on the engine `pick` gives, then on the next while one is full or gone."""
+        """`attempt(wire, fail_if_busy)` on the engine `pick` gives, then on the next while one is full or gone; an
+        error raised when asking again would not help (the trace's own, or each engine failed it)."""
         tried: list[Replica] = []
         while True:
             pick = self.pick(tried)
             try:
                 result = await attempt(pick.wire, pick.fail_if_busy)
-            except (Busy, Unreachable) as e:
-                self.release(pick, e)
-                tried.append(pick.replica)
+            except BaseException as e:
+                if not self._again(pick, e, tried):
+                    raise
                 continue
-            except BaseException as e:          # its own error, or the caller gone: the engine answered or may
-                self.release(pick, e)
-                raise
             self.release(pick)
             return result
+
+    def _again(self, pick: Pick, error: BaseException, tried: list[Replica]) -> bool:
+        """`release` after `error`: whether to ask another engine. Not after a failure on an engine this request
+        already tried (every engine failed it); an engine gone is left out, so asking on ends."""
+        again = self.release(pick, error) and (isinstance(error, Unreachable) or pick.replica not in tried)
+        tried.append(pick.replica)
+        return again
 
     # -- a Wire's interface, through the pool ------------------------------------------------------------
     async def apost(self, client, blob: bytes) -> tuple[dict, object]:
@@ -161,10 +170,9 @@ class Engines:
             try:
                 answer = alive(pick.wire, pick.wire.post(blob, pick.fail_if_busy))
             except BaseException as e:
-                if self.release(pick, e):
-                    tried.append(pick.replica)
-                    continue
-                raise
+                if not self._again(pick, e, tried):
+                    raise
+                continue
             self.release(pick)
             return answer
 
