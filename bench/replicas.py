@@ -121,8 +121,8 @@ def one_load(page, during=None) -> dict:
 def page_on(engines):
     from lensapp.service import LensService
 
-    page = LensService.start(config.Config.of(engine_url=",".join(e.url for e in engines), cache_entries=0,
-                                              jlens="none", request_timeout=600))
+    page = LensService.start(config.Config.of(engine_url=",".join(e.url for e in engines), engine_key=KEY,
+                                              cache_entries=0, jlens="none", request_timeout=600))
     page.wait_ready(600)
     return page
 

@@ -176,3 +176,31 @@ def test_an_unseeded_sample_is_given_its_seed_before_it_is_sent():
     assert seeded(Sampling(8)) == Sampling(8) and seeded(Sampling(8, 0.8, 3)) == Sampling(8, 0.8, 3)
     drawn = {seeded(Sampling(8, 0.8)).seed for _ in range(4)}
     assert None not in drawn and len(drawn) > 1
+
+
+def test_a_stream_moves_before_its_first_frame_and_not_after(pool, services):
+    p, a = pool.pool, services[0]
+
+    def frames(cut_after_first: bool):
+        async def open_stream(wire, fail_if_busy):
+            async with wire.async_client() as client:
+                yield await wire.apost(client, b"a lens", fail_if_busy)      # the first frame: the engine answered
+                if cut_after_first:
+                    raise Unreachable(f"the engine service at {wire.url} does not answer (cut)")
+                yield "the last frame"
+        return open_stream
+
+    async def read(cut_after_first: bool):
+        return [f async for f in p.stream(frames(cut_after_first))]
+
+    a.stop()                                           # gone, not yet noticed: the stream is asked there first
+    try:
+        got = asyncio.run(read(False))
+        assert len(got) == 2 and got[1] == "the last frame"
+        assert counts(p, "failed_over") == [1, 0] and counts(p, "answered") == [0, 1]
+        assert counts(p, "up") == [False, True]
+    finally:
+        a.start()
+    with pytest.raises(Unreachable, match="cut"):      # past its first frame: the caller's error, moved nowhere
+        asyncio.run(read(True))
+    assert counts(p, "failed_over") == [1, 0] and counts(p, "in_flight") == [0, 0]

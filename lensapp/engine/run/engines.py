@@ -19,9 +19,10 @@ answers, it is given back only after `admit(wire)` (the backend's: the model che
 installed) passes. An engine that is up is watched the same way, and is left out after MISSES failed looks; each
 look also reads its vLLM processes' CPU time (`progress`, summed over the engines: the stall watch).
 
-What any other sender (a stream) needs is `pick` and `release`, the two halves of `ask`: `pick(tried)` chooses an
-engine and counts the request in flight on it; `release(pick, error)` counts it out and says whether to ask
-another (the engine was full or gone: `Busy`, `Unreachable`). A stream may move only before its first frame.
+A stream goes through `stream(open_stream)`: moved like a trace until its first frame, and not after (its frames
+were given out). Both are made of `pick` and `release`: `pick(tried)` chooses an engine and counts the request
+in flight on it; `release(pick, error)` counts it out and says whether to ask another (the engine was full or
+gone: `Busy`, `Unreachable`).
 
 This module knows nothing of traces' contents, lenses or the page: it chooses engines and counts.
 """
@@ -31,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 from .protocol import StartFailed, Unreachable
@@ -114,23 +115,24 @@ class Engines:
             # One engine alone has nowhere else to send it: it waits there at once.
             return Pick(replica, fail_if_busy=bool(fresh) and len(up) > 1)
 
-    def release(self, pick: Pick, error: BaseException | None = None) -> bool:
+    def release(self, pick: Pick, error: BaseException | None = None, movable: bool = True) -> bool:
         """Count the request out of its engine: answered (no `error`), or not. True when it should be asked again
         elsewhere: the engine was full (`Busy`), did not answer (`Unreachable`: it is left out from now on), or
-        failed as a service (a non-200 that is not the trace's own error: another may not)."""
+        failed as a service (a non-200 that is not the trace's own error: another may not). A request that can
+        no longer move (a stream past its first frame: not `movable`) is not counted as moved."""
         replica = pick.replica
         with self._lock:
             replica.in_flight -= 1
             if error is None:
                 replica.answered += 1
                 return False
+            if isinstance(error, Unreachable):
+                self._left_out(replica, str(error))
             if isinstance(error, Busy):
                 replica.busy += 1
                 return True
-            if isinstance(error, StartFailed) and (isinstance(error, Unreachable) or not error.permanent):
+            if movable and isinstance(error, StartFailed) and (isinstance(error, Unreachable) or not error.permanent):
                 replica.failed_over += 1
-                if isinstance(error, Unreachable):
-                    self._left_out(replica, str(error))
                 return True
         return False
 
@@ -155,6 +157,36 @@ class Engines:
         again = self.release(pick, error) and (isinstance(error, Unreachable) or pick.replica not in tried)
         tried.append(pick.replica)
         return again
+
+    async def stream(self, open_stream: Callable[[Wire, bool], AsyncIterator[T]]) -> AsyncIterator[T]:
+        """The frames of `open_stream(wire, fail_if_busy)` (an async generator: a streamed trace) on the engine
+        `pick` gives, moved to the next while one is full or gone before its first frame; after that it cannot
+        move (frames were given out), and its error is the caller's."""
+        tried: list[Replica] = []
+        while True:
+            pick = self.pick(tried)
+            frames = open_stream(pick.wire, pick.fail_if_busy)
+            try:
+                first = await anext(frames)
+            except StopAsyncIteration:
+                self.release(pick)
+                return
+            except BaseException as e:
+                await frames.aclose()
+                if not self._again(pick, e, tried):
+                    raise
+                continue
+            break
+        try:
+            yield first
+            async for frame in frames:
+                yield frame
+        except BaseException as e:
+            self.release(pick, e, movable=False)
+            raise
+        finally:
+            await frames.aclose()
+        self.release(pick)
 
     # -- a Wire's interface, through the pool ------------------------------------------------------------
     async def apost(self, client, blob: bytes) -> tuple[dict, object]:
