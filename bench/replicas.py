@@ -156,6 +156,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="loads per layout (the best round is reported)")
     parser.add_argument("--no-kill", action="store_true", help="skip the kill -9 under load")
     args = parser.parse_args()
+    config.prepare_process_environment()          # before nnsight is imported (the page here imports it)
     logs = Path(tempfile.mkdtemp(prefix="replicas-"))
     results: dict = {}
     for name, cores in LAYOUTS.items():

@@ -202,7 +202,8 @@ def finished(saves: dict, error) -> Finished:
 
 class ServedVLLM(MetaOnCPUVLLM):
     """nnsight's VLLM as a meta model (its meta tree builds on a CPU-only torch too: `vllm_meta`) whose traces
-    run on the engine service at `wire`. It never starts an engine of its own."""
+    run on the engine service at `wire` (a `Wire`, or a pool of them with its interface: `engines.Engines`). It
+    never starts an engine of its own."""
 
     def __init__(self, *args, wire: Wire, **kwargs):
         self.wire = wire
