@@ -83,10 +83,11 @@ class Served:
 def requests():
     from lensapp.service import GenerateRequest, LensRequest
 
-    short = LensRequest(prompts=("The capital of France is",), lens="logit", k=5)
+    # Each readout its own prompt: none answered from another one's work.
+    shorts = [LensRequest(prompts=(f"Item {i}: the capital of France is",), lens="logit", k=5) for i in range(READOUTS)]
     gens = [GenerateRequest(prompt="Once upon a time", max_tokens=NEW_TOKENS, temperature=0.8, seed=i, lens="logit",
                             k=3) for i in range(GENERATIONS)]
-    return [("readout", short)] * READOUTS + [("generation", g) for g in gens]
+    return [("readout", r) for r in shorts] + [("generation", g) for g in gens]
 
 
 def one_load(page, during=None) -> dict:
