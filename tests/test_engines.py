@@ -4,8 +4,9 @@ then started again and given the page's Jacobian lens before it serves.
 
 Two `lensapp engine` services for the module, started together (each loads while the other does, and while the
 session's in-process reference starts), both without a lens of their own: the page installs its lens on each,
-and again on the one that comes back. Cost on this 2-core machine (shared): see the report of the commit that
-added it (about 4 minutes, most of it three vLLM starts)."""
+and again on the one that comes back. Cost on this 2-core machine, run alone beside other sessions' work: 195 s and
+216 s (setup 89-120 s: the two engines and the session's in-process reference, which a whole run shares; the kill
+test 56-61 s, most of it the engine's second start; teardown ~30 s); the other two tests ~10 s together."""
 
 import os
 import signal
