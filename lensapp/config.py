@@ -130,12 +130,13 @@ class Config:
             object.__setattr__(self, "secrets", dataclasses.replace(self.secrets, engine_key=key))
         if remote.engine_url:
             check_engine_key(self.secrets.engine_key)
-            host = urlsplit(remote.engine_url).hostname or ""
-            if remote.engine_url.startswith("http://") and not is_loopback_host(host) and not remote.insecure_engine:
-                raise ConfigError(f"engine_url {remote.engine_url} is plain http beyond this machine, so the key and "
-                                  "every answer would cross the network in clear: use https:// (a TLS proxy in front "
-                                  "of the engine) or an SSH tunnel to a loopback port, or --insecure-engine on a "
-                                  "network you trust")
+            for url in remote.engine_urls:
+                host = urlsplit(url).hostname or ""
+                if url.startswith("http://") and not is_loopback_host(host) and not remote.insecure_engine:
+                    raise ConfigError(f"engine_url {url} is plain http beyond this machine, so the key and every "
+                                      "answer would cross the network in clear: use https:// (a TLS proxy in front "
+                                      "of the engine) or an SSH tunnel to a loopback port, or --insecure-engine on a "
+                                      "network you trust")
 
     @classmethod
     def of(cls, **values) -> Config:
@@ -148,6 +149,12 @@ PARTS = {f.name: f.default_factory for f in fields(Config)}
 PART_OF = {setting.name: part for part, concern in PARTS.items() for setting in fields(concern)}
 # Every setting's declaration, flat, in the settings table's order: what flags, variables and the table are made of.
 SETTING_FIELDS = tuple(setting for concern in PARTS.values() for setting in fields(concern))
+
+
+def requests_at_once(cfg: Config) -> int:
+    """Engine requests a page runs at once: `max_batch` on each engine it runs on (its own, or each of
+    `engine_url`'s services), so the page tells a visitor it is busy only when every engine is."""
+    return cfg.limits.max_batch * max(1, len(cfg.remote.engine_urls))
 
 
 def replace(cfg: Config, **values) -> Config:

@@ -14,7 +14,10 @@ It runs code sent to it, so its key is a key to this machine: at least 32 random
 from LENSAPP_ENGINE_KEY or `--engine-key-file`, never argv (`ps` shows it). Our own layer in front of
 nnsight-serve (`guarded`, instead of nnsight's `!=` check) compares it in constant time on every request but
 `GET /health` (open for probes), logs and slows refusals, and makes every answer plain data
-(engine/run/replies.py), so a page never unpickles code. It listens on loopback unless `--host` says
+(engine/run/replies.py), so a page never unpickles code. When its traces in flight reach `--max-batch` (the
+requests its vLLM engine runs at once), a trace sent with a page pool's `fail_if_busy` header (served.BUSY_HEADER)
+is answered 429 at once (`BusyDoor`), so the page asks another engine; one without it waits in vLLM's queue as
+always. It listens on loopback unless `--host` says
 otherwise, saying so loudly when it does. If its vLLM engine dies, the service exits (code 1) for its
 supervisor to start it again; the pages wait for it and say so (engine/run/remote_backend.py).
 
@@ -124,7 +127,7 @@ def main(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(serve(backend, warm, web, cfg.secrets.engine_key, sock))
+        return asyncio.run(serve(backend, warm, web, cfg.secrets.engine_key, sock, cfg.limits.max_batch))
     except KeyboardInterrupt:
         return 0
     finally:
@@ -157,12 +160,13 @@ def start_engine(cfg: config.Config):
     return backend, ready
 
 
-async def serve(backend, warm, web: config.WebSettings, engine_key: str, sock) -> int:
-    """nnsight-serve's app on `sock` (`web`'s address), with its key, until stopped (0) or until vLLM dies (1)."""
+async def serve(backend, warm, web: config.WebSettings, engine_key: str, sock, max_ongoing: int = 0) -> int:
+    """nnsight-serve's app on `sock` (`web`'s address), with its key, until stopped (0) or until vLLM dies (1);
+    full (BusyDoor) at `max_ongoing` traces in flight (0: never)."""
     import uvicorn
 
     await warm()
-    app = served_app(backend, engine_key)
+    app = served_app(backend, engine_key, max_ongoing)
     http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     died: list[str] = []
     watch = asyncio.get_running_loop().create_task(_watch(http, backend, web, died))
@@ -180,7 +184,7 @@ async def serve(backend, warm, web: config.WebSettings, engine_key: str, sock) -
     return 0
 
 
-def served_app(backend, engine_key: str):
+def served_app(backend, engine_key: str, max_ongoing: int = 0):
     """nnsight-serve's ASGI app on `backend`'s model, with our routes, behind the key: what this service serves
     (and each of its Ray Serve replicas, ray_serve.py)."""
     from nnsight.modeling.vllm.serve import server
@@ -190,7 +194,7 @@ def served_app(backend, engine_key: str):
     server.set_model(backend.model)
     add_progress_route(server.app)
     add_stream_route(server.app, backend)
-    return guarded(server.app, engine_key)
+    return guarded(server.app, engine_key, max_ongoing)
 
 
 def add_progress_route(app) -> None:
@@ -224,9 +228,39 @@ async def _watch(http, backend, web: config.WebSettings, died: list[str]) -> Non
 
 # -- the door: our own layer in front of nnsight-serve ----------------------------------------------------------
 
-def guarded(app, key: str):
-    """nnsight-serve's `app` behind the key (KeyGate), its answers made plain (PlainReplies)."""
-    return KeyGate(PlainReplies(app), key)
+def guarded(app, key: str, max_ongoing: int = 0):
+    """nnsight-serve's `app` behind the key (KeyGate), full at `max_ongoing` traces to a pool that asks (BusyDoor),
+    its answers made plain (PlainReplies)."""
+    return KeyGate(BusyDoor(PlainReplies(app), max_ongoing), key)
+
+
+class BusyDoor:
+    """ASGI: counts the traces in flight (POST TRACE_PATH, or STREAM_PATH: a generation or a chat). While `limit`
+    are (0: no limit), one that carries served.BUSY_HEADER is answered 429 at once, before its body is read: the
+    page's pool (engine/run/engines.py) asks another engine, Neuronpedia's `fail_if_busy`. Others pass, to wait in
+    vLLM's queue. One event loop runs every request here, so a plain counter is exact."""
+
+    def __init__(self, app, limit: int):
+        from .engine.run.served import BUSY_HEADER, TRACE_PATH
+        from .engine.run.served_stream import STREAM_PATH
+
+        self.app, self.limit, self.in_flight = app, limit, 0
+        self.paths, self.header = (TRACE_PATH, STREAM_PATH), BUSY_HEADER.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] not in self.paths:
+            return await self.app(scope, receive, send)
+        if self.limit and self.in_flight >= self.limit and any(name == self.header for name, _ in scope["headers"]):
+            body = f'{{"detail": "the engine is full ({self.in_flight} traces in flight)"}}'.encode()
+            await send({"type": "http.response.start", "status": 429,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            return await send({"type": "http.response.body", "body": body})
+        self.in_flight += 1
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
 
 class KeyGate:

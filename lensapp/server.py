@@ -184,7 +184,7 @@ def make_app(service, cfg, plan: workshops.Workshop | None = None, warm: bool = 
     demo = built.demo
     if warm:
         built.front.warm_in_background()
-    queue_handlers(demo, cfg.limits.max_batch + cfg.limits.queue_size, max(cfg.limits.queue_size, 16))
+    queue_handlers(demo, config.requests_at_once(cfg) + cfg.limits.queue_size, max(cfg.limits.queue_size, 16))
     prefetch = ui.LinkPrefetch(service, built.guard, enabled=not secrets.auth_pairs and web.cache_entries > 0)
     app = FastAPI(title="Lens Explorer", lifespan=lambda _app: running(trimmer, prefetch))
     app.add_middleware(PrefetchLinks, trusted_proxies=config.resolve_trusted_proxies(web), prefetch=prefetch,

@@ -85,7 +85,9 @@ class LimitSettings:
     max_work: int = setting(24_000, "work one request may ask for, in units: cells read (tokens x layers x lenses, "
                                     "over every forward it makes) plus tokens through the model x the model's "
                                     "token weight (docs/hosting.md#limits)", bounds=(1, 1 << 40))
-    max_batch: int = setting(16, "engine requests run at once (vLLM batches them step by step)", bounds=(1, 1024))
+    max_batch: int = setting(16, "engine requests run at once (vLLM batches them step by step); with engine_url, on "
+                                 "each engine; in `lensapp engine`, its traces in flight past which a page's pool is "
+                                 "told at once that it is full (429) and asks another engine", bounds=(1, 1024))
     queue_size: int = setting(48, "requests that may wait beyond those; more are told the app is busy",
                               bounds=(0, 1 << 16))
     client_requests: int = setting(4, "requests one visitor (address) may have running or waiting; one more is "
@@ -172,16 +174,31 @@ class WorkshopSettings:
 class RemoteEngineSettings:
     """An engine service (`lensapp engine`) this process runs every readout on instead of its own model."""
 
-    engine_url: str = setting("", "an engine service (`lensapp engine`) to run every readout on, e.g. "
-                                  "`http://gpu-box:6677`; empty = the model runs in this process")
+    engine_url: str = setting("", "engine services (`lensapp engine`) to run every readout on, one or a comma list "
+                                  "(`http://gpu-a:6677,http://gpu-b:6677`: each request to the one with the fewest in "
+                                  "flight, moved to another when one is full or gone); empty = the model runs in this "
+                                  "process")
     engine_key_file: str = setting("", "a file holding the engine key (instead of LENSAPP_ENGINE_KEY)")
     insecure_engine: bool = setting(False, "allow an `http://` engine_url beyond this machine: the key and every "
                                            "answer then cross the network in clear (a private network you trust)")
 
     def __post_init__(self):
         check(self, RemoteEngineSettings)
-        if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
-            raise ConfigError(f"engine_url must be an http:// or https:// address, got {self.engine_url!r}")
+        urls = self.engine_urls
+        for url in urls:
+            if not url.startswith(("http://", "https://")) or not url.split("://", 1)[1].strip("/"):
+                raise ConfigError(f"engine_url must be http:// or https:// addresses separated by commas; "
+                                  f"{url or 'an empty entry'!r} is not one")
+        if len(set(urls)) < len(urls):
+            raise ConfigError(f"engine_url names an engine twice ({self.engine_url!r})")
+
+    @property
+    def engine_urls(self) -> tuple[str, ...]:
+        """The engine services `engine_url` lists (its comma list, each entry stripped; an empty one kept, for
+        `__post_init__` to name)."""
+        if not self.engine_url.strip():
+            return ()
+        return tuple(url.strip().rstrip("/") for url in self.engine_url.split(","))
 
 
 @dataclass(frozen=True)

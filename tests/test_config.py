@@ -147,3 +147,20 @@ def test_a_misspelled_setting_name_raises_and_is_never_skipped():
         config.add_arguments(argparse.ArgumentParser(), ("model", "max_batches"))
     assert set(config.ENGINE_SETTINGS) <= set(FIELDS) and len(set(config.ENGINE_SETTINGS)) == len(
         config.ENGINE_SETTINGS)
+
+
+def test_engine_url_takes_a_list_of_engines_and_names_a_bad_entry():
+    key = {"LENSAPP_ENGINE_KEY": secrets.token_urlsafe(32)}
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    cfg = config.from_args(parser.parse_args(["--max-batch", "3"]),
+                           key | {"LENSAPP_ENGINE_URL": "http://127.0.0.1:6677, http://localhost:6678/"})
+    assert cfg.remote.engine_urls == ("http://127.0.0.1:6677", "http://localhost:6678")
+    assert config.requests_at_once(cfg) == 6 and config.requests_at_once(Config.of(max_batch=3)) == 3
+    for bad, named in [("http://127.0.0.1:1,,http://127.0.0.1:2", "an empty entry"),
+                       ("http://127.0.0.1:1,gpu-box:6677", "'gpu-box:6677'"),
+                       ("http://127.0.0.1:1,http://127.0.0.1:1/", "names an engine twice"),
+                       ("http://127.0.0.1:1,http://10.0.0.2:6677", "plain http beyond this machine")]:
+        with pytest.raises(ConfigError, match=named) as refused:
+            config.from_args(parser.parse_args([]), key | {"LENSAPP_ENGINE_URL": bad})
+        assert "\n" not in str(refused.value)

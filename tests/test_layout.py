@@ -136,7 +136,8 @@ def test_no_module_imports_itself_in_a_circle():
 # published link values ("transformers", "vllm"), not backends.
 BACKEND_FILES = {"engine/run/vllm_backend.py", "engine/run/hf_backend.py", "engine/start/vllm_cpu.py",
                  "engine/start/vllm_gpu.py", "engine/start/loading.py", "engine/start/backend_kinds.py",
-                 "engine/run/remote_backend.py", "engine/run/served.py", "engine/run/vllm_meta.py"}
+                 "engine/run/remote_backend.py", "engine/run/served.py", "engine/run/vllm_meta.py",
+                 "engine/run/stream_route.py"}     # the served backend's service half: nnsight-serve's trace, streamed
 NAMES_FORMS = {"snippets/lens.py"}
 # Besides those, what runs inside vLLM's workers (`stages.py`: the pipeline relay and the tensor-parallel head)
 # and what asks vLLM's platform before a start (`preflight.py`) import vLLM itself.

@@ -24,7 +24,7 @@ import time
 from typing import Callable, Iterator, TypeVar
 
 from .. import jlens as jlens_files
-from ..config import MAX_COMPARE_PROMPTS, Config
+from ..config import MAX_COMPARE_PROMPTS, Config, requests_at_once
 from ..engine.run.core import Engine
 from ..engine.run.protocol import Backend, Sampling
 from ..engine.start.host import memory_in_use
@@ -86,7 +86,7 @@ class LensService:
         limits = cfg.limits
         engine = Engine(backend_factory(model, cfg.engine, limits, cfg.remote, cfg.secrets.engine_key), model.info,
                         warm_up=functools.partial(warm_up, prompts, model.info), jlens=engine_stack(lens, model),
-                        max_batch=limits.max_batch, queue_size=limits.queue_size,
+                        max_batch=requests_at_once(cfg), queue_size=limits.queue_size,
                         request_timeout=limits.request_timeout, stall_timeout=limits.stall_timeout,
                         per_client=limits.client_requests, parts_per_client=limits.client_parts,
                         max_part_cells=limits.part_cells)

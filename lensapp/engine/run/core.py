@@ -214,7 +214,14 @@ class Engine(Supervisor, Streaming):
                 "queue_depth": max(0, admitted - self._in_flight),
                 "parts_waiting": self._slots.waiting() if self._slots is not None else 0,
                 "calls": {name: self.counts[name] for name in (*OUTCOMES, "refused_busy")},
-                "forwards": {k.split(":", 1)[1]: v for k, v in self.counts.items() if k.startswith("forwards:")}}
+                "forwards": {k.split(":", 1)[1]: v for k, v in self.counts.items() if k.startswith("forwards:")},
+                **self._where()}
+
+    def _where(self) -> dict:
+        """What the start function says of where the model runs (engine services: each one's state), if anything:
+        known while the backend is away too."""
+        describe = getattr(self._start_backend, "describe", None)
+        return describe() if describe is not None else {}
 
     def close(self) -> None:
         """Stop the loop and close the backend (vLLM's engine processes with it)."""

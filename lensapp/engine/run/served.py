@@ -44,7 +44,15 @@ _TRACER = "__lensapp_tracer__"     # the sent block's names for its tracer and f
 _NNSIGHT = "__lensapp_nnsight__"
 HEALTH_TIMEOUT_S = 5.0
 PROGRESS_PATH = "/lensapp/progress"    # the service's engine CPU time (engine_service.py adds it to nnsight-serve)
+TRACE_PATH = "/v1/nnsight/generate"    # nnsight-serve's: a serialized trace in, its saves out
+# A trace sent with this header is answered 429 at once by a service that is full (engine_service.BusyDoor),
+# instead of waiting in its queue: the pool (engines.py) then asks another engine.
+BUSY_HEADER = "lensapp-fail-if-busy"
 ENGINE_DEAD = ("EngineDeadError",)   # vLLM's error for a request on an engine whose core has died
+
+
+class Busy(Exception):
+    """An engine service full (its traces in flight at its limit), asked with BUSY_HEADER: ask another."""
 
 
 @dataclass(frozen=True)
@@ -80,28 +88,31 @@ class Wire:
             raise Unreachable(self._away(e)) from None
         self._check(response)
 
-    def post(self, blob: bytes) -> tuple[dict, object]:
-        """Send a serialized trace and wait: (saves, deferred error or None)."""
+    def post(self, blob: bytes, fail_if_busy: bool = False) -> tuple[dict, object]:
+        """Send a serialized trace and wait: (saves, deferred error or None). `fail_if_busy`: `Busy` at once if the
+        service is full, instead of waiting there."""
         import httpx
 
         try:
             with httpx.Client(timeout=http.timeout()) as client:
-                response = client.post(f"{self.url}/v1/nnsight/generate", content=blob,
-                                       headers=http.headers(self.key))
+                response = client.post(f"{self.url}{TRACE_PATH}", content=blob, headers=self.headers(fail_if_busy))
         except httpx.HTTPError as e:
             raise Unreachable(self._away(e)) from None
         return self._answer(response)
 
-    async def apost(self, client, blob: bytes) -> tuple[dict, object]:
+    async def apost(self, client, blob: bytes, fail_if_busy: bool = False) -> tuple[dict, object]:
         """`post` on an `httpx.AsyncClient` (its connections kept for the next request)."""
         import httpx
 
         try:
-            response = await client.post(f"{self.url}/v1/nnsight/generate", content=blob,
-                                         headers=http.headers(self.key))
+            response = await client.post(f"{self.url}{TRACE_PATH}", content=blob, headers=self.headers(fail_if_busy))
         except httpx.HTTPError as e:
             raise Unreachable(self._away(e)) from None
         return self._answer(response)
+
+    def headers(self, fail_if_busy: bool = False) -> dict:
+        """nnsight's headers (the key), with BUSY_HEADER when the request would rather go elsewhere than wait."""
+        return http.headers(self.key) | ({BUSY_HEADER: "1"} if fail_if_busy else {})
 
     def async_client(self):
         import httpx
@@ -120,6 +131,8 @@ class Wire:
         if response.status_code == 401:
             raise StartFailed(f"the engine service at {self.url} refused this key (give the page the key the "
                               "engine was started with: LENSAPP_ENGINE_KEY or --engine-key-file)")
+        if response.status_code == 429:         # full, and asked to say so (BUSY_HEADER)
+            raise Busy(f"the engine service at {self.url} is full")
         if response.status_code == 503:         # nnsight-serve is up, its engine not (yet)
             raise Unreachable(f"the engine service at {self.url} is starting (its engine is not ready)")
         try:
@@ -130,7 +143,7 @@ class Wire:
     def _away(self, error: Exception) -> str:
         return f"the engine service at {self.url} does not answer ({one_line(error)})"
 
-    async def astream(self, client, blob: bytes, stream_key: str):
+    async def astream(self, client, blob: bytes, stream_key: str, fail_if_busy: bool = False):
         """A streamed trace (served_stream.py) on an `httpx.AsyncClient`: its frames (plain data) as the service
         writes them, the answer last. Unreachable until the first frame, StreamBroken after; StartFailed as `post`.
         Closing this generator closes the response, and the service aborts the request."""
@@ -138,7 +151,7 @@ class Wire:
 
         from .served_stream import MEDIA_TYPE, STREAM_KEY_HEADER, STREAM_PATH, StreamBroken, frames_of
 
-        headers = {**http.headers(self.key), **({STREAM_KEY_HEADER: stream_key} if stream_key else {})}
+        headers = {**self.headers(fail_if_busy), **({STREAM_KEY_HEADER: stream_key} if stream_key else {})}
         framed = False
         try:
             async with client.stream("POST", f"{self.url}{STREAM_PATH}", content=blob, headers=headers) as response:
@@ -228,7 +241,8 @@ def finished(saves: dict, error) -> Finished:
 
 class ServedVLLM(MetaOnCPUVLLM):
     """nnsight's VLLM as a meta model (its meta tree builds on a CPU-only torch too: `vllm_meta`) whose traces
-    run on the engine service at `wire`. It never starts an engine of its own."""
+    run on the engine service at `wire` (a `Wire`, or a pool of them with its interface: `engines.Engines`). It
+    never starts an engine of its own."""
 
     def __init__(self, *args, wire: Wire, **kwargs):
         self.wire = wire

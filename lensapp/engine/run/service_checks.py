@@ -16,6 +16,7 @@ import hashlib
 import torch
 
 from .site import Site
+from .stages import is_last_stage
 from .trace import JLENS_ATTR
 
 
@@ -43,6 +44,16 @@ def engine_facts(model, site: Site) -> dict:
             "d_model": int(getattr(config, "hidden_size", site.d_model)),
             "vocab_size": int(getattr(config, "vocab_size", -1)),
             "dtype": str(weight.dtype).removeprefix("torch."), "jlens": fingerprint}
+
+
+def install_stack(model, site: Site, layers: list[int], J: torch.Tensor) -> dict:
+    """Install a page's J stack in the worker (`VLLMBackend.install_jlens`'s, as a function a trace calls by
+    reference: the page sends it to each engine of its pool), then `engine_facts`, so the page checks in the same
+    request that its stack is the one held. Under pipeline parallelism only the last stage keeps it."""
+    module = model._module
+    if is_last_stage():
+        setattr(module, JLENS_ATTR, {"layers": list(layers), "J": J.to(next(module.parameters()).device)})
+    return engine_facts(model, site)
 
 
 def mismatch(facts: dict, info) -> str | None:

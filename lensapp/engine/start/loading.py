@@ -109,10 +109,11 @@ def backend_factory(model: ResolvedModel, engine: EngineSettings, limits: LimitS
     """A function that starts a fresh backend for `model` (the engine calls it again after a crash). `limits` size
     vLLM's KV cache on CPU; `remote` and `engine_key` reach an engine service."""
     if not kind_of(model.info).holds_model:      # an engine service's (`--engine-url`)
+        from ..run.engines import Engines
         from ..run.remote_backend import served_backend_factory
-        from ..run.served import Wire
 
-        return served_backend_factory(model.path, model.info, model.family, Wire(remote.engine_url, engine_key))
+        return served_backend_factory(model.path, model.info, model.family,
+                                      Engines.of(remote.engine_urls, engine_key))
 
     def start() -> Backend:
         if not kind_of(model.info).ranks:            # one process, no vLLM
