@@ -343,14 +343,11 @@ def pytest_collection_modifyitems(items):
     """Mark tests by what they start: `engine` for the vLLM fixtures (and the CLI's real engine), `browser`
     for the app in Chromium. Tests marked `disruptive` (they kill the shared engine) run last.
 
-    `make test` runs two pytest-xdist workers (`--dist loadgroup`): every engine test is one group, so one
-    worker starts the shared engine and app once and runs them in order (the disruptive ones last), while the
-    other worker takes the rest a module at a time (xdist's default scope for a test with no group)."""
+    `make test` runs the `engine` tests and the rest in two pytest processes side by side (tests/two_lanes.py)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & {"vllm_service", "app_url"} or item.get_closest_marker("engine") or "real_engine" in item.name:
             item.add_marker(pytest.mark.engine)
-            item.add_marker(pytest.mark.xdist_group("engine"))
         if names & {"app_url", "page", "phone", "browser"}:     # any test that drives Chromium
             item.add_marker(pytest.mark.browser)
     items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
