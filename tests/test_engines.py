@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,37 +19,26 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
-from conftest import CACHE, REPO, _free_port
+import test_engine_service
+from conftest import CACHE, _free_port
 from test_engine_service import GENERATE, KEY, LENS, assert_same_json, assert_same_lens, gone_with, until_ready
 
-from lensapp import jlens
 from lensapp.service import GenerateRequest, LensRequest
 
 pytestmark = pytest.mark.engine
 
-LENS_LAYERS = [4, 12, 20, 28]
 MAX_BATCH = 2                   # each engine's limit: full at two traces in flight
 LONG = GenerateRequest(prompt="Once upon a time", max_tokens=24, temperature=0.8, seed=11, lens="both", k=3)
 
 
 def start_engine(port: int, log_path) -> subprocess.Popen:
-    """`lensapp engine` without a lens of its own, in its own process group (killed whole with SIGKILL below)."""
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"} | {"LENSAPP_ENGINE_KEY": KEY}
-    return subprocess.Popen([sys.executable, "-m", "lensapp", "engine", "--port", str(port), "--jlens", "none",
-                             "--max-batch", str(MAX_BATCH), "--cache-dir", str(CACHE)],
-                            cwd=REPO, env=env, stdout=open(log_path, "a"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    """`lensapp engine` without a lens of its own, full at MAX_BATCH, in its own process group (killed whole with
+    SIGKILL below)."""
+    return test_engine_service.start_engine(port, "none", log_path, "--max-batch", str(MAX_BATCH))
 
 
-@pytest.fixture(scope="module")
-def lens_file(tmp_path_factory, model_dims):
-    import torch
-
-    d = model_dims["hidden_size"]
-    g = torch.Generator().manual_seed(2)
-    return jlens.save(tmp_path_factory.mktemp("engines") / "random_jlens.pt",
-                      {layer: torch.eye(d) + 0.05 * torch.randn(d, d, generator=g) for layer in LENS_LAYERS},
-                      n_prompts=0, provenance={"model": "a random test model", "corpus": "none: a random test lens"})
+lens_file = test_engine_service.lens_file          # the random lens, and the in-process service with it
+reference = test_engine_service.reference
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +53,6 @@ def engines(tmp_path_factory, embedded_dir):
     for engine in started:
         if engine.proc.poll() is None:
             gone_with(engine.proc)
-
-
-@pytest.fixture(scope="module")
-def reference(vllm_service, lens_file):
-    vllm_service.load_jlens(str(lens_file))
-    yield vllm_service
-    vllm_service.install_jlens(None)
 
 
 @pytest.fixture(scope="module")
