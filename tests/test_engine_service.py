@@ -234,8 +234,10 @@ def health(url: str) -> dict:
         return {}
 
 
-def post(url: str, key: str | None) -> int:
-    headers = {"ndif-api-key": key} if key is not None else {}
+def post(url: str, key: str | None, **headers: str) -> int:
+    """A trace that is not one, with `key` (None: no key) and `headers`: 200 (its own error inside), else the
+    refusal's status (401 for the key, 429 when full and asked to say so)."""
+    headers = ({"ndif-api-key": key} if key is not None else {}) | headers
     request = urllib.request.Request(url + "/v1/nnsight/generate", data=b"not a trace", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as r:

@@ -13,8 +13,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -74,14 +72,8 @@ def pool(page) -> list[dict]:
 
 
 def post(url: str, fail_if_busy: bool) -> int:
-    """A trace that is not one, with the key: 200 (its own error inside), or 429 when full and asked to say so."""
-    headers = {"ndif-api-key": KEY} | ({"lensapp-fail-if-busy": "1"} if fail_if_busy else {})
-    request = urllib.request.Request(url + "/v1/nnsight/generate", data=b"not a trace", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
+    """test_engine_service's bad trace with the key, marked to be answered 429 when the engine is full."""
+    return test_engine_service.post(url, KEY, **({"lensapp-fail-if-busy": "1"} if fail_if_busy else {}))
 
 
 def hold(port: int, n: int) -> list[socket.socket]:
